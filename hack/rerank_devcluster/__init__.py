@@ -1,0 +1,10 @@
+"""A real, local Kubernetes control plane for tests, demos and development.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake nodes and kubelets), built from the
+Go module proxy by ``hack/build-binaries.sh`` and started as plain processes on 127.0.0.1 with free ports.
+No Docker, no internet. See :class:`rerank_devcluster.cluster.Cluster`.
+"""
+
+from rerank_devcluster.cluster import Cluster, ClusterError
+
+__all__ = ["Cluster", "ClusterError"]

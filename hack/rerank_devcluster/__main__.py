@@ -1,0 +1,5 @@
+import sys
+
+from rerank_devcluster.cli import main
+
+sys.exit(main())

@@ -1,0 +1,319 @@
+"""Start and stop a real control plane as local processes, all on 127.0.0.1 with free ports.
+
+    with Cluster.start() as cluster:
+        subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, "get", "nodes"])
+
+What runs: etcd, kube-apiserver (RBAC, admission, CEL, audit log of write calls), kube-controller-manager
+(Deployments, ReplicaSets, Jobs, garbage collection, namespaces), kube-scheduler, and kwok faking the kubelets of
+a few nodes (two CPU nodes and one GPU node advertising ``nvidia.com/gpu``). Each component logs to
+``<workdir>/logs/<name>.log``; :meth:`Cluster.log_tails` gives what tests print on failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rerank_devcluster import binaries, pki
+
+SERVICE_CIDR = "10.0.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+NODE_LABEL = "rerank.io/devcluster-node"
+KWOK_CONFIG = Path(__file__).with_name("kwok.yaml")
+
+#: The fake nodes: name -> extra labels and allocatable resources.
+NODES: dict[str, dict[str, Any]] = {
+    "kwok-cpu-0": {"labels": {"node.kubernetes.io/instance-type": "cpu-16"}, "allocatable": {}},
+    "kwok-cpu-1": {"labels": {"node.kubernetes.io/instance-type": "cpu-16"}, "allocatable": {}},
+    "kwok-gpu-0": {
+        "labels": {"node.kubernetes.io/instance-type": "gpu-h100", "nvidia.com/gpu.present": "true"},
+        "allocatable": {"nvidia.com/gpu": "8"},
+    },
+}
+
+# Audit only what changes state: tests count the operator's write calls (an idle reconcile must make none).
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+"""
+
+
+class ClusterError(RuntimeError):
+    """The control plane did not come up; the message carries the component logs' tails."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    bins: binaries.Binaries
+    ports: dict[str, int]
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    keep_workdir: bool = False
+
+    # -- paths -----------------------------------------------------------------------------------------------
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs_dir / "audit.log"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.bins.kubectl
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for child tools (kubectl, helm, the operator) pointing at this cluster."""
+        path = os.pathsep.join([*self.bins.path_dirs(), os.environ.get("PATH", "")])
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": path}
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, workdir: Path | None = None, timeout: float = 180.0) -> "Cluster":
+        bins = binaries.ensure_all()
+        wd = Path(workdir or tempfile.mkdtemp(prefix="rerank-devcluster-"))
+        (wd / "logs").mkdir(parents=True, exist_ok=True)
+        ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok")}
+        cluster = cls(workdir=wd, bins=bins, ports=ports)
+        try:
+            cluster._boot(timeout)
+        except BaseException:
+            tails = cluster.log_tails()
+            cluster.stop()
+            raise ClusterError(f"control plane failed to start in {wd}\n{tails}") from None
+        return cluster
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _boot(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        certs = pki.create(self.workdir / "pki")
+        self._write_kubeconfig(certs)
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        self._spawn("etcd", [
+            str(self.bins.etcd), "--name", "default", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.ports['etcd']}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.ports['etcd']}",
+            "--listen-peer-urls", f"http://127.0.0.1:{self.ports['etcd_peer']}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.ports['etcd_peer']}",
+            "--initial-cluster", f"default=http://127.0.0.1:{self.ports['etcd_peer']}",
+            "--unsafe-no-fsync", "--quota-backend-bytes", str(4 * 1024**3),
+        ])
+        self._spawn("kube-apiserver", [
+            str(self.bins.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports['apiserver']}",
+            f"--tls-cert-file={certs.serving_crt}", f"--tls-private-key-file={certs.serving_key}",
+            f"--client-ca-file={certs.ca_crt}",
+            f"--service-account-key-file={certs.sa_pub}", f"--service-account-signing-key-file={certs.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+            # Loopback addresses are invalid in Endpoints; nothing here needs the `kubernetes` Service's endpoints.
+            "--endpoint-reconciler-type=none",
+            f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json", "--audit-log-mode=blocking",
+        ])
+        self._wait_ready("/readyz", deadline)
+        kc = str(self.kubeconfig)
+        self._spawn("kube-controller-manager", [
+            str(self.bins.kube_controller_manager), f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['kcm']}", "--leader-elect=false",
+            f"--service-account-private-key-file={certs.sa_key}", f"--root-ca-file={certs.ca_crt}",
+            f"--cluster-signing-cert-file={certs.ca_crt}", f"--cluster-signing-key-file={certs.ca_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--use-service-account-credentials=false",
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route",
+            "--concurrent-gc-syncs=5",
+        ])
+        self._spawn("kube-scheduler", [
+            str(self.bins.kube_scheduler), f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}", "--leader-elect=false",
+        ])
+        self._spawn("kwok", [
+            str(self.bins.kwok), f"--kubeconfig={kc}", f"--config={KWOK_CONFIG}",
+            f"--manage-nodes-with-label-selector={NODE_LABEL}=true",
+            f"--server-address=127.0.0.1:{self.ports['kwok']}",
+            f"--cidr={POD_CIDR}", "--node-ip=10.1.0.1", "--node-lease-duration-seconds=40",
+        ])
+        self._create_nodes()
+        self._wait_for(self._nodes_ready, deadline, "kwok nodes to become Ready")
+        self._wait_for(lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"), deadline,
+                       "the default ServiceAccount (controller-manager)")
+
+    def stop(self) -> None:
+        """Stop every component (reverse start order) and remove the work directory unless asked to keep it."""
+        for name, proc in reversed(list(self.processes.items())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in reversed(list(self.processes.items())):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self.processes.clear()
+        if not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- helpers for tests and the demo ------------------------------------------------------------------------
+    def log_tails(self, lines: int = 40) -> str:
+        chunks = []
+        for log in sorted(self.logs_dir.glob("*.log")) if self.logs_dir.exists() else []:
+            if log.name == "audit.log":
+                continue
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            chunks.append(f"----- {log.name} (last {len(text)} lines) -----\n" + "\n".join(text))
+        return "\n".join(chunks)
+
+    def kubectl_run(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.kubectl), *args], env=self.env(), check=check, capture_output=True,
+                              text=True, input=input, timeout=120)
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every write call the apiserver has seen so far (audit level Metadata)."""
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+
+    def finish_pod(self, namespace: str, name: str, exit_code: int, message: str = "") -> None:
+        """End a held pod the way a real container would: terminated state, termination message, phase."""
+        pod = json.loads(self.kubectl_run("get", "pod", "-n", namespace, name, "-o", "json").stdout)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = []
+        for c in pod["spec"]["containers"]:
+            terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                          "startedAt": now, "finishedAt": now}
+            if message:
+                terminated["message"] = message
+            statuses.append({"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+                             "started": False, "restartCount": 0, "state": {"terminated": terminated}})
+        patch = {"status": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": statuses,
+            "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                           for t in ("Ready", "ContainersReady")],
+        }}
+        self.kubectl_run("patch", "pod", "-n", namespace, name, "--subresource=status", "--type=merge",
+                         "-p", json.dumps(patch))
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.logs_dir / f"{name}.log", "ab")
+        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                                start_new_session=True)
+
+    def _write_kubeconfig(self, certs: pki.Pki) -> None:
+        def b64(p: Path) -> str:
+            return base64.b64encode(p.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "rerank-dev",
+            "clusters": [{"name": "rerank-dev", "cluster": {"server": self.server,
+                                                            "certificate-authority-data": b64(certs.ca_crt)}}],
+            "users": [{"name": "admin", "user": {"client-certificate-data": b64(certs.admin_crt),
+                                                 "client-key-data": b64(certs.admin_key)}}],
+            "contexts": [{"name": "rerank-dev", "context": {"cluster": "rerank-dev", "user": "admin"}}],
+        }
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+        self.kubeconfig.chmod(0o600)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        pk = self.workdir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pk / "ca.crt"))
+        ctx.load_cert_chain(str(pk / "admin.crt"), str(pk / "admin.key"))
+        return ctx
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """A raw API call with the admin identity; used while booting, before any client library is involved."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.server + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, context=self._ssl_context(), timeout=10) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode(errors="replace")
+
+    def _exists(self, path: str) -> bool:
+        try:
+            return self.request("GET", path)[0] == 200
+        except OSError:
+            return False
+
+    def _wait_ready(self, path: str, deadline: float) -> None:
+        self._wait_for(lambda: self._exists(path), deadline, f"kube-apiserver {path}")
+
+    def _wait_for(self, check: Any, deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    raise ClusterError(f"{name} exited with {proc.returncode} while waiting for {what}")
+            if check():
+                return
+            time.sleep(0.3)
+        raise ClusterError(f"timed out waiting for {what}")
+
+    def _create_nodes(self) -> None:
+        for name, spec in NODES.items():
+            body = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                             "labels": {NODE_LABEL: "true", "kubernetes.io/hostname": name,
+                                        "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                        "type": "kwok", **spec["labels"]}},
+                "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", **spec["allocatable"]},
+                           "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", **spec["allocatable"]}},
+            }
+            code, text = self.request("POST", "/api/v1/nodes", body)
+            if code not in (200, 201, 409):
+                raise ClusterError(f"creating node {name}: {code} {text}")
+
+    def _nodes_ready(self) -> bool:
+        code, nodes = self.request("GET", f"/api/v1/nodes?labelSelector={NODE_LABEL}%3Dtrue")
+        if code != 200:
+            return False
+        ready = [n for n in nodes["items"]
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
+        return len(ready) == len(NODES)
+

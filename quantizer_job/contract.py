@@ -1,0 +1,186 @@
+"""The contract between the operator and the quantization Job, in one place.
+
+The operator builds the Job's command line with :func:`build_args` and reads the Job's outcome back from the
+container's termination message with :func:`parse_result`; the quantizer parses that same command line with
+:func:`add_arguments` and writes its outcome with :meth:`JobResult.to_message`. Neither side spells a flag or a
+result key anywhere else.
+
+This module must stay importable without torch, optimum or transformers: the operator imports it.
+
+Volume layout (``root`` is the mount point of the model volume)::
+
+    <root>/artifacts/<artifact-id>/            published atomically (rename of a sibling temp dir)
+        manifest.json                          files, sha256, recipe, quality, speed, versions, timings
+        cpu-int8/   model.onnx config.json tokenizer.json ...   what the CPU pool's TEI mounts
+        original/   model.safetensors config.json tokenizer.json ...   what the GPU pool serves in FP16
+    <root>/artifacts/.tmp-<artifact-id>-<random>/   work in progress; never read by TEI
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Sequence
+
+#: Where the model volume is mounted in the Job and in TEI pods.
+VOLUME_MOUNT_PATH = "/models"
+ARTIFACTS_DIR = "artifacts"
+CPU_SUBDIR = "cpu-int8"
+ORIGINAL_SUBDIR = "original"
+MANIFEST_FILE = "manifest.json"
+#: Kubernetes keeps at most 4096 bytes of a termination message.
+MAX_MESSAGE_BYTES = 4096
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+RESULT_VERSION = 1
+
+Mode = Literal["dynamic", "static"]
+Target = Literal["auto", "avx512_vnni", "avx2", "arm64"]
+RecipeChoice = Literal["auto", "fixed"]
+
+#: Reasons a Job can fail with; the operator copies them into the ModelReady condition as they are.
+FAILURE_REASONS = (
+    "ModelNotFound",  # missing repo, gated without token, bad revision, path absent
+    "UnsupportedModel",  # not a single-logit sequence classifier
+    "ExportFailed",
+    "QuantizationFailed",
+    "QualityGateFailed",  # INT8 ranks too differently from FP32; nothing published
+    "InvalidInput",  # bad eval/calibration pairs, bad flags
+    "PublishFailed",
+    "InternalError",
+)
+
+
+def artifact_dir(root: str, artifact_id: str) -> str:
+    """Final path of an artifact on the volume."""
+    return f"{root.rstrip('/')}/{ARTIFACTS_DIR}/{artifact_id}"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """Everything the quantizer needs; the operator fills it from the RerankModel spec."""
+
+    model: str  # hub id ("org/name") or an absolute local directory
+    output_root: str  # the volume's mount point; the artifact goes to <root>/artifacts/<artifact_id>
+    artifact_id: str
+    revision: str | None = None
+    mode: Mode = "dynamic"
+    target: Target = "auto"
+    recipe: RecipeChoice = "auto"
+    per_channel: bool = True
+    reduce_range: bool = False
+    operators: tuple[str, ...] = ("MatMul",)
+    optimization_level: int = 1  # ORT transformer optimizer level before quantization; 0 disables
+    eval_pairs: str | None = None  # JSONL of {"query", "text", ["label"]}
+    calibration_pairs: str | None = None  # JSONL, static mode only
+    min_spearman: float = 0.99
+    min_topk_agreement: float = 0.9
+    topk: int = 3
+    time_budget_seconds: int = 900
+    keep_original: bool = True  # also publish original/ (model.safetensors) for the GPU pool
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the command line that :func:`build_args` produces."""
+    parser.add_argument("--model", required=True, help="hub id (org/name) or a local directory")
+    parser.add_argument("--revision", default=None, help="hub revision (commit, tag or branch)")
+    parser.add_argument("--output", required=True, dest="output_root", help="volume root; publishes to <output>/artifacts/<artifact-id>")
+    parser.add_argument("--artifact-id", required=True, help="content hash naming the artifact directory")
+    parser.add_argument("--mode", choices=["dynamic", "static"], default="dynamic")
+    parser.add_argument("--target", choices=["auto", "avx512_vnni", "avx2", "arm64"], default="auto")
+    parser.add_argument("--recipe", choices=["auto", "fixed"], default="auto",
+                        help="auto tries a few recipes within --time-budget and keeps the fastest that passes the gate")
+    parser.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--reduce-range", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--operators", default="MatMul", help="comma-separated ONNX op types to quantize")
+    parser.add_argument("--optimization-level", type=int, choices=[0, 1, 2, 99], default=1)
+    parser.add_argument("--eval-pairs", default=None, help="JSONL of query/text pairs used by the quality gate")
+    parser.add_argument("--calibration-pairs", default=None, help="JSONL of query/text pairs for static quantization")
+    parser.add_argument("--min-spearman", type=float, default=0.99)
+    parser.add_argument("--min-topk-agreement", type=float, default=0.9)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--time-budget-seconds", type=int, default=900)
+    parser.add_argument("--keep-original", action=argparse.BooleanOptionalAction, default=True)
+
+
+def build_args(req: JobRequest) -> list[str]:
+    """The Job container's args for ``req`` (the entry point is ``rerank-quantize``)."""
+    args = ["--model", req.model, "--output", req.output_root, "--artifact-id", req.artifact_id]
+    if req.revision:
+        args += ["--revision", req.revision]
+    args += [
+        "--mode", req.mode,
+        "--target", req.target,
+        "--recipe", req.recipe,
+        "--per-channel" if req.per_channel else "--no-per-channel",
+        "--reduce-range" if req.reduce_range else "--no-reduce-range",
+        "--operators", ",".join(req.operators),
+        "--optimization-level", str(req.optimization_level),
+        "--min-spearman", repr(req.min_spearman),
+        "--min-topk-agreement", repr(req.min_topk_agreement),
+        "--topk", str(req.topk),
+        "--time-budget-seconds", str(req.time_budget_seconds),
+        "--keep-original" if req.keep_original else "--no-keep-original",
+    ]
+    if req.eval_pairs:
+        args += ["--eval-pairs", req.eval_pairs]
+    if req.calibration_pairs:
+        args += ["--calibration-pairs", req.calibration_pairs]
+    return args
+
+
+def parse_args(argv: Sequence[str]) -> JobRequest:
+    """Inverse of :func:`build_args`."""
+    parser = argparse.ArgumentParser(prog="rerank-quantize")
+    add_arguments(parser)
+    ns = parser.parse_args(list(argv))
+    return request_from_namespace(ns)
+
+
+def request_from_namespace(ns: argparse.Namespace) -> JobRequest:
+    values = vars(ns).copy()
+    values["operators"] = tuple(o for o in values["operators"].split(",") if o)
+    known = {f for f in JobRequest.__dataclass_fields__}
+    return JobRequest(**{k: v for k, v in values.items() if k in known})
+
+
+@dataclass
+class JobResult:
+    """The Job's outcome, written as compact JSON to the termination message (< 4 KB)."""
+
+    ok: bool
+    reason: str  # "Published", "AlreadyPublished", or one of FAILURE_REASONS
+    message: str
+    artifact_id: str = ""
+    path: str = ""  # the artifact directory on the volume
+    manifest_sha256: str = ""
+    size_bytes: int = 0
+    quality: dict[str, float] = field(default_factory=dict)  # spearman, topk_agreement, max_abs_diff
+    speed: dict[str, float] = field(default_factory=dict)  # fp32_pairs_per_s, int8_pairs_per_s, speedup
+    recipe: dict[str, Any] = field(default_factory=dict)
+    version: int = RESULT_VERSION
+
+    def to_message(self) -> str:
+        """Compact JSON, truncating the free-text message so the whole stays under the kubelet's limit."""
+        data = asdict(self)
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        while len(text.encode()) > MAX_MESSAGE_BYTES and data["message"]:
+            data["message"] = data["message"][: max(0, len(data["message"]) - 256 - (len(text.encode()) - MAX_MESSAGE_BYTES))]
+            text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        return text
+
+
+class ResultParseError(ValueError):
+    """The termination message is not a result this version understands."""
+
+
+def parse_result(message: str) -> JobResult:
+    """Read a :class:`JobResult` back from a termination message."""
+    try:
+        data = json.loads(message)
+    except json.JSONDecodeError as exc:
+        raise ResultParseError(f"termination message is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or "ok" not in data or "reason" not in data:
+        raise ResultParseError("termination message lacks 'ok'/'reason'")
+    known = set(JobResult.__dataclass_fields__)
+    return JobResult(**{k: v for k, v in data.items() if k in known})

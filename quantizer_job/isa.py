@@ -1,0 +1,82 @@
+"""Detect which INT8 instruction set the CPU offers, and the CPU budget the Job really has.
+
+Pure functions over ``/proc/cpuinfo`` text and the machine name, so they can be tested on any host.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+
+#: What each target means for ONNX Runtime's dynamic INT8 kernels (MLAS):
+#: - avx512_vnni: u8 x s8 with VPDPBUSD, no saturation; full 8-bit range is safe.
+#: - avx2: u8 x s8 via VPMADDUBSW saturates 16-bit intermediates; weights need reduce_range (7 bits).
+#: - arm64: u8/s8 via SDOT/UDOT where present; no saturation issue.
+TARGETS = ("avx512_vnni", "avx2", "arm64")
+
+REDUCE_RANGE_REQUIRED = {"avx512_vnni": False, "avx2": True, "arm64": False}
+
+
+def parse_cpu_flags(cpuinfo_text: str) -> set[str]:
+    """The feature flags of the first CPU in ``/proc/cpuinfo`` (x86 ``flags`` or arm ``Features``)."""
+    for line in cpuinfo_text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            return set(value.split())
+    return set()
+
+
+def detect_target(cpuinfo_text: str, machine: str) -> str:
+    """Map CPU flags and ``platform.machine()`` to one of :data:`TARGETS`.
+
+    x86 without AVX2 gets ``avx2`` too: MLAS then falls back to SSE kernels that have the same saturation
+    problem, so the avx2 recipe (reduce_range) is the safe choice.
+    """
+    m = machine.lower()
+    if m in ("aarch64", "arm64") or m.startswith("armv8") or m.startswith("arm"):
+        return "arm64"
+    flags = parse_cpu_flags(cpuinfo_text)
+    if "avx512_vnni" in flags or "avx512vnni" in flags or "avx_vnni" in flags:
+        # AVX-VNNI (Alder Lake and later, 256-bit) has the same non-saturating dot product.
+        return "avx512_vnni"
+    return "avx2"
+
+
+def detect_local_target() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    return detect_target(text, platform.machine())
+
+
+def parse_cgroup_cpu_max(text: str) -> float | None:
+    """CPUs allowed by a cgroup v2 ``cpu.max`` line (``"200000 100000"`` -> 2.0; ``"max 100000"`` -> None)."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return quota / period
+
+
+def cpu_budget() -> int:
+    """Threads to use: the affinity mask, further limited by a cgroup CPU quota (what a pod limit sets)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota = parse_cgroup_cpu_max(f.read())
+        if quota is not None:
+            n = min(n, max(1, math.ceil(quota)))
+    except OSError:
+        pass
+    return max(1, n)

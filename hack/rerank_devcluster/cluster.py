@@ -161,7 +161,7 @@ class Cluster:
             f"--service-account-private-key-file={certs.sa_key}", f"--root-ca-file={certs.ca_crt}",
             f"--cluster-signing-cert-file={certs.ca_crt}", f"--cluster-signing-key-file={certs.ca_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--use-service-account-credentials=false",
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route",
+            "--controllers=*,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
             "--concurrent-gc-syncs=5",
         ])
         self._spawn("kube-scheduler", [

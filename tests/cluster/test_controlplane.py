@@ -145,4 +145,4 @@ def test_crd_schema_and_cel_refuse_bad_objects(kube: client.ApiClient, namespace
     with pytest.raises(ApiException) as err:
         _create_widget(kube, namespace, spec)
     assert err.value.status == 422
-    assert message in err.value.body
+    assert message in json.loads(err.value.body)["message"]

@@ -1,0 +1,92 @@
+"""The policy's memory between ticks: recommendations, last scale/shift times, learned per-replica capacity.
+
+It is a value (frozen, replaced by each decision) small enough for an annotation, so an operator restart can
+resume with its stabilization windows and cooldowns intact instead of acting on one fresh sample.
+`from_dict` never raises: a damaged or foreign annotation just means starting without memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+MAX_RECOMMENDATIONS = 64  # per pool; covers a 300 s window at a 5 s interval
+
+
+@dataclass(frozen=True)
+class PoolHistory:
+    recommendations: tuple[tuple[float, int], ...] = ()  # (time, replicas), oldest first
+    last_scale_up: float | None = None
+    last_scale_down: float | None = None
+    # Requests/s one ready replica serves within the targets. Learned, see policy.learn_capacity.
+    capacity: float | None = None
+    capacity_from_saturation: bool = False
+    last_state: tuple[int, bool] | None = None  # (ready replicas, over target) at the previous fresh tick
+
+    def record(self, now: float, replicas: int, keep_seconds: float) -> "PoolHistory":
+        kept = tuple((t, r) for t, r in self.recommendations if now - t <= keep_seconds and t <= now)
+        return replace(self, recommendations=(kept + ((now, replicas),))[-MAX_RECOMMENDATIONS:])
+
+    def within(self, now: float, seconds: float) -> list[int]:
+        return [r for t, r in self.recommendations if now - t <= seconds]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recs": [[round(t, 3), r] for t, r in self.recommendations],
+            "up": self.last_scale_up,
+            "down": self.last_scale_down,
+            "capacity": None if self.capacity is None else round(self.capacity, 4),
+            "saturated": self.capacity_from_saturation,
+            "last": None if self.last_state is None else list(self.last_state),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "PoolHistory":
+        if not isinstance(data, Mapping):
+            return cls()
+        try:
+            recs = tuple((float(t), int(r)) for t, r in data.get("recs") or ())
+            capacity = data.get("capacity")
+            last = data.get("last")
+            return cls(
+                recommendations=recs[-MAX_RECOMMENDATIONS:],
+                last_scale_up=_optional_float(data.get("up")),
+                last_scale_down=_optional_float(data.get("down")),
+                capacity=_optional_float(capacity) if capacity and float(capacity) > 0 else None,
+                capacity_from_saturation=bool(data.get("saturated", False)),
+                last_state=None if not last else (int(last[0]), bool(last[1])),
+            )
+        except (TypeError, ValueError):
+            return cls()
+
+
+@dataclass(frozen=True)
+class History:
+    gpu: PoolHistory = field(default_factory=PoolHistory)
+    cpu: PoolHistory = field(default_factory=PoolHistory)
+    last_spill: float | None = None    # last time the CPU share was raised
+    last_recover: float | None = None  # last time the CPU share was lowered
+
+    def pool(self, name: str) -> PoolHistory:
+        return self.gpu if name == "gpu" else self.cpu
+
+    def with_pool(self, name: str, pool: PoolHistory) -> "History":
+        return replace(self, gpu=pool) if name == "gpu" else replace(self, cpu=pool)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": 1, "gpu": self.gpu.to_dict(), "cpu": self.cpu.to_dict(), "spill": self.last_spill,
+                "recover": self.last_recover}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "History":
+        if not isinstance(data, Mapping) or data.get("v") != 1:
+            return cls()
+        try:
+            return cls(PoolHistory.from_dict(data.get("gpu")), PoolHistory.from_dict(data.get("cpu")),
+                       _optional_float(data.get("spill")), _optional_float(data.get("recover")))
+        except (TypeError, ValueError):
+            return cls()
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

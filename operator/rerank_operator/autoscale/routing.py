@@ -1,0 +1,163 @@
+"""The traffic split: what share of requests the CPU pool gets, per routing policy.
+
+gpu-first moves traffic in steps, never in one jump, because the CPU pool needs time to scale for what it
+receives and the GPU's signals need a tick to show the effect of the last move:
+- spill (+stepPercent) while the GPU is saturated and cannot absorb more now: over its targets and either at its
+  max or still waiting for replicas it asked for, or its memory is at the watermark;
+- recover (-recoverStepPercent) once the GPU would stay under its targets after taking the step back, and not
+  sooner than the scale-down cooldown after the last spill (this is the hysteresis that prevents flapping);
+- never give the CPU pool more than its ready replicas can serve within target, once that capacity is known
+  (before, one step shows it); when both pools are over target, hold, or shrink the CPU share to that capacity.
+Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import AutoscalingSpec
+from .history import History
+from .load import UTILIZATION, Load
+from .signals import Signals
+
+RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
+MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
+
+
+@dataclass(frozen=True)
+class Split:
+    cpu_percent: int
+    why: str
+    wanted_cpu_percent: int | None = None  # share the CPU pool should be sized for (the GPU's excess)
+
+    @property
+    def sizing_percent(self) -> int:
+        return self.cpu_percent if self.wanted_cpu_percent is None else max(self.cpu_percent,
+                                                                             self.wanted_cpu_percent)
+
+
+@dataclass(frozen=True)
+class GpuState:
+    load: Load
+    desired: int       # replicas decided this tick
+    max_replicas: int
+
+
+def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
+          history: History, now: float) -> Split:
+    policy = effective_policy(spec)
+    gpu_ready, cpu_ready = signals.gpu.ready_replicas, signals.cpu.ready_replicas
+    if policy == "cpu-only":
+        return Split(100, "routing policy cpu-only")
+    if policy == "gpu-only":
+        return Split(0, "routing policy gpu-only")
+    if gpu_ready <= 0 and cpu_ready > 0:
+        return Split(100, "no GPU replica ready: all traffic to CPU")
+    if cpu_ready <= 0:
+        return Split(0 if gpu_ready > 0 else cpu_percent,
+                     "no CPU replica ready: all traffic to GPU" if gpu_ready > 0 else "no replica ready in any pool")
+    if policy == "fixed":
+        return Split(100 - spec.fixed_gpu_percent, "routing policy fixed")
+    return _gpu_first(spec, signals, min(cpu_percent, spec.spillover.max_cpu_percent), gpu, cpu_load, history, now)
+
+
+def effective_policy(spec: AutoscalingSpec) -> str:
+    """The routing policy once disabled pools are taken into account."""
+    if not spec.gpu.enabled:
+        return "cpu-only"
+    if not spec.cpu.enabled:
+        return "gpu-only"
+    return spec.routing_policy
+
+
+def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
+               history: History, now: float) -> Split:
+    spill = spec.spillover
+    pressure = _gpu_pressure(spec, signals, gpu)
+    room = _cpu_room_percent(signals, history)
+    if pressure:
+        wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent,
+                                                _gpu_excess_percent(signals, history) or 0))
+        if cpu_load.overloaded:
+            if room is not None and room < cpu_percent:
+                return Split(room, f"{pressure}, but CPU pool is over target ({cpu_load.why}): "
+                                   f"keeping only what its ready replicas can serve", wanted)
+            return Split(cpu_percent, f"{pressure}, but CPU pool is over target too ({cpu_load.why}): "
+                                      f"holding split", wanted)
+        ceiling = min(wanted, 100 if room is None else max(room, cpu_percent))
+        if cpu_percent >= ceiling:
+            return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% until the CPU pool grows",
+                         wanted)
+        return Split(min(cpu_percent + spill.step_percent, ceiling), f"{pressure}: spilling to CPU", wanted)
+    if cpu_percent <= 0:
+        return Split(0, "GPU has headroom")
+    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now)
+    if blocker:
+        return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
+    return Split(max(cpu_percent - spill.recover_step_percent, 0), "GPU has headroom: shifting back")
+
+
+def _gpu_excess_percent(signals: Signals, history: History) -> int | None:
+    """Share of all traffic beyond what the ready GPU replicas serve within target; None if unknown."""
+    capacity = history.gpu.capacity
+    total = signals.total_request_rate
+    if not capacity or not history.gpu.capacity_from_saturation or total <= 0:
+        return None
+    served = signals.gpu.ready_replicas * capacity * UTILIZATION
+    return int(max(0.0, min(100.0, math.ceil(max(-1.0, min(1.0, 1 - served / total)) * 100))))
+
+
+def _cpu_room_percent(signals: Signals, history: History) -> int | None:
+    """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known."""
+    capacity = history.cpu.capacity
+    total = signals.total_request_rate
+    if not capacity or not history.cpu.capacity_from_saturation or total <= 0:
+        return None
+    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity * UTILIZATION / total)))
+
+
+def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str | None:
+    memory = signals.gpu.gpu_memory_fraction
+    if memory is not None and memory >= spec.targets.gpu_memory_watermark:
+        return f"GPU memory {memory:.0%} at or above the {spec.targets.gpu_memory_watermark:.0%} watermark"
+    if not gpu.load.overloaded:
+        return None
+    ready = signals.gpu.ready_replicas
+    if ready >= gpu.max_replicas:
+        return f"{gpu.load.why} at max replicas ({gpu.max_replicas})"
+    if gpu.desired > ready:
+        return f"{gpu.load.why} with {ready}/{gpu.desired} GPU replicas ready"
+    return None
+
+
+def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
+                      history: History, now: float) -> str | None:
+    memory = signals.gpu.gpu_memory_fraction
+    if memory is not None and memory >= spec.targets.gpu_memory_watermark - MEMORY_HYSTERESIS:
+        return f"GPU memory {memory:.0%} within {MEMORY_HYSTERESIS:.0%} of the watermark"
+    if gpu.load.overloaded:
+        return f"GPU is over target ({gpu.load.why})"
+    cpu_in_trouble = cpu_load.overloaded
+    hold = spec.scale_down.cooldown_seconds
+    if not cpu_in_trouble and history.last_spill is not None and now - history.last_spill < hold:
+        return f"last spill {now - history.last_spill:.0f}s ago (< {hold:.0f}s)"
+    gpu_percent = 100 - cpu_percent
+    after = gpu_percent + min(spec.spillover.recover_step_percent, cpu_percent)
+    projected = _projected_gpu_ratio(signals, gpu, history, gpu_percent, after)
+    if projected is not None and projected > (UTILIZATION if history.gpu.capacity_from_saturation else
+                                              RECOVER_RATIO) and not cpu_in_trouble:
+        return f"GPU would be at {projected:.0%} of its capacity after the step"
+    return None
+
+
+def _projected_gpu_ratio(signals: Signals, gpu: GpuState, history: History, gpu_percent: int,
+                         after_percent: int) -> float | None:
+    """Load on the GPU if it took `after_percent` of traffic; None when nothing can be said (it got none)."""
+    ready = signals.gpu.ready_replicas
+    capacity = history.gpu.capacity
+    if capacity and history.gpu.capacity_from_saturation and ready > 0:
+        return signals.total_request_rate * after_percent / 100 / (ready * capacity)
+    if gpu_percent <= 0:
+        return None
+    return gpu.load.ratio * after_percent / gpu_percent

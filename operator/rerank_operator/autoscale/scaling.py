@@ -1,0 +1,77 @@
+"""One pool's replica arithmetic: from a raw recommendation to the replicas to set now.
+
+Same semantics as the HPA's `behavior` so operators can reason about it with what they know: a scale-up takes
+the lowest recommendation of its stabilization window, a scale-down the highest of its (so a single quiet sample
+cannot remove replicas), then the step is limited and cooldowns are applied. Bounds come last and win over
+everything, so a spec change to min/max takes effect at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .config import PoolBounds, StepBehavior
+from .history import PoolHistory
+
+
+@dataclass(frozen=True)
+class PoolScale:
+    replicas: int
+    history: PoolHistory
+    note: str = ""  # why the result differs from the recommendation (cooldown, step limit, window)
+
+
+def scale(bounds: PoolBounds, up: StepBehavior, down: StepBehavior, current: int, recommended: int,
+          history: PoolHistory, now: float, idle: bool = False) -> PoolScale:
+    """Replicas for one pool given the current count and this tick's recommendation.
+
+    `idle`: the route sends this pool nothing, so the scale-down step limit (which protects capacity that
+    serves traffic) does not apply; the window and the cooldown still do, so a returning spill finds it warm.
+    """
+    recommended = bounds.clamp(recommended)
+    history = history.record(now, recommended, max(up.stabilization_seconds, down.stabilization_seconds))
+    clamped = bounds.clamp(current)
+    if clamped != current:
+        return _moved(history, current, clamped, now, f"brought within bounds [{bounds.min_replicas}, "
+                                                      f"{bounds.max_replicas}]")
+    up_limit = min(history.within(now, up.stabilization_seconds))
+    down_limit = max(history.within(now, down.stabilization_seconds))
+    if current < up_limit:
+        return _up(up, current, up_limit, recommended, history, now)
+    if current > down_limit:
+        return _down(down, current, down_limit, history, now, idle)
+    note = "" if recommended == current else (
+        f"recommendation {recommended} held by the {down.stabilization_seconds:.0f}s stabilization window"
+        if recommended < current else
+        f"recommendation {recommended} held by the {up.stabilization_seconds:.0f}s stabilization window")
+    return PoolScale(current, history, note)
+
+
+def _up(up: StepBehavior, current: int, target: int, recommended: int, history: PoolHistory,
+        now: float) -> PoolScale:
+    since = None if history.last_scale_up is None else now - history.last_scale_up
+    if since is not None and since < up.cooldown_seconds:
+        return PoolScale(current, history, f"scale-up to {target} waits for cooldown "
+                                           f"({up.cooldown_seconds - since:.0f}s left)")
+    limited = min(target, current + up.max_step)
+    note = f"limited to +{up.max_step} per step (recommended {recommended})" if limited < target else ""
+    return _moved(history, current, limited, now, note)
+
+
+def _down(down: StepBehavior, current: int, target: int, history: PoolHistory, now: float,
+          idle: bool) -> PoolScale:
+    last = max((t for t in (history.last_scale_up, history.last_scale_down) if t is not None), default=None)
+    if last is not None and now - last < down.cooldown_seconds:
+        return PoolScale(current, history, f"scale-down to {target} waits for cooldown "
+                                           f"({down.cooldown_seconds - (now - last):.0f}s left)")
+    limited = target if idle else max(target, current - down.max_step)
+    note = f"limited to -{down.max_step} per step" if limited > target else ""
+    return _moved(history, current, limited, now, note)
+
+
+def _moved(history: PoolHistory, current: int, replicas: int, now: float, note: str) -> PoolScale:
+    if replicas > current:
+        history = replace(history, last_scale_up=now)
+    elif replicas < current:
+        history = replace(history, last_scale_down=now)
+    return PoolScale(replicas, history, note)

@@ -1,0 +1,178 @@
+"""The PromQL source against a real Prometheus (Debian's `prometheus` package) scraping fake TEI pods.
+
+Each fake pod is a local HTTP server whose te_* counters grow at a rate the test sets, with every request taking
+0.2 s, so the expected signals follow from the setup, not from the code under test:
+- request rate: 2 GPU pods x 10 requests/s = 20/s;
+- p95 latency: all observations in the (0.1, 0.25] bucket -> 0.1 + 0.15 x 0.95 = 0.2425 s;
+- queue: 3 + 5 = 8; GPU memory: (2 x 30000) / (2 x (30000 + 10000)) = 0.75 (DCGM-style used/free series).
+The CPU pod's server is stopped, so the CPU pool must read as missing (an error), never as idle.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from rerank_operator.autoscale.prometheus import PrometheusSource
+
+pytestmark = pytest.mark.prometheus
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+RATE_PER_POD = 10.0
+
+
+class FakeTei:
+    """A /metrics endpoint whose counters grow linearly from its start time."""
+
+    def __init__(self, queue: float) -> None:
+        self.started = time.time()
+        self.queue = queue
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's API
+                body = owner.render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def render(self) -> str:
+        n = RATE_PER_POD * (time.time() - self.started)
+        return "\n".join([
+            "# TYPE te_request_count counter", f'te_request_count{{method="single"}} {n}',
+            "# TYPE te_request_success counter", f'te_request_success{{method="single"}} {n}',
+            "# TYPE te_queue_size gauge", f"te_queue_size {self.queue}",
+            "# TYPE te_request_duration histogram",
+            'te_request_duration_bucket{le="0.1"} 0', f'te_request_duration_bucket{{le="0.25"}} {n}',
+            f'te_request_duration_bucket{{le="1"}} {n}', f'te_request_duration_bucket{{le="+Inf"}} {n}',
+            f"te_request_duration_sum {0.2 * n}", f"te_request_duration_count {n}",
+            "# TYPE DCGM_FI_DEV_FB_USED gauge", "DCGM_FI_DEV_FB_USED 30000",
+            "# TYPE DCGM_FI_DEV_FB_FREE gauge", "DCGM_FI_DEV_FB_FREE 10000", "",
+        ])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape_config(targets: dict[str, tuple[str, int]]) -> str:
+    jobs = []
+    for pod, (pool, port) in targets.items():
+        jobs.append(f"""
+      - targets: ["127.0.0.1:{port}"]
+        labels: {{namespace: "test", pod: "{pod}", pool: "{pool}"}}""")
+    return f"""global:
+  scrape_interval: 1s
+  scrape_timeout: 900ms
+scrape_configs:
+  - job_name: tei
+    static_configs:{''.join(jobs)}
+"""
+
+
+@pytest.fixture
+def prometheus() -> Iterator[tuple[str, dict[str, FakeTei]]]:
+    if not Path(PROMETHEUS).exists():
+        pytest.fail(f"{PROMETHEUS} not found: apt-get install -y prometheus")
+    pods = {"m-gpu-0": FakeTei(3), "m-gpu-1": FakeTei(5), "m-cpu-0": FakeTei(1)}
+    targets = {name: ("gpu" if "gpu" in name else "cpu", pod.port) for name, pod in pods.items()}
+    pods["m-cpu-0"].stop()                                   # the CPU pool's metrics endpoint is down
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp, "prometheus.yml")
+        config.write_text(scrape_config(targets))
+        log = Path(tmp, "prometheus.log").open("w")
+        process = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, process, Path(tmp, "prometheus.log"))
+            yield url, pods
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+            for pod in pods.values():
+                if pod is not pods["m-cpu-0"]:
+                    pod.stop()
+
+
+def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"prometheus exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"prometheus not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def test_prometheus_source_reads_pool_signals_from_a_real_prometheus(prometheus):
+    url, _ = prometheus
+    source = PrometheusSource(
+        url, window="10s",
+        gpu_memory_used_query='sum(DCGM_FI_DEV_FB_USED{pool="gpu"})',
+        gpu_memory_total_query='sum(DCGM_FI_DEV_FB_USED{pool="gpu"}) + sum(DCGM_FI_DEV_FB_FREE{pool="gpu"})')
+    selectors = {"gpu": '{namespace="test",pool="gpu"}', "cpu": '{namespace="test",pool="cpu"}'}
+    deadline = time.time() + 45
+    while True:
+        signals = source.collect(selectors, {"gpu": 2, "cpu": 1})
+        gpu = signals.gpu
+        settled = (gpu.scraped_replicas == 2 and gpu.request_rate is not None and
+                   abs(gpu.request_rate - 2 * RATE_PER_POD) < 1 and gpu.latency_p95_ms is not None)
+        if settled or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert gpu.error is None, gpu.error
+    assert gpu.scraped_replicas == 2
+    assert gpu.request_rate == pytest.approx(2 * RATE_PER_POD, rel=0.05)
+    assert gpu.success_rate == pytest.approx(2 * RATE_PER_POD, rel=0.05)
+    assert gpu.failure_rate == 0.0
+    assert gpu.latency_p95_ms == pytest.approx(242.5, rel=0.01)
+    assert gpu.latency_p50_ms == pytest.approx(100 + 150 * 0.5, rel=0.01)
+    assert gpu.queue_size == 8
+    assert gpu.gpu_memory_fraction == pytest.approx(0.75)
+    assert gpu.sampled_at is not None and time.time() - gpu.sampled_at < 5
+    assert gpu.staleness(time.time(), 60) is None
+    cpu = signals.cpu
+    assert cpu.error is not None and cpu.staleness(time.time(), 60) is not None
+
+
+def test_unreachable_prometheus_reads_as_missing():
+    source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_seconds=1)
+    gpu = source.collect({"gpu": "{}"}, {"gpu": 1, "cpu": 0}).gpu
+    assert gpu.error is not None and gpu.staleness(time.time(), 60) is not None

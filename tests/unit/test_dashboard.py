@@ -1,0 +1,96 @@
+"""dashboards/rerank.json: well formed, queries only metrics that exist (TEI's te_* and the operator's own)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO_ROOT / "dashboards" / "rerank.json"
+OPERATOR_SRC = REPO_ROOT / "operator" / "rerank_operator"
+
+# TEI 1.9's metrics (no _total suffix), as listed in the TEI contract the operator is built against.
+TEI_COUNTERS = {"te_request_count", "te_request_success", "te_request_failure", "te_predict_count",
+                "te_predict_success", "te_embed_count", "te_embed_success"}
+TEI_HISTOGRAMS = {"te_request_duration", "te_request_queue_duration", "te_request_inference_duration",
+                  "te_request_tokenization_duration", "te_request_input_length", "te_batch_next_size",
+                  "te_batch_next_tokens"}
+TEI_GAUGES = {"te_queue_size"}
+HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+PROMQL_WORDS = {"sum", "by", "rate", "increase", "histogram_quantile", "clamp_min", "le", "without", "avg", "max",
+                "min", "count", "on", "ignoring", "group_left", "label_values"}
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(d: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for p in d["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def exprs(d: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in panels(d) for t in p.get("targets", [])]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Identifiers directly followed by a selector or a range: the metric names of a PromQL expression."""
+    no_strings = re.sub(r'"[^"]*"', '""', expr)
+    return {m for m in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[)", no_strings) if m not in PROMQL_WORDS}
+
+
+def operator_metric_names() -> set[str]:
+    """Every rerank_operator_* string literal in the operator's code, with what prometheus_client exposes for it."""
+    names: set[str] = set()
+    for f in OPERATOR_SRC.rglob("*.py"):
+        names |= set(re.findall(r"""["'](rerank_operator_[a-z0-9_]+)["']""", f.read_text()))
+    exposed = set(names)
+    for n in names:
+        base = n.removesuffix("_total")
+        exposed |= {base, base + "_total", *(base + s for s in HIST_SUFFIXES)}
+    return exposed
+
+
+def test_dashboard_is_well_formed() -> None:
+    d = dashboard()
+    assert d["uid"] and d["title"] and d["schemaVersion"] >= 36
+    ids = [p["id"] for p in panels(d)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    variables = {v["name"] for v in d["templating"]["list"]}
+    assert {"datasource", "namespace", "rerankmodel", "pool"} <= variables
+    for e in exprs(d):
+        assert e.count("(") == e.count(")") and e.count("{") == e.count("}") and e.count("[") == e.count("]"), e
+        for v in re.findall(r"\$(\w+)", e):
+            assert v in variables or v.startswith("__"), f"{e}: unknown variable ${v}"
+
+
+def test_tei_metrics_are_teis() -> None:
+    queried = {m for e in exprs(dashboard()) for m in metric_names(e) if m.startswith("te_")}
+    known = TEI_COUNTERS | TEI_GAUGES | {h + s for h in TEI_HISTOGRAMS for s in HIST_SUFFIXES}
+    assert queried and queried <= known, queried - known
+    # TEI's counters carry no _total suffix.
+    assert not any(m.endswith("_total") for m in queried)
+
+
+def test_tei_pools_are_covered_per_pool() -> None:
+    tei = [e for e in exprs(dashboard()) if any(m.startswith("te_") for m in metric_names(e))]
+    queried = {m for e in tei for m in metric_names(e)}
+    for needed in ("te_request_count", "te_request_success", "te_request_failure", "te_queue_size",
+                   "te_request_duration_bucket", "te_request_queue_duration_bucket", "te_batch_next_size_bucket"):
+        assert needed in queried, needed
+    for q in (0.5, 0.95, 0.99):
+        for h in ("te_request_duration", "te_request_queue_duration"):
+            assert any(f"histogram_quantile({q}" in e and h + "_bucket" in e for e in tei), (q, h)
+    assert all('pool=~"$pool"' in e for e in tei)
+    assert all("by (pool" in e for e in tei)
+
+
+def test_operator_metrics_exist_in_the_operator_code() -> None:
+    queried = {m for e in exprs(dashboard()) for m in metric_names(e) if m.startswith("rerank_operator_")}
+    assert queried, "the dashboard shows the operator too"
+    missing = queried - operator_metric_names()
+    assert not missing, f"dashboard queries metrics the operator does not define: {sorted(missing)}"

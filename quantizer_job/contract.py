@@ -164,10 +164,20 @@ class JobResult:
         """Compact JSON, truncating the free-text message so the whole stays under the kubelet's limit."""
         data = asdict(self)
         text = json.dumps(data, separators=(",", ":"), sort_keys=True)
-        while len(text.encode()) > MAX_MESSAGE_BYTES and data["message"]:
-            data["message"] = data["message"][: max(0, len(data["message"]) - 256 - (len(text.encode()) - MAX_MESSAGE_BYTES))]
-            text = json.dumps(data, separators=(",", ":"), sort_keys=True)
-        return text
+        if len(text.encode()) <= MAX_MESSAGE_BYTES:
+            return text
+        # Escaped characters (non-ASCII, quotes) take several bytes each: search the longest prefix that fits.
+        msg = data["message"]
+        lo, hi = 0, len(msg)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            data["message"] = msg[:mid]
+            if len(json.dumps(data, separators=(",", ":"), sort_keys=True).encode()) <= MAX_MESSAGE_BYTES:
+                lo = mid
+            else:
+                hi = mid - 1
+        data["message"] = msg[:lo]
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
 class ResultParseError(ValueError):

@@ -51,6 +51,7 @@ class Spillover:
     step_percent: int = 25
     recover_step_percent: int = 10
     max_cpu_percent: int = 100
+    surge_max_step: int = 32
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class AutoscalingSpec:
     stale_after_seconds: float = 60.0
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     targets: Targets = field(default_factory=Targets)
-    scale_up: StepBehavior = field(default_factory=lambda: StepBehavior(0.0, 2, 30.0))
+    scale_up: StepBehavior = field(default_factory=lambda: StepBehavior(0.0, 2, 15.0))
     scale_down: StepBehavior = field(default_factory=lambda: StepBehavior(300.0, 1, 120.0))
     spillover: Spillover = field(default_factory=Spillover)
     routing_policy: RoutingPolicy = "gpu-first"
@@ -129,12 +130,13 @@ class AutoscalingSpec:
                 queue_per_replica=_number(targets, "queuePerReplica", 16, minimum=1),
                 gpu_memory_watermark=_number(targets, "gpuMemoryWatermark", 0.9, minimum=0.01, maximum=1),
             ),
-            scale_up=_behavior(_section(auto, "scaleUp"), 0, 2, 30),
+            scale_up=_behavior(_section(auto, "scaleUp"), 0, 2, 15),
             scale_down=_behavior(_section(auto, "scaleDown"), 300, 1, 120),
             spillover=Spillover(
                 step_percent=int(_number(spill, "stepPercent", 25, minimum=1, maximum=100)),
                 recover_step_percent=int(_number(spill, "recoverStepPercent", 10, minimum=1, maximum=100)),
                 max_cpu_percent=int(_number(spill, "maxCpuPercent", 100, minimum=0, maximum=100)),
+                surge_max_step=int(_number(spill, "surgeMaxStep", 32, minimum=1, maximum=1000)),
             ),
             routing_policy=_choice(routing, "policy", "gpu-first", ROUTING_POLICIES),  # type: ignore[arg-type]
             fixed_gpu_percent=_fixed_gpu_percent(weights),

@@ -67,7 +67,11 @@ def learn_capacity(history: PoolHistory, signals: PoolSignals, load: Load) -> Po
     state = (signals.ready_replicas, True)
     if history.last_state != state:
         return replace(history, last_state=state)
-    busy = abs(served - arrived) > BACKLOG_EVIDENCE * arrived
+    if served > arrived * (1 + BACKLOG_EVIDENCE):
+        # Working off a backlog: it may have emptied part-way through the interval, so what was served is
+        # not the ceiling, and the latency is the backlog's, not the arrival rate's. Nothing to learn.
+        return replace(history, last_state=state)
+    busy = arrived - served > BACKLOG_EVIDENCE * arrived
     observed = (served if busy else arrived) / replicas
     if history.capacity is None:
         return replace(history, capacity=observed, capacity_from_saturation=True)
@@ -90,6 +94,10 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
             return max(sized, 1)
         return max(current, 1 if demand > 0 else 0)
     if load.overloaded:
+        if sized is not None and history.capacity_from_saturation:
+            # The learned size says how many replicas the demand needs; a pool that completes what arrives
+            # is only working off a backlog and needs no extra replica for it, one that does not needs one.
+            return max(sized, ready if keeping_up(signals) else ready + 1, current)
         grown = max(ready + 1, math.ceil(ready * min(load.ratio, 2.0)))
         return max(grown, sized or 0, current)
     if demand <= 0:
@@ -97,3 +105,10 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
     if sized is None:
         return current
     return sized if history.capacity_from_saturation else min(sized, current)
+
+
+def keeping_up(signals: PoolSignals) -> bool:
+    """Whether the pool completed at least what arrived in the last interval (its backlog is not growing)."""
+    arrived = signals.request_rate or 0.0
+    served = signals.success_rate if signals.success_rate is not None else arrived
+    return served >= arrived * (1 - BACKLOG_EVIDENCE)

@@ -96,7 +96,10 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     cpu_demand = signals.total_request_rate * split.sizing_percent / 100
     if policy == "gpu-only":
         cpu_demand = 0.0
-    cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes)
+    surge = spec.spillover.surge_max_step if split.wanted_cpu_percent is not None else None
+    release = policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas >= gpu_replicas
+    cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
+                                  surge, release)
 
     reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
     decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)
@@ -105,7 +108,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
 
 def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,
           current: Current, history: History, now: float, external: bool,
-          notes: list[str]) -> tuple[int, History]:
+          notes: list[str], surge_step: int | None = None, release: bool = False) -> tuple[int, History]:
     """Replicas for one pool this tick and the updated history (external management: leave replicas alone)."""
     bounds = spec.bounds(pool)
     if external or not bounds.enabled:
@@ -113,7 +116,7 @@ def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load,
     pool_history = history.pool(pool)
     wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool))
     result = scaling.scale(bounds, spec.scale_up, spec.scale_down, current.replicas(pool), wanted,
-                           pool_history, now, idle=demand <= 0)
+                           pool_history, now, idle=demand <= 0, surge_step=surge_step, release=release)
     if result.note:
         notes.append(f"{pool}: {result.note}")
     return result.replicas, history.with_pool(pool, result.history)

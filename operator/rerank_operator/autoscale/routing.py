@@ -77,19 +77,27 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     pressure = _gpu_pressure(spec, signals, gpu)
     room = _cpu_room_percent(signals, history)
     if pressure:
-        wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent,
-                                                _gpu_excess_percent(signals, history) or 0))
+        excess = _gpu_excess_percent(signals, history)
+        if excess is None:        # the GPU's capacity is not known yet: move one step, then look again
+            wanted = sizing = min(spill.max_cpu_percent, cpu_percent + spill.step_percent)
+        else:                     # jump to the GPU's excess plus what drains its backlog within a tick
+            sizing = min(spill.max_cpu_percent, max(cpu_percent, excess))
+            wanted = min(spill.max_cpu_percent, max(cpu_percent, excess + _drain_percent(spec, signals)))
         if cpu_load.overloaded:
             if room is not None and room < cpu_percent:
                 return Split(room, f"{pressure}, but CPU pool is over target ({cpu_load.why}): "
-                                   f"keeping only what its ready replicas can serve", wanted)
+                                   f"keeping only what its ready replicas can serve", sizing)
             return Split(cpu_percent, f"{pressure}, but CPU pool is over target too ({cpu_load.why}): "
-                                      f"holding split", wanted)
-        ceiling = min(wanted, 100 if room is None else max(room, cpu_percent))
+                                      f"holding split", sizing)
+        if room is None:          # the CPU's capacity is not known yet: one step shows it
+            ceiling = min(wanted, cpu_percent + spill.step_percent)
+        else:
+            ceiling = min(wanted, max(room, cpu_percent))
         if cpu_percent >= ceiling:
             return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% until the CPU pool grows",
-                         wanted)
-        return Split(min(cpu_percent + spill.step_percent, ceiling), f"{pressure}: spilling to CPU", wanted)
+                         sizing)
+        return Split(ceiling, f"{pressure}: spilling to CPU ({cpu_percent}% -> {ceiling}%, "
+                              f"GPU excess {wanted}%)", sizing)
     if cpu_percent <= 0:
         return Split(0, "GPU has headroom")
     blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now)
@@ -106,6 +114,17 @@ def _gpu_excess_percent(signals: Signals, history: History) -> int | None:
         return None
     served = signals.gpu.ready_replicas * capacity * UTILIZATION
     return int(max(0.0, min(100.0, math.ceil(max(-1.0, min(1.0, 1 - served / total)) * 100))))
+
+
+def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
+    """Extra share that lets the GPU work off its queue beyond target within one interval (0 if none)."""
+    queue, total = signals.gpu.queue_size, signals.total_request_rate
+    if queue is None or total <= 0:
+        return 0
+    beyond = queue - spec.targets.queue_per_replica * max(signals.gpu.ready_replicas, 1)
+    if beyond <= 0:
+        return 0
+    return int(min(100.0, math.ceil(100 * beyond / spec.interval_seconds / total)))
 
 
 def _cpu_room_percent(signals: Signals, history: History) -> int | None:
@@ -140,7 +159,8 @@ def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int,
         return f"GPU is over target ({gpu.load.why})"
     cpu_in_trouble = cpu_load.overloaded
     hold = spec.scale_down.cooldown_seconds
-    if not cpu_in_trouble and history.last_spill is not None and now - history.last_spill < hold:
+    settled = history.gpu.capacity_from_saturation and signals.gpu.ready_replicas >= gpu.desired
+    if not cpu_in_trouble and not settled and history.last_spill is not None and now - history.last_spill < hold:
         return f"last spill {now - history.last_spill:.0f}s ago (< {hold:.0f}s)"
     gpu_percent = 100 - cpu_percent
     after = gpu_percent + min(spec.spillover.recover_step_percent, cpu_percent)

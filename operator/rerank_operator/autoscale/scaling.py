@@ -22,11 +22,16 @@ class PoolScale:
 
 
 def scale(bounds: PoolBounds, up: StepBehavior, down: StepBehavior, current: int, recommended: int,
-          history: PoolHistory, now: float, idle: bool = False) -> PoolScale:
+          history: PoolHistory, now: float, idle: bool = False, surge_step: int | None = None,
+          release: bool = False) -> PoolScale:
     """Replicas for one pool given the current count and this tick's recommendation.
 
     `idle`: the route sends this pool nothing, so the scale-down step limit (which protects capacity that
     serves traffic) does not apply; the window and the cooldown still do, so a returning spill finds it warm.
+    `surge_step`: a larger scale-up step for this decision (the CPU pool sized for a spill the GPU needs now);
+    the up window and cooldown still apply.
+    `release`: the pool's replicas were a bridge that is no longer needed (an idle CPU pool once the GPU pool has
+    every replica it asked for): the down window does not keep them, the scale-down cooldown still does.
     """
     recommended = bounds.clamp(recommended)
     history = history.record(now, recommended, max(up.stabilization_seconds, down.stabilization_seconds))
@@ -35,9 +40,10 @@ def scale(bounds: PoolBounds, up: StepBehavior, down: StepBehavior, current: int
         return _moved(history, current, clamped, now, f"brought within bounds [{bounds.min_replicas}, "
                                                       f"{bounds.max_replicas}]")
     up_limit = min(history.within(now, up.stabilization_seconds))
-    down_limit = max(history.within(now, down.stabilization_seconds))
+    down_limit = recommended if release else max(history.within(now, down.stabilization_seconds))
     if current < up_limit:
-        return _up(up, current, up_limit, recommended, history, now)
+        step = up.max_step if surge_step is None else max(up.max_step, surge_step)
+        return _up(replace(up, max_step=step), current, up_limit, recommended, history, now)
     if current > down_limit:
         return _down(down, current, down_limit, history, now, idle)
     note = "" if recommended == current else (

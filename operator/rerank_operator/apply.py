@@ -1,0 +1,223 @@
+"""THE only module that talks to the Kubernetes API: it reads the world and executes plans.
+
+Writes are server-side apply with field manager ``rerank-operator`` (so an HPA's replicas or a user's annotations
+are never fought over), create-only for Jobs (their template is immutable), background deletes, and a merge patch
+of the status. Not-found and already-exists are expected outcomes, not errors. Requests the API server refuses for
+a reason retrying will not fix (422, 403, a missing Gateway API) are returned as messages for the status; transient
+failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with backoff.
+Every write request increments ``metrics.API_WRITES``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from . import metrics, names
+from .events import Event
+from .observed import Obj, Observed, ObjectRef
+from .plan import Plan
+from .spec import RerankModelSpec
+
+log = logging.getLogger(__name__)
+
+_PLURALS = {
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Service": "services",
+    "Pod": "pods",
+    "Event": "events",
+    "Deployment": "deployments",
+    "Job": "jobs",
+    "HTTPRoute": "httproutes",
+    names.KIND: names.PLURAL,
+}
+_TRANSIENT = {0, 429, 500, 502, 503, 504}
+
+
+class TransientApiError(RuntimeError):
+    """The API server could not be reached or asked us to come back later."""
+
+
+def _path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+def _as_dict(_client: Any, data: Any) -> Any:
+    return data
+
+
+class _NoDiscovery:
+    """DynamicClient is used only for its generic ``request``; skip its API discovery and its cache file."""
+
+    def __init__(self, client: Any, cache_file: Any) -> None:
+        self.client = client
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
+class Cluster:
+    """A RerankModel-shaped view of the API: observe one model's children, execute its plan, write its status."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self._api = DynamicClient(api_client, discoverer=_NoDiscovery)  # type: ignore[no-untyped-call]
+        self._instance = socket.gethostname()
+
+    # --- transport ------------------------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, verb: str = "", kind: str = "", **params: Any) -> Any:
+        if verb:
+            metrics.API_WRITES.labels(verb, kind).inc()
+        try:
+            return self._api.request(method, path, serializer=_as_dict, **params)
+        except ApiException as exc:
+            if exc.status in _TRANSIENT:
+                raise TransientApiError(f"{method} {path}: {exc.status} {_reason(exc)}") from exc
+            raise
+        except OSError as exc:  # connection refused/reset, DNS: the API server is unreachable
+            raise TransientApiError(f"{method} {path}: {exc}") from exc
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        try:
+            obj = self._request("GET", _path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Obj] | None:
+        """Objects matching ``selector``; None when the API itself is absent (e.g. no Gateway API CRDs)."""
+        try:
+            result = self._request("GET", _path(api_version, kind, namespace), label_selector=selector)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        items = [dict(i) for i in result.get("items") or ()]
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items
+
+    # --- reading ----------------------------------------------------------------------------------------------------
+
+    def get_model(self, namespace: str, name: str) -> Obj | None:
+        return self.get(names.API_VERSION, names.KIND, namespace, name)
+
+    def observe(self, owner: names.Owner, spec: RerankModelSpec) -> Observed:
+        """Everything the plan needs, in six reads, filtered to children controlled by this very object."""
+        ns, selector = owner.namespace, names.owned_selector(owner.name)
+
+        def mine(objs: list[Obj] | None) -> list[Obj]:
+            return [o for o in objs or () if any(r.get("uid") == owner.uid and r.get("controller")
+                                                  for r in o["metadata"].get("ownerReferences") or ())]
+
+        claim_name = spec.storage.existing_claim or names.pvc_name(owner.name)
+        jobs = mine(self.list_objects("batch/v1", "Job", ns, f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"))
+        job_uids = {j["metadata"]["uid"] for j in jobs}
+        job_pods = [p for p in self.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}") or ()
+                    if any(r.get("uid") in job_uids for r in p["metadata"].get("ownerReferences") or ())]
+        deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
+                       for d in mine(self.list_objects("apps/v1", "Deployment", ns, selector))}
+        services = {s["metadata"]["name"]: s for s in mine(self.list_objects("v1", "Service", ns, selector))}
+        routes = self.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
+        route = next((r for r in mine(routes) if r["metadata"]["name"] == names.route_name(owner.name)), None)
+        return Observed(
+            claim=self.get("v1", "PersistentVolumeClaim", ns, claim_name),
+            jobs=tuple(jobs),
+            job_pods=tuple(job_pods),
+            deployments=deployments,
+            services=services,
+            route=route,
+            route_api_available=routes is not None,
+        )
+
+    # --- writing ----------------------------------------------------------------------------------------------------
+
+    def execute(self, plan: Plan) -> tuple[list[str], list[str]]:
+        """Run ``plan``; returns (names of objects written, messages of refused writes)."""
+        done: list[str] = []
+        errors: list[str] = []
+        for obj in plan.apply:
+            kind, meta = obj["kind"], obj["metadata"]
+            try:
+                self._request(
+                    "PATCH", _path(obj["apiVersion"], kind, meta["namespace"], meta["name"]),
+                    verb="apply", kind=kind, body=json.dumps(obj), content_type="application/apply-patch+yaml",
+                    field_manager=names.FIELD_MANAGER, force_conflicts=True,
+                )
+                done.append(meta["name"])
+            except ApiException as exc:
+                hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
+                errors.append(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}")
+        for obj in plan.create:
+            kind, meta = obj["kind"], obj["metadata"]
+            try:
+                self._request("POST", _path(obj["apiVersion"], kind, meta["namespace"]), verb="create", kind=kind,
+                              body=obj, field_manager=names.FIELD_MANAGER)
+                done.append(meta["name"])
+            except ApiException as exc:
+                if exc.status != 409:  # already exists: a previous run created it; nothing to do
+                    errors.append(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}")
+        for ref in plan.delete:
+            try:
+                self._request("DELETE", _path(ref.api_version, ref.kind, ref.namespace, ref.name), verb="delete",
+                              kind=ref.kind, propagation_policy="Background")
+                done.append(ref.name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    errors.append(f"delete {ref}: {exc.status} {_reason(exc)}")
+        return done, errors
+
+    def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:
+        try:
+            self._request(
+                "PATCH", _path(names.API_VERSION, names.KIND, owner.namespace, owner.name, "status"),
+                verb="patch-status", kind=names.KIND, body={"status": patch},
+                content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile
+                raise
+
+    def post_event(self, owner: names.Owner, event: Event) -> None:
+        """A core/v1 Event on the RerankModel (what ``kubectl describe`` shows). Losing one is not worth a retry."""
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+            "involvedObject": {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": owner.name,
+                               "namespace": owner.namespace, "uid": owner.uid},
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": names.OPERATOR_NAME},
+            "reportingComponent": names.OPERATOR_NAME,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._request("POST", _path("v1", "Event", owner.namespace), verb="create", kind="Event", body=body)
+        except (ApiException, TransientApiError) as exc:
+            log.warning("could not post event %s on %s/%s: %s", event.reason, owner.namespace, owner.name, exc)

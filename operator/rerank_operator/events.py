@@ -1,0 +1,57 @@
+"""Kubernetes Events for transitions, computed from (previous status, new status, plan). Pure.
+
+Events are derived from status changes, which are persisted, so a restarted operator does not repeat them; the
+actions (a Job created or deleted) come from the plan and are posted once, when the write happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+from . import conditions
+from .plan import Plan
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+def _cond(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return conditions.find(status.get("conditions") or [], kind) or {}
+
+
+def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """One Event per owned condition whose status or reason changed."""
+    events: list[Event] = []
+    for kind in (conditions.MODEL_READY, conditions.POOLS_AVAILABLE, conditions.DEGRADED, conditions.READY):
+        before, after = _cond(previous, kind), _cond(new, kind)
+        if not after or (before.get("status"), before.get("reason")) == (after.get("status"), after.get("reason")):
+            continue
+        bad = (after["status"] == "True") == (kind == conditions.DEGRADED)
+        # Waiting (quantizing, rolling out, awaiting the artifact) is not a warning; failing is.
+        failing = bad and (kind == conditions.DEGRADED or _cond(new, conditions.DEGRADED).get("status") == "True")
+        reason = after["reason"] if kind != conditions.READY else ("Ready" if after["status"] == "True" else "NotReady")
+        events.append(Event("Warning" if failing else "Normal", reason, f"{kind}={after['status']}: {after['message']}"))
+    return events
+
+
+def actions(plan: Plan, done: Sequence[str]) -> list[Event]:
+    """Events for the writes of ``plan`` that ``apply`` reports as done (by object name)."""
+    events: list[Event] = []
+    for job in plan.create:
+        name = job["metadata"]["name"]
+        if name in done:
+            artifact_id = job["metadata"]["labels"].get("rerank.io/artifact", "")
+            events.append(Event("Normal", "QuantizationStarted", f"created Job {name} to build artifact {artifact_id}"))
+    for ref in plan.delete:
+        if ref.name in done:
+            events.append(Event("Normal", "Deleted", f"deleted {ref.kind} {ref.name}: no longer needed"))
+    if plan.artifact.published and plan.artifact.served:
+        events.append(Event("Normal", "ArtifactPublished", f"artifact {plan.artifact.served.get('id')} is ready; rolling the pools to it"))
+    return events

@@ -1,0 +1,126 @@
+"""kopf wiring. Every handler lands in the same idempotent reconcile; none carries logic of its own.
+
+Triggers: create/update/resume of a RerankModel, a resync timer (drift, and Jobs whose pods are stuck without the
+Job changing), and events of the Jobs and Deployments it owns (a Job finishing, a pool becoming ready).
+Reconciles of one model never overlap: a trigger arriving while one runs makes it run once more instead
+(coalescing), so a burst of Deployment status events costs at most two reconciles.
+
+kopf's own bookkeeping is kept under the ``rerank.io`` prefix in annotations (the status schema is strict, so
+kopf's default ``status.kopf`` would be pruned anyway). The timer makes kopf add a finalizer: deleting a
+RerankModel needs the operator running, as for any kopf operator with timers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import kopf
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+
+from . import names
+from .apply import Cluster
+from .reconcile import Result, reconcile
+
+RESYNC_SECONDS = float(os.environ.get("RERANK_RESYNC_SECONDS", "30"))
+WATCH_TIMEOUT = os.environ.get("RERANK_WATCH_SERVER_TIMEOUT")
+USER_AGENT = f"{names.OPERATOR_NAME}/0.1.0"
+
+_cluster: Cluster | None = None
+_guard = threading.Lock()
+_running: dict[tuple[str, str], bool] = {}  # key -> run again after the current reconcile
+
+
+def cluster() -> Cluster:
+    global _cluster
+    with _guard:
+        if _cluster is None:
+            try:
+                kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except kube_config.ConfigException:
+                kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+            api = ApiClient()
+            api.user_agent = USER_AGENT  # tells the operator's calls apart in audit logs
+            _cluster = Cluster(api)
+        return _cluster
+
+
+def _coalesced(key: tuple[str, str], run: Callable[[], Result | None]) -> Result | None:
+    with _guard:
+        if key in _running:
+            _running[key] = True
+            return None
+        _running[key] = False
+    try:
+        while True:
+            result = run()
+            with _guard:
+                if not _running[key]:
+                    return result
+                _running[key] = False
+    finally:
+        with _guard:
+            _running.pop(key, None)
+
+
+def _reconcile(namespace: str, name: str, trigger: str) -> Result | None:
+    return _coalesced((namespace, name), lambda: reconcile(cluster(), namespace, name, trigger))
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{names.GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+    # Only the spec drives children: labels and annotations (an autoscaler's memory, a user's notes) must neither
+    # trigger an update nor make kopf rewrite its diff base.
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.GROUP, key="last-handled-configuration", ignored_fields=["metadata"])
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = 8
+    if WATCH_TIMEOUT:
+        settings.watching.server_timeout = int(WATCH_TIMEOUT)
+        settings.watching.client_timeout = int(WATCH_TIMEOUT) + 5
+    cluster()
+
+
+@kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL)
+@kopf.on.create(names.GROUP, names.VERSION, names.PLURAL)
+@kopf.on.update(names.GROUP, names.VERSION, names.PLURAL)
+def on_change(*, namespace: str | None, name: str, reason: str, **_: Any) -> None:
+    _reconcile(namespace or "", name, str(reason))
+
+
+@kopf.timer(names.GROUP, names.VERSION, names.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+def resync(*, namespace: str | None, name: str, **_: Any) -> None:
+    _reconcile(namespace or "", name, "timer")
+
+
+_OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.APP_NAME}
+
+
+def _owner_name(body: kopf.Body) -> str | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(f"{names.GROUP}/") and ref.get("controller"):
+            return str(ref["name"])
+    return None
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=_OWNED)
+@kopf.on.event("apps", "v1", "deployments", labels=_OWNED)
+def on_child_event(*, body: kopf.Body, namespace: str | None, type: str, **_: Any) -> None:
+    owner = _owner_name(body)
+    if owner and namespace and type:  # no type: the initial listing, already covered by resume
+        try:
+            _reconcile(namespace, owner, "child")
+        except kopf.TemporaryError as exc:  # event handlers are not retried: the timer will catch up
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, exc)
+
+
+@kopf.on.probe(id="reconciling")
+def probe(**_: Any) -> int:
+    """The liveness endpoint answers only while the operator's loop runs; reports models being reconciled."""
+    with _guard:
+        return len(_running)

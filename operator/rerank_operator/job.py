@@ -1,0 +1,260 @@
+"""The quantization Job: its manifest, and what its outcome was.
+
+One Job per (artifact, attempt), named ``<model>-q-<hash8>-<attempt>``: a restarted operator finds the Job it
+started by name and labels instead of starting another. Within one attempt Kubernetes retries failed pods with
+exponential backoff up to ``backoffLimit``; a new attempt starts only when the spec changes after a failure.
+The command line comes from ``quantizer_job.contract.build_args`` and the outcome from ``contract.parse_result``
+applied to the container's termination message; nothing here spells a quantizer flag or result key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+from quantizer_job import contract
+
+from . import names, pods
+from .spec import DataSource, RerankModelSpec
+
+CONTAINER = "quantizer"
+EVAL_MOUNT = "/etc/rerank/evaluation"
+CALIBRATION_MOUNT = "/etc/rerank/calibration"
+PAIRS_FILE = "pairs.jsonl"
+HF_HOME = f"{contract.VOLUME_MOUNT_PATH}/.cache/huggingface"  # on the volume: retries do not download again
+
+
+def _data_path(source: DataSource | None, mount: str) -> str | None:
+    if source is None:
+        return None
+    if source.config_map is not None:
+        return f"{mount}/{PAIRS_FILE}"
+    assert source.path is not None
+    return pods.on_volume(source.path)
+
+
+def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
+    """The contract's request for ``spec``: what the Job is asked to build."""
+    q = spec.quantization
+    model = spec.model.id if spec.model.id else pods.on_volume(spec.model.path or "")
+    return contract.JobRequest(
+        model=model,
+        output_root=contract.VOLUME_MOUNT_PATH,
+        artifact_id=artifact_id,
+        revision=spec.model.revision,
+        mode=q.mode,
+        target=q.target,
+        recipe=q.recipe,
+        per_channel=q.per_channel,
+        reduce_range=q.reduce_range,
+        operators=tuple(q.operators),
+        optimization_level=q.optimization_level,
+        eval_pairs=_data_path(q.evaluation_data, EVAL_MOUNT),
+        calibration_pairs=_data_path(q.calibration_data, CALIBRATION_MOUNT),
+        min_spearman=q.quality_gate.min_spearman,
+        min_topk_agreement=q.quality_gate.min_topk_agreement,
+        topk=q.quality_gate.topk,
+        time_budget_seconds=q.time_budget_seconds,
+        keep_original=True,
+    )
+
+
+def _config_map_volume(volume: str, source: DataSource | None) -> dict[str, Any] | None:
+    if source is None or source.config_map is None:
+        return None
+    ref = source.config_map
+    return {"name": volume, "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": PAIRS_FILE}]}}
+
+
+def build_job(
+    owner: names.Owner, spec: RerankModelSpec, artifact_id: str, attempt: int, claim: str
+) -> dict[str, Any]:
+    q = spec.quantization
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": HF_HOME},
+    ]
+    if spec.model.token_secret:
+        env.append(pods.secret_env("HF_TOKEN", spec.model.token_secret.name, spec.model.token_secret.key))
+    mounts: list[dict[str, Any]] = [
+        {"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
+        {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [pods.model_volume(claim, read_only=False), pods.scratch_volume()]
+    for volume, source, mount in (
+        ("evaluation-data", q.evaluation_data, EVAL_MOUNT),
+        ("calibration-data", q.calibration_data, CALIBRATION_MOUNT),
+    ):
+        cm_volume = _config_map_volume(volume, source)
+        if cm_volume:
+            volumes.append(cm_volume)
+            mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": q.image,
+        "command": ["rerank-quantize"],
+        "args": contract.build_args(request(spec, artifact_id)),
+        "env": env,
+        "volumeMounts": mounts,
+        "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
+        # A crash before the result is written still leaves the log tail in the message for status to show.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": pods.container_security_context(),
+    }
+    if q.resources:
+        container["resources"] = dict(q.resources)
+    artifact_labels = {names.LABEL_ARTIFACT: artifact_id}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": names.child_metadata(
+            owner,
+            names.job_name(owner.name, artifact_id, attempt),
+            names.COMPONENT_QUANTIZER,
+            extra_labels=artifact_labels,
+            annotations={
+                names.ANNOTATION_ATTEMPT: str(attempt),
+                names.ANNOTATION_SPEC_GENERATION: str(owner.generation),
+            },
+        ),
+        "spec": {
+            "backoffLimit": q.backoff_limit,
+            "activeDeadlineSeconds": q.active_deadline_seconds,
+            # Never two quantizers on one artifact directory: a replacement waits for the old pod to be gone.
+            "podReplacementPolicy": "Failed",
+            "template": {
+                "metadata": {"labels": {**names.labels(owner.name, names.COMPONENT_QUANTIZER), **artifact_labels}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": pods.pod_security_context(),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+# --- reading a Job back -------------------------------------------------------------------------------------------
+
+JobState = Literal["Running", "Succeeded", "Failed"]
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What became of one quantization Job, with the Job's own reason when it failed."""
+
+    state: JobState
+    reason: str
+    message: str
+    result: contract.JobResult | None = None
+
+
+def attempt_of(job: Mapping[str, Any]) -> int:
+    try:
+        return int(job["metadata"].get("annotations", {}).get(names.ANNOTATION_ATTEMPT, "0"))
+    except ValueError:
+        return 0
+
+
+def spec_generation_of(job: Mapping[str, Any]) -> int:
+    try:
+        return int(job["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_GENERATION, "0"))
+    except ValueError:
+        return 0
+
+
+def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in job.get("status", {}).get("conditions") or ():
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for status in pod.get("status", {}).get("containerStatuses") or ():
+        if status.get("name") == CONTAINER:
+            term = (status.get("state") or {}).get("terminated")
+            if term:
+                return dict(term)
+            last = (status.get("lastState") or {}).get("terminated")
+            if last:
+                return dict(last)
+    return None
+
+
+def _waiting(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for status in pod.get("status", {}).get("containerStatuses") or ():
+        if status.get("name") == CONTAINER:
+            waiting = (status.get("state") or {}).get("waiting")
+            if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+                return dict(waiting)
+    return None
+
+
+def _newest_first(job_pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(job_pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
+
+
+def _from_message(term: Mapping[str, Any]) -> contract.JobResult | str:
+    """The parsed result, or the raw text (a log tail through FallbackToLogsOnError) when it is not one."""
+    text = term.get("message") or ""
+    try:
+        return contract.parse_result(text)
+    except contract.ResultParseError:
+        return text.strip()
+
+
+def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> JobOutcome:
+    """Interpret a Job and its pods. Pure: the Job's conditions decide the state, the pods explain it."""
+    pods_newest = _newest_first(job_pods)
+    complete = _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")
+    failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    if complete:
+        for pod in pods_newest:
+            term = _terminated(pod)
+            if term and term.get("exitCode") == 0:
+                parsed = _from_message(term)
+                if isinstance(parsed, contract.JobResult) and parsed.ok:
+                    return JobOutcome("Succeeded", parsed.reason, parsed.message, parsed)
+                if isinstance(parsed, contract.JobResult):
+                    return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
+                return JobOutcome("Failed", "ResultUnreadable", f"the Job succeeded but left no result: {parsed[:300]!r}")
+        return JobOutcome("Failed", "ResultUnreadable", "the Job succeeded but no pod termination message was found")
+    if failed:
+        return _failure(failed, pods_newest)
+    for pod in pods_newest:
+        waiting = _waiting(pod)
+        if waiting:
+            return JobOutcome(
+                "Running", "JobPodWaiting", f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
+            )
+    failures = job.get("status", {}).get("failed") or 0
+    if failures:
+        previous = _failure({"reason": "PodFailed", "message": ""}, pods_newest)
+        return JobOutcome("Running", "Retrying", f"attempt failed {failures} time(s), retrying with backoff; last: {previous.reason}: {previous.message}")
+    return JobOutcome("Running", "Quantizing", "the quantization Job is running")
+
+
+def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
+    """The Job's own reason (its result message) if a pod left one; else the deadline; else the container's."""
+    crashed: JobOutcome | None = None
+    for pod in pods_newest:
+        term = _terminated(pod)
+        if not term or term.get("exitCode") == 0:
+            continue
+        parsed = _from_message(term)
+        if isinstance(parsed, contract.JobResult):
+            return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
+        if crashed is None:
+            container_reason = term.get("reason") or "Error"
+            if container_reason == "Error":
+                container_reason = "QuantizerCrashed"
+            detail = f"exit code {term.get('exitCode')}" + (f": {parsed[-500:]}" if parsed else "")
+            crashed = JobOutcome("Failed", container_reason, detail)
+    job_reason = failed.get("reason") or "JobFailed"
+    if crashed is not None and job_reason != "DeadlineExceeded":
+        return crashed
+    return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")

@@ -1,0 +1,118 @@
+"""Readiness as an ordered chain of named, pure checks; the first that fails gives the Ready condition's reason.
+
+Order matters: it is the order in which a user would fix things (a child that cannot be written hides everything
+after it; no artifact means no pools to roll out). Ready=True means the cluster serves exactly what the current
+spec asks for: the desired artifact, fully rolled out and available. A pool still serving the previous artifact
+keeps clients happy but is not Ready for the new generation, which is what kstatus and ``kubectl wait`` need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from . import deployment
+from .observed import Observed
+from .plan import Plan
+from .spec import RerankModelSpec
+
+
+@dataclass(frozen=True)
+class Facts:
+    spec: RerankModelSpec
+    observed: Observed
+    plan: Plan
+    apply_errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: str
+    message: str
+
+
+Check = Callable[[Facts], Verdict | None]
+
+
+def children_applied(f: Facts) -> Verdict | None:
+    if f.apply_errors:
+        return Verdict("ApplyFailed", "; ".join(f.apply_errors))
+    return None
+
+
+def storage_available(f: Facts) -> Verdict | None:
+    claim = f.observed.claim
+    if f.spec.storage.existing_claim and claim is None:
+        return Verdict("ClaimNotFound", f"PersistentVolumeClaim {f.spec.storage.existing_claim} (storage.existingClaim) does not exist")
+    if claim is not None and claim.get("status", {}).get("phase") == "Lost":
+        return Verdict("ClaimLost", f"PersistentVolumeClaim {f.plan.claim} lost its volume")
+    return None
+
+
+def artifact_published(f: Facts) -> Verdict | None:
+    pending = f.plan.artifact.pending
+    if pending is None:
+        return None
+    if pending.state == "Failed":
+        return Verdict(pending.reason, f"quantization Job {pending.job} failed: {pending.message}")
+    return Verdict(pending.reason, f"building artifact {pending.id} with Job {pending.job} (attempt {pending.attempts}): {pending.message}")
+
+
+def _rollout_gap(pool: str, live: Mapping[str, Any] | None, want_artifact: str | None) -> str | None:
+    if live is None:
+        return f"{pool} pool Deployment not created yet"
+    status = live.get("status", {})
+    if status.get("observedGeneration", 0) < live["metadata"].get("generation", 0):
+        return f"{pool} pool: Deployment change not yet observed"
+    if want_artifact is not None and deployment.served_artifact(live) != want_artifact:
+        return f"{pool} pool still serves artifact {deployment.served_artifact(live)}"
+    wanted = live.get("spec", {}).get("replicas", 1)
+    updated = status.get("updatedReplicas", 0)
+    if updated < wanted or status.get("replicas", 0) > wanted:
+        return f"{pool} pool: {updated}/{wanted} replicas updated"
+    return None
+
+
+def pools_rolled_out(f: Facts) -> Verdict | None:
+    if not f.plan.pools_deployed:
+        return Verdict("AwaitingArtifact", "the pools start once the first artifact is published")
+    changing = sorted({o["metadata"]["name"] for o in f.plan.apply if o["kind"] == "Deployment"})
+    if changing:
+        return Verdict("RollingOut", f"updating Deployment(s) {', '.join(changing)}")
+    gaps = [g for p in f.spec.enabled_pools
+            if (g := _rollout_gap(p.name, f.observed.deployments.get(p.name), f.plan.serving_artifact))]
+    return Verdict("RollingOut", "; ".join(gaps)) if gaps else None
+
+
+def pools_available(f: Facts) -> Verdict | None:
+    short = []
+    for pool in f.spec.enabled_pools:
+        live = f.observed.deployments.get(pool.name) or {}
+        wanted = live.get("spec", {}).get("replicas", 1)
+        ready = live.get("status", {}).get("readyReplicas", 0) or 0
+        available = live.get("status", {}).get("availableReplicas", 0) or 0
+        if min(ready, available) < wanted:
+            short.append(f"{pool.name} {ready}/{wanted} ready")
+    return Verdict("ReplicasUnavailable", ", ".join(short)) if short else None
+
+
+CHAIN: Sequence[tuple[str, Check]] = (
+    ("children-applied", children_applied),
+    ("storage-available", storage_available),
+    ("artifact-published", artifact_published),
+    ("pools-rolled-out", pools_rolled_out),
+    ("pools-available", pools_available),
+)
+
+
+def evaluate(facts: Facts, chain: Sequence[tuple[str, Check]] = CHAIN) -> tuple[bool, Verdict]:
+    """(ready, verdict): the first failing check's verdict, or a Serving verdict describing what serves."""
+    for _name, check in chain:
+        verdict = check(facts)
+        if verdict is not None:
+            return False, verdict
+    served = facts.plan.serving_artifact
+    pools = ", ".join(f"{p.name} {facts.observed.ready(p.name)}" for p in facts.spec.enabled_pools)
+    what = f"artifact {served}" if served else facts.spec.model.display
+    t = facts.plan.traffic
+    return True, Verdict("Serving", f"serving {what}; ready replicas: {pools}; traffic gpu {t.gpu_percent}% / cpu {t.cpu_percent}%")

@@ -1,0 +1,116 @@
+"""One idempotent reconcile of one RerankModel: observe, plan, apply, write status once, post events.
+
+It is the imperative shell around the pure core (spec -> plan -> status): every decision is made by those pure
+functions; this module only sequences the I/O and turns failures into kopf's error model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+import kopf
+
+from . import events, metrics, names, plan as plans, spec as specs, status as statuses
+from .apply import Cluster, TransientApiError
+from .conditions import Condition, set_conditions, DEGRADED, READY
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Result:
+    writes: int  # write requests this reconcile made (0 for an idle one)
+    ready: bool
+
+
+def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str,
+              now: Callable[[], str] = utcnow) -> Result | None:
+    """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest)."""
+    started = time.monotonic()
+    before = metrics.total_writes()
+    try:
+        result = _reconcile(cluster, namespace, name, now)
+    except TransientApiError as exc:
+        metrics.RECONCILES.labels(trigger, "error").inc()
+        metrics.ERRORS.labels("transient").inc()
+        raise kopf.TemporaryError(str(exc), delay=10) from exc
+    except kopf.PermanentError:
+        metrics.RECONCILES.labels(trigger, "error").inc()
+        metrics.ERRORS.labels("permanent").inc()
+        raise
+    finally:
+        metrics.DURATION.observe(time.monotonic() - started)
+    metrics.RECONCILES.labels(trigger, "success").inc()
+    if result is not None:
+        writes = int(metrics.total_writes() - before)
+        log.debug("reconciled %s/%s (%s): %d writes", namespace, name, trigger, writes)
+        return Result(writes, result)
+    return None
+
+
+def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str]) -> bool | None:
+    body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        metrics.forget_model(namespace, name)
+        return None
+    meta = body["metadata"]
+    owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
+    previous = body.get("status") or {}
+    try:
+        spec = specs.parse(body.get("spec") or {})
+    except specs.SpecError as exc:
+        _refuse(cluster, owner, previous, str(exc), now())
+        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+    observed = cluster.observe(owner, spec)
+    timestamp = now()
+    plan = plans.compute(owner, spec, observed, previous, timestamp)
+    done, errors = cluster.execute(plan)
+    for kind in {o["kind"] for o in plan.apply}:
+        log.info("applied %s for %s/%s", kind, namespace, name)
+    new_status = statuses.compute(owner.generation, spec, observed, plan, previous, timestamp, tuple(errors))
+    patch = statuses.merge_patch(previous, new_status)
+    if patch:
+        cluster.patch_status(owner, patch)
+    for event in events.actions(plan, done) + events.transitions(previous, new_status):
+        cluster.post_event(owner, event)
+    _count_jobs(plan, done, previous, new_status)
+    pools = new_status.get("pools") or {}
+    metrics.record_model(
+        namespace, name,
+        traffic={p.name: plan.traffic.gpu_percent if p.name == "gpu" else plan.traffic.cpu_percent
+                 for p in spec.enabled_pools},
+        replicas={p: int(v.get("desiredReplicas", 0)) for p, v in pools.items()},
+    )
+    ready = any(c.get("type") == READY and c.get("status") == "True" for c in new_status.get("conditions", ()))
+    return ready
+
+
+def _count_jobs(plan: plans.Plan, done: list[str], previous: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    for job in plan.create:
+        if job["metadata"]["name"] in done:
+            metrics.JOBS.labels("created", "").inc()
+    if plan.artifact.published:
+        metrics.JOBS.labels("succeeded", "Published").inc()
+    old_pending, new_pending = previous.get("pendingArtifact") or {}, new.get("pendingArtifact") or {}
+    if new_pending.get("state") == "Failed" and (old_pending.get("state"), old_pending.get("job")) != ("Failed", new_pending.get("job")):
+        metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
+
+
+def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:
+    """Record a spec the operator cannot act on (the CRD's validation should make this unreachable)."""
+    conds = set_conditions(previous.get("conditions") or [], [
+        Condition(READY, "False", "InvalidSpec", message),
+        Condition(DEGRADED, "True", "InvalidSpec", message),
+    ], generation=owner.generation, now=now)
+    patch = statuses.merge_patch(previous, {**previous, "observedGeneration": owner.generation,
+                                            "phase": "Failed", "conditions": conds})
+    if patch:
+        cluster.patch_status(owner, patch)

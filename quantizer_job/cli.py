@@ -1,0 +1,430 @@
+"""``rerank-quantize``: the quantization Job's entry point.
+
+download -> export (child process, torch) -> optimize -> quantize -> verify -> publish, with one structured JSON log
+line per stage event on stderr and the :class:`~quantizer_job.contract.JobResult` as the termination message and as
+the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import contract, evaldata, isa, layout, publish, textenc
+from .contract import CPU_SUBDIR, MANIFEST_FILE, ORIGINAL_SUBDIR, JobRequest, JobResult
+from .errors import EXIT_CODES, JobError
+from .logs import log, peak_rss_bytes, stage, trim_memory
+
+MANIFEST_VERSION = 1
+#: Pairs whose PyTorch logits the export child computes, to prove the ONNX graph matches the model.
+EXPORT_CHECK_PAIRS = 6
+
+
+class _Terminated(BaseException):
+    pass
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise _Terminated(f"signal {signum}")
+
+
+def _finite(d: dict) -> dict:
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and np.isfinite(v)}
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("onnxruntime", "onnx", "numpy", "tokenizers", "optimum", "transformers", "torch"):
+        try:
+            from importlib.metadata import version
+
+            out[mod] = version(mod)
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def write_termination_message(text: str) -> None:
+    path = os.environ.get("TERMINATION_MESSAGE_PATH", contract.TERMINATION_MESSAGE_PATH)
+    d = os.path.dirname(path) or "."
+    if not (os.path.isdir(d) and (os.path.exists(path) and os.access(path, os.W_OK) or os.access(d, os.W_OK))):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        pass
+
+
+def _run_export(spec: dict, work: Path, timeout: float) -> dict:
+    spec_path, result_path = work / "export-spec.json", work / "export-result.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "quantizer_job.export", str(spec_path), str(result_path)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=max(60.0, timeout), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    except subprocess.TimeoutExpired:
+        raise JobError("ExportFailed", f"export did not finish within {int(timeout)} s") from None
+    res = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if proc.returncode != 0 or res is None or "error" in res:
+        if res and "error" in res:
+            raise JobError(res["error"]["reason"], res["error"]["message"])
+        tail = (proc.stdout or "")[-1500:]
+        sig = -proc.returncode if proc.returncode < 0 else None
+        what = f"killed by signal {sig} (out of memory?)" if sig else f"exit {proc.returncode}"
+        raise JobError("ExportFailed", f"export child {what}: {tail}")
+    return res
+
+
+class Job:
+    def __init__(self, req: JobRequest):
+        self.req = req
+        self.timings: dict[str, float] = {}
+        self.t0 = time.monotonic()
+        self.threads = isa.cpu_budget()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    # -- the pipeline ------------------------------------------------------------------------------------------------
+    def run(self) -> JobResult:
+        req = self.req
+        if not publish.valid_artifact_id(req.artifact_id):
+            raise JobError("InvalidInput", f"artifact id {req.artifact_id!r}: use letters, digits, '.', '_', '-'")
+        if req.topk < 1 or not (0.0 <= req.min_spearman <= 1.0) or not (0.0 <= req.min_topk_agreement <= 1.0):
+            raise JobError("InvalidInput", "--topk must be >= 1 and the gate thresholds within [0, 1]")
+        if req.mode == "static" and not req.calibration_pairs:
+            raise JobError("InvalidInput", "--mode static needs --calibration-pairs")
+        done = publish.read_published(req.output_root, req.artifact_id)
+        if done is not None:
+            return self._already(done)
+        lock = publish.ArtifactLock(req.output_root, req.artifact_id)
+        if not lock.acquire():
+            raise JobError("PublishFailed", f"another run holds the lock of artifact {req.artifact_id}")
+        try:
+            done = publish.read_published(req.output_root, req.artifact_id)
+            if done is not None:
+                return self._already(done)
+            stale = publish.clean_stale(req.output_root, req.artifact_id)
+            if stale:
+                log("publish", "cleaned_stale_temp_dirs", dirs=stale)
+            self.tmp = publish.make_temp(req.output_root, req.artifact_id)
+            try:
+                return self._build()
+            except BaseException:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                raise
+        finally:
+            lock.release()
+
+    def _already(self, manifest: dict) -> JobResult:
+        final = publish.final_path(self.req.output_root, self.req.artifact_id)
+        log("publish", "already_published", path=str(final))
+        return JobResult(ok=True, reason="AlreadyPublished", message=f"artifact {self.req.artifact_id} already published",
+                         artifact_id=self.req.artifact_id, path=str(final),
+                         manifest_sha256=layout.sha256_file(final / MANIFEST_FILE),
+                         size_bytes=int(manifest.get("size_bytes", 0)),
+                         quality=verify_rounded(manifest.get("quality", {})),
+                         speed=verify_rounded(manifest.get("speed", {})),
+                         recipe={k: v for k, v in manifest.get("recipe", {}).items() if k != "extra"})
+
+    def _build(self) -> JobResult:
+        req, tmp = self.req, self.tmp
+        work = tmp / "work"
+        work.mkdir()
+
+        # -- download ---------------------------------------------------------------------------------------------
+        from .fetch import fetch
+
+        with stage("download", self.timings, model=req.model, revision=req.revision) as rec:
+            fetched = fetch(req.model, req.revision, work / "src")
+            src = fetched.path
+            cfg = layout.read_config(src)
+            layout.validate_source_config(cfg)
+            rec.update(source=fetched.source, resolved_revision=fetched.revision, files=len(fetched.files),
+                       bytes=sum(p.stat().st_size for p in src.iterdir() if p.is_file()), model_type=cfg["model_type"])
+        model_type = cfg["model_type"]
+        max_len = textenc.max_input_length(cfg)
+
+        # Evaluation (and calibration) pairs: bad input fails before any heavy work.
+        try:
+            eval_pairs = evaldata.load_jsonl(req.eval_pairs) if req.eval_pairs else evaldata.builtin_pairs()
+            calib_pairs = evaldata.load_jsonl(req.calibration_pairs, min_pairs=1) if req.calibration_pairs else []
+        except evaldata.EvalDataError as exc:
+            raise JobError("InvalidInput", str(exc)) from None
+
+        # -- export (child process; the only one that imports torch) -----------------------------------------------
+        has_st = bool(layout.weight_files(src))
+        orig_tmp = work / "original-weights" if (req.keep_original and not has_st) else None
+        spec = {"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tokenizer"),
+                "original_dir": str(orig_tmp) if orig_tmp else None, "max_length": max_len,
+                "pad_id": layout.pad_token_id(cfg, src / "tokenizer.json"), "threads": self.threads,
+                "ref_pairs": [[p.query, p.text] for p in eval_pairs[:EXPORT_CHECK_PAIRS]], "parent_pid": os.getpid()}
+        with stage("export", self.timings) as rec:
+            exp = _run_export(spec, work, timeout=req.time_budget_seconds)
+            fp32 = Path(exp["onnx_path"])
+            rec.update(bytes=_model_bytes(fp32), inputs=exp["input_names"], outputs=exp["output_names"],
+                       opset=exp["opset"], tokenizer_converted=exp["tokenizer_converted"], child=exp["timings"])
+        tok_json = Path(exp["tokenizer_json"])
+        pad_id = layout.pad_token_id(cfg, tok_json)
+        tok = textenc.load_tokenizer(str(tok_json), max_len)
+        pairs = [(p.query, p.text) for p in eval_pairs]
+        groups = [p.query for p in eval_pairs]
+        batches = textenc.make_batches(tok, pairs, pad_id, batch_size=8)
+
+        # -- FP32 reference (part of verify) -----------------------------------------------------------------------
+        from . import verify
+
+        with stage("verify", self.timings, model="fp32", pairs=len(pairs)) as rec:
+            sess = verify.make_session(fp32, self.threads)
+            problems = verify.check_output(sess)
+            if problems:
+                raise JobError("ExportFailed", "; ".join(problems))
+            ref = verify.score_timed(sess, batches, min_seconds=self._timing_seconds())
+            del sess
+            trim_memory()
+            if not np.all(np.isfinite(ref.scores)):
+                raise JobError("ExportFailed", "the FP32 ONNX model gives non-finite scores")
+            torch_ref = np.asarray(exp.get("torch_ref_logits", []), dtype=np.float64)
+            export_diff = float(np.max(np.abs(torch_ref - ref.scores[: len(torch_ref)]))) if len(torch_ref) else 0.0
+            scale = max(1.0, float(np.max(np.abs(torch_ref)))) if len(torch_ref) else 1.0
+            if export_diff > 1e-3 * scale:
+                raise JobError("ExportFailed", f"ONNX FP32 differs from PyTorch by {export_diff:.3g}")
+            rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
+
+        calib_feeds = []
+        if req.mode == "static":
+            lengths = textenc.token_lengths(tok, [(p.query, p.text) for p in calib_pairs])
+            chosen = evaldata.balance_by_length(lengths, n=min(len(calib_pairs), 256))
+            chosen_pairs = [(calib_pairs[i].query, calib_pairs[i].text) for i in chosen]
+            calib_feeds = textenc.make_batches(tok, chosen_pairs, pad_id, batch_size=8)
+
+        # -- optimize / quantize / verify, per recipe --------------------------------------------------------------
+        from . import quantize as Q
+
+        target = isa.detect_local_target() if req.target == "auto" else req.target
+        fixed = Q.fixed_recipe(req.mode, target, req.optimization_level, req.per_channel, req.reduce_range,
+                               req.operators)
+        candidates = Q.candidate_recipes(target, req.mode) if req.recipe == "auto" else [fixed]
+        heads = int(cfg.get("num_attention_heads") or 0)
+        hidden = int(cfg["hidden_size"])
+        optimized: dict[int, Path] = {}
+        tried: list[dict] = []
+        entries: list[dict] = []
+        budget = float(req.time_budget_seconds)
+        per_candidate = None
+        for i, recipe in enumerate(candidates):
+            if i > 0 and per_candidate is not None and self.elapsed() + per_candidate * 1.2 > budget * 0.85:
+                log("quantize", "skipped", recipe=recipe.name, reason="time budget")
+                break
+            t_c = time.monotonic()
+            try:
+                lvl = recipe.optimization_level
+                if lvl not in optimized:
+                    with stage("optimize", self.timings, level=lvl, recipe=recipe.name) as rec:
+                        optimized[lvl] = Q.optimize(fp32, work / f"opt{lvl}" / "model.onnx", lvl, heads, hidden)
+                        rec.update(bytes=_model_bytes(optimized[lvl]),
+                                   fusions=getattr(Q.optimize, "last_stats", {}) if lvl else {})
+                        trim_memory()
+                cand_path = work / f"int8-{i}" / "model.onnx"
+                with stage("quantize", self.timings, recipe=recipe.to_dict()) as rec:
+                    if recipe.mode == "static":
+                        Q.quantize_static(optimized[lvl], cand_path, recipe, calib_feeds, exp["input_names"])
+                    else:
+                        Q.quantize_dynamic(optimized[lvl], cand_path, recipe)
+                    rec.update(bytes=_model_bytes(cand_path))
+                    trim_memory()
+                with stage("verify", self.timings, model="int8", recipe=recipe.name) as rec:
+                    sess = verify.make_session(cand_path, self.threads)
+                    problems = verify.check_output(sess)
+                    if problems:
+                        raise JobError("QuantizationFailed", "; ".join(problems))
+                    got = verify.score_timed(sess, batches, min_seconds=self._timing_seconds())
+                    del sess
+                    trim_memory()
+                    q = verify.quality(groups, ref.scores, got.scores, req.topk)
+                    why = verify.gate(q, req.min_spearman, req.min_topk_agreement)
+                    speed = {"fp32_pairs_per_s": ref.pairs_per_s, "int8_pairs_per_s": got.pairs_per_s,
+                             "speedup": got.pairs_per_s / ref.pairs_per_s, "fp32_p50_ms": ref.p50_ms,
+                             "fp32_p95_ms": ref.p95_ms, "int8_p50_ms": got.p50_ms, "int8_p95_ms": got.p95_ms}
+                    rec.update(quality=verify.rounded(q), speed=verify.rounded(speed, 3), passed=not why, why=why)
+                entries.append({"recipe": recipe, "path": cand_path, "quality": q, "speed": speed, "why": why})
+                tried.append({"name": recipe.name, "passed": not why, "spearman": round(q["spearman"], 5)
+                              if np.isfinite(q["spearman"]) else None,
+                              "int8_pairs_per_s": round(speed["int8_pairs_per_s"], 2)})
+            except JobError as exc:
+                if req.recipe != "auto":
+                    raise
+                log("quantize", "recipe_failed", recipe=recipe.name, reason=exc.reason, error=exc.message[:500])
+                tried.append({"name": recipe.name, "passed": False, "error": exc.reason})
+            per_candidate = max(per_candidate or 0.0, time.monotonic() - t_c)
+
+        best = _choose(entries)
+        if best is None:
+            raise JobError("QuantizationFailed", f"no recipe produced a model: {tried}")
+        recipe_info = {**best["recipe"].to_dict(), "tried": tried}
+        if best["why"]:
+            raise JobError("QualityGateFailed", f"INT8 ranks too differently from FP32 ({best['recipe'].name}): "
+                                                + "; ".join(best["why"]),
+                           quality=_finite(best["quality"]), speed=_finite(best["speed"]), recipe=recipe_info)
+
+        # -- publish --------------------------------------------------------------------------------------------
+        with stage("publish", self.timings) as rec:
+            final = self._assemble(src, cfg, tok_json, best, orig_tmp, exp, fetched, recipe_info, model_type)
+            if final is None:
+                done = publish.read_published(req.output_root, req.artifact_id)
+                return self._already(done or {})
+            manifest_sha = layout.sha256_file(final / MANIFEST_FILE)
+            manifest = json.loads((final / MANIFEST_FILE).read_text())
+            rec.update(path=str(final), bytes=manifest["size_bytes"])
+        return JobResult(ok=True, reason="Published",
+                         message=f"published {best['recipe'].name}: spearman {best['quality']['spearman']:.4f}, "
+                                 f"{best['speed']['speedup']:.2f}x FP32",
+                         artifact_id=req.artifact_id, path=str(final), manifest_sha256=manifest_sha,
+                         size_bytes=manifest["size_bytes"], quality=verify.rounded(_finite(best["quality"])),
+                         speed=verify.rounded(_finite(best["speed"]), 3),
+                         recipe={k: v for k, v in recipe_info.items() if k != "extra"})
+
+    def _timing_seconds(self) -> float:
+        """How long to time each model (at least one pass over the eval batches is always made)."""
+        return float(os.environ.get("RERANK_QUANTIZE_TIMING_SECONDS", "2.0"))
+
+    def _assemble(self, src, cfg, tok_json, best, orig_tmp, exp, fetched, recipe_info, model_type):
+        req, tmp = self.req, self.tmp
+        tok_dirs = [tok_json.parent, src] if tok_json.parent != src else [src]
+        cpu = tmp / CPU_SUBDIR
+        cpu.mkdir()
+        chosen = best["path"]
+        os.replace(chosen, cpu / layout.MODEL_FILE)
+        data = chosen.with_name(chosen.name + "_data")
+        if data.exists():
+            os.replace(data, cpu / layout.DATA_FILE)
+        fixed_cfg = layout.tei_config(cfg, tok_json)
+        layout.write_json(cpu / "config.json", fixed_cfg)
+        layout.copy_tokenizer(tok_dirs, cpu)
+        problems = layout.check_tei_dir(cpu, expect_token_type_ids=model_type not in layout.NO_TOKEN_TYPES)
+        if problems:
+            raise JobError("PublishFailed", "CPU directory is not TEI-loadable: " + "; ".join(problems))
+        if req.keep_original:
+            orig = tmp / ORIGINAL_SUBDIR
+            orig.mkdir()
+            wsrc = orig_tmp if orig_tmp is not None else src
+            names = layout.weight_files(wsrc)
+            if not names:
+                raise JobError("PublishFailed", "no safetensors weights for the GPU pool")
+            inside = tmp in wsrc.resolve().parents
+            for name in names:
+                if inside:  # written or downloaded by this run: move, do not copy gigabytes
+                    os.replace(wsrc / name, orig / name)
+                else:  # the user's directory: copy (a hard link would change with it)
+                    shutil.copyfile(wsrc / name, orig / name)
+            layout.write_json(orig / "config.json", fixed_cfg)
+            layout.copy_tokenizer(tok_dirs, orig)
+        shutil.rmtree(tmp / "work", ignore_errors=True)
+        files = layout.file_inventory(tmp)
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "artifact_id": req.artifact_id,
+            "model": req.model,
+            "revision": fetched.revision or req.revision,
+            "source": fetched.source,
+            "model_type": model_type,
+            "files": files,
+            "size_bytes": sum(f["size"] for f in files),
+            "recipe": recipe_info,
+            "quality": _finite(best["quality"]),
+            "gate": {"min_spearman": req.min_spearman, "min_topk_agreement": req.min_topk_agreement, "topk": req.topk},
+            "speed": _finite(best["speed"]),
+            "speed_settings": {"batch_size": 8, "intra_op_threads": self.threads,
+                               "graph_optimization_level": "ORT_ENABLE_ALL"},
+            "export": {"opset": exp["opset"], "inputs": exp["input_names"], "outputs": exp["output_names"],
+                       "tokenizer_converted": exp["tokenizer_converted"]},
+            "versions": {**_versions()},
+            "timings": dict(self.timings),
+            "created_unix": int(time.time()),
+        }
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False))
+        try:
+            return publish.commit(tmp, req.output_root, req.artifact_id)
+        except FileExistsError:
+            return None
+
+
+def _choose(entries: list[dict]) -> dict | None:
+    """The fastest candidate that passes the gate; else the best-ranking failure (for the report)."""
+    passing = [e for e in entries if not e["why"]]
+    if passing:
+        return max(passing, key=lambda e: e["speed"]["int8_pairs_per_s"])
+    if not entries:
+        return None
+    return max(entries, key=lambda e: e["quality"]["spearman"] if np.isfinite(e["quality"]["spearman"]) else -2.0)
+
+
+def _model_bytes(p: Path) -> int:
+    total = p.stat().st_size
+    d = p.with_name(p.name + "_data")
+    return total + (d.stat().st_size if d.exists() else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="rerank-quantize", description=__doc__.splitlines()[0])
+    contract.add_arguments(parser)
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        res = JobResult(ok=False, reason="InvalidInput", message="bad command line (see stderr)")
+        text = res.to_message()
+        write_termination_message(text)
+        print(text, flush=True)
+        return EXIT_CODES["InvalidInput"]
+    req = contract.request_from_namespace(ns)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    job = Job(req)
+    log("job", "start", request={k: v for k, v in req.__dict__.items()}, threads=job.threads,
+        target=isa.detect_local_target())
+    code = 0
+    try:
+        res = job.run()
+    except JobError as exc:
+        d = exc.details
+        res = JobResult(ok=False, reason=exc.reason, message=exc.message, artifact_id=req.artifact_id,
+                        quality=verify_rounded(d.get("quality", {})), speed=verify_rounded(d.get("speed", {})),
+                        recipe={k: v for k, v in d.get("recipe", {}).items() if k != "extra"})
+        code = EXIT_CODES[exc.reason]
+    except _Terminated as exc:
+        res = JobResult(ok=False, reason="InternalError", message=f"terminated ({exc})", artifact_id=req.artifact_id)
+        code = EXIT_CODES["InternalError"]
+    except Exception as exc:  # noqa: BLE001
+        res = JobResult(ok=False, reason="InternalError", message=f"{type(exc).__name__}: {exc}",
+                        artifact_id=req.artifact_id)
+        code = EXIT_CODES["InternalError"]
+    log("job", "end", ok=res.ok, reason=res.reason, seconds=round(job.elapsed(), 3), peak_rss_bytes=peak_rss_bytes(),
+        timings=job.timings)
+    text = res.to_message()
+    write_termination_message(text)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return code
+
+
+def verify_rounded(d: dict) -> dict:
+    return {k: round(float(v), 5) for k, v in _finite(d).items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""The one exception type the stages raise; its reason is one of contract.FAILURE_REASONS."""
+
+from __future__ import annotations
+
+from .contract import FAILURE_REASONS
+
+
+class JobError(Exception):
+    def __init__(self, reason: str, message: str, **details):
+        if reason not in FAILURE_REASONS:
+            raise ValueError(f"unknown failure reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+#: Exit status per failure reason (0 is success; 1 is left to the Python interpreter's own crashes).
+EXIT_CODES = {reason: 10 + i for i, reason in enumerate(FAILURE_REASONS)}

@@ -1,0 +1,217 @@
+"""FP32 ONNX export, run in a child process so the torch model's memory is gone when it exits.
+
+``python -m quantizer_job.export <spec.json> <result.json>``. The parent (``cli``) never imports torch: the export
+child is the only process that holds the PyTorch weights, and the quantize/verify stages start after it has exited,
+so at most one copy of the FP32 weights is alive at a time.
+
+Uses optimum's ONNX export configuration for the model type (input/output names, dynamic axes, model patching),
+which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` only for BERT-family) and ``logits``; then
+``torch.onnx.export`` writes the graph directly, and tensors of models over 2 GB are gathered into one
+``model.onnx_data`` next to ``model.onnx`` by streaming them (optimum's own re-save loads the whole model again while
+the torch weights are still alive, which is how the plain recipe reaches 13 GB on bge-reranker-v2-m3).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
+TWO_GB = 2 * 1024**3
+DATA_FILE_SUFFIX = "_data"
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A killed Job must not leave an orphan writing into the temp directory."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def consolidate_external_data(onnx_path: Path) -> int:
+    """Gather every external tensor into ``<name>_data`` next to the graph, copying in chunks (no full load).
+
+    Returns the size of the data file (0 if the model keeps all tensors inline).
+    """
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    tensors = [t for t in _get_all_tensors(model) if uses_external_data(t)]
+    if not tensors:
+        return 0
+    base = onnx_path.parent
+    data_name = onnx_path.name + DATA_FILE_SUFFIX
+    tmp = base / (data_name + ".part")
+    old_files: set[str] = set()
+    offset = 0
+    with open(tmp, "wb") as out:
+        for t in tensors:
+            info = {e.key: e.value for e in t.external_data}
+            loc = info["location"]
+            src_off = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else os.path.getsize(base / loc) - src_off
+            pad = (-offset) % 4096  # page-aligned tensors let ONNX Runtime map them
+            if pad:
+                out.write(b"\0" * pad)
+                offset += pad
+            with open(base / loc, "rb") as src:
+                src.seek(src_off)
+                left = length
+                while left:
+                    chunk = src.read(min(left, 64 * 1024 * 1024))
+                    if not chunk:
+                        raise OSError(f"external data {loc} is shorter than recorded")
+                    out.write(chunk)
+                    left -= len(chunk)
+            del t.external_data[:]
+            for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            offset += length
+            if loc != data_name:
+                old_files.add(loc)
+        out.flush()
+        os.fsync(out.fileno())
+    graph_tmp = base / (onnx_path.name + ".part")
+    with open(graph_tmp, "wb") as f:
+        f.write(model.SerializeToString())
+    for loc in old_files:
+        try:
+            os.remove(base / loc)
+        except FileNotFoundError:
+            pass
+    os.replace(tmp, base / data_name)
+    os.replace(graph_tmp, onnx_path)
+    return offset
+
+
+def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
+    """``tokenizer.json`` of the model, converted from its slow tokenizer when it has none."""
+    found = src / "tokenizer.json"
+    if found.is_file():
+        return found
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src), use_fast=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        raise RuntimeError(f"UnsupportedModel: cannot build a fast tokenizer: {exc}") from exc
+    if not getattr(tok, "is_fast", False):
+        raise RuntimeError("UnsupportedModel: the model has no fast tokenizer and none could be converted")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out_dir))  # writes tokenizer.json and the other tokenizer files
+    if not (out_dir / "tokenizer.json").is_file():
+        tok.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
+    return out_dir / "tokenizer.json"
+
+
+def run(spec: dict) -> dict:
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from .textenc import encode_pairs, load_tokenizer
+
+    torch.set_num_threads(int(spec.get("threads") or os.cpu_count() or 1))
+    src = Path(spec["src_dir"])
+    onnx_dir = Path(spec["onnx_dir"])
+    onnx_dir.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    result: dict = {}
+
+    t0 = time.monotonic()
+    tok_path = _fast_tokenizer(src, Path(spec["tokenizer_dir"]))
+    result["tokenizer_json"] = str(tok_path)
+    result["tokenizer_converted"] = tok_path.parent != src
+    timings["tokenizer_s"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    model = AutoModelForSequenceClassification.from_pretrained(str(src), dtype=torch.float32,
+                                                               low_cpu_mem_usage=True)
+    model.eval()
+    timings["load_s"] = time.monotonic() - t0
+    if int(model.config.num_labels) != 1:
+        raise RuntimeError(f"UnsupportedModel: {model.config.num_labels} labels; a reranker has exactly one")
+
+    # Reference logits from PyTorch for a few pairs, to prove the exported graph computes the same function.
+    tok = load_tokenizer(str(tok_path), int(spec["max_length"]))
+    ref_pairs = [tuple(p) for p in spec.get("ref_pairs", [])]
+    if ref_pairs:
+        feed = encode_pairs(tok, ref_pairs, int(spec["pad_id"]))
+        kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]), "attention_mask": torch.from_numpy(feed["attention_mask"])}
+        if model.config.model_type not in ("xlm-roberta", "roberta", "camembert", "distilbert"):
+            kwargs["token_type_ids"] = torch.from_numpy(feed["token_type_ids"])
+        with torch.no_grad():
+            logits = model(**kwargs).logits
+        if tuple(logits.shape) != (len(ref_pairs), 1):
+            raise RuntimeError(f"UnsupportedModel: logits shape {tuple(logits.shape)}, expected [batch, 1]")
+        result["torch_ref_logits"] = logits[:, 0].tolist()
+
+    if spec.get("original_dir"):
+        # The GPU pool (Candle) needs model.safetensors; write it only when the source has no safetensors.
+        od = Path(spec["original_dir"])
+        od.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        model.save_pretrained(str(od), safe_serialization=True, max_shard_size="1000GB")
+        timings["safetensors_s"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    import optimum.exporters.onnx.model_configs  # noqa: F401 - registers the ONNX configs with TasksManager
+    from optimum.exporters.tasks import TasksManager
+
+    ctor = TasksManager.get_exporter_config_constructor(exporter="onnx", model=model, task="text-classification",
+                                                        library_name="transformers")
+    onnx_config = ctor(model.config)
+    dummy = onnx_config.generate_dummy_inputs(framework="pt")
+    out_path = onnx_dir / "model.onnx"
+    with torch.no_grad(), onnx_config.patch_model_for_export(model):
+        inputs = onnx_config.ordered_inputs(model)
+        input_names = list(inputs.keys())
+        output_names = list(onnx_config.outputs.keys())
+        axes = {**dict(inputs), **dict(onnx_config.outputs)}
+        torch.onnx.export(model, (dummy,), str(out_path), input_names=input_names, output_names=output_names,
+                          dynamic_axes=axes, do_constant_folding=True, opset_version=OPSET, dynamo=False)
+    timings["export_s"] = time.monotonic() - t0
+    del model, dummy
+    gc.collect()
+
+    t0 = time.monotonic()
+    data_bytes = consolidate_external_data(out_path)
+    timings["consolidate_s"] = time.monotonic() - t0
+    result.update(input_names=input_names, output_names=output_names, onnx_path=str(out_path),
+                  external_data_bytes=data_bytes, opset=OPSET, timings=timings,
+                  torch_version=torch.__version__)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec_path, result_path = argv[0], argv[1]
+    spec = json.loads(Path(spec_path).read_text())
+    _die_with_parent(int(spec.get("parent_pid", os.getppid())))
+    try:
+        result = run(spec)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+        msg = str(exc)
+        reason = "ExportFailed"
+        if msg.startswith("UnsupportedModel: "):
+            reason, msg = "UnsupportedModel", msg[len("UnsupportedModel: "):]
+        result = {"error": {"reason": reason, "message": f"{type(exc).__name__}: {msg}"[:2000]}}
+        Path(result_path).write_text(json.dumps(result))
+        return 2
+    Path(result_path).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Get the model: a local directory as is, or a hub repo at a pinned revision with only the files needed."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import JobError
+from .layout import TOKENIZER_FILES
+
+WEIGHT_PATTERNS_SAFETENSORS = ("model.safetensors", "model-*.safetensors", "model.safetensors.index.json")
+WEIGHT_PATTERNS_BIN = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")
+META_PATTERNS = ("config.json",) + TOKENIZER_FILES
+
+
+@dataclass
+class Fetched:
+    path: Path
+    source: str  # "local" | "hub"
+    revision: str | None  # resolved commit for hub models
+    files: list[str]
+
+
+def looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or os.path.isdir(model)
+
+
+def choose_patterns(repo_files: list[str]) -> list[str]:
+    """allow_patterns for snapshot_download: metadata + safetensors if present, else the .bin weights."""
+    def present(patterns):
+        return any(fnmatch.fnmatch(f, p) for f in repo_files for p in patterns)
+
+    if present(WEIGHT_PATTERNS_SAFETENSORS):
+        weights = WEIGHT_PATTERNS_SAFETENSORS
+    elif present(WEIGHT_PATTERNS_BIN):
+        weights = WEIGHT_PATTERNS_BIN
+    else:
+        raise JobError("UnsupportedModel", "the repository has no model.safetensors or pytorch_model.bin weights")
+    return list(META_PATTERNS) + list(weights)
+
+
+def fetch(model: str, revision: str | None, dest: Path, retries: int = 4) -> Fetched:
+    if looks_like_path(model):
+        p = Path(model).expanduser()
+        if not p.is_dir():
+            raise JobError("ModelNotFound", f"local model directory {p} does not exist")
+        if not (p / "config.json").is_file():
+            raise JobError("ModelNotFound", f"{p} has no config.json")
+        return Fetched(path=p, source="local", revision=None, files=sorted(x.name for x in p.iterdir()))
+    return _fetch_hub(model, revision, dest, retries)
+
+
+def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> Fetched:
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+    api = HfApi(token=token)
+    delay = 2.0
+    last: Exception | None = None
+    for attempt in range(1, retries + 1):
+        try:
+            info = api.model_info(repo_id, revision=revision or "main", files_metadata=False)
+            files = [s.rfilename for s in info.siblings or []]
+            patterns = choose_patterns(files)
+            # Pin to the resolved commit so every file comes from the same revision.
+            path = snapshot_download(repo_id, revision=info.sha, token=token, allow_patterns=patterns,
+                                     local_dir=str(dest))
+            got = sorted(p.name for p in Path(path).iterdir() if p.is_file())
+            return Fetched(path=Path(path), source="hub", revision=info.sha, files=got)
+        except GatedRepoError:
+            raise JobError("ModelNotFound", f"{repo_id} is gated: accept its terms on the hub and give the Job an "
+                                            "HF_TOKEN of an account that has access") from None
+        except RevisionNotFoundError:
+            raise JobError("ModelNotFound", f"revision {revision!r} does not exist in {repo_id}") from None
+        except RepositoryNotFoundError:
+            raise JobError("ModelNotFound", f"{repo_id} does not exist on the hub, or is private and HF_TOKEN "
+                                            "is missing or lacks access") from None
+        except EntryNotFoundError as exc:
+            raise JobError("ModelNotFound", f"{repo_id}: a file is missing: {exc}") from None
+        except JobError:
+            raise
+        except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status in (401, 403):
+                raise JobError("ModelNotFound", f"{repo_id}: access denied ({status}); check HF_TOKEN") from None
+            last = exc
+            if attempt < retries:
+                time.sleep(delay)
+                delay *= 2
+    raise JobError("ModelNotFound", f"{repo_id}: hub unreachable after {retries} attempts: "
+                                    f"{type(last).__name__}: {last}"[:1000])

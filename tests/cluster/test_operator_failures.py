@@ -1,0 +1,92 @@
+"""Quantization failures on the real control plane: they show with the Job's own reason, never take down running
+pools, are retried with backoff up to the limit, and a fixed spec retries at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rrm_harness import Env, eventually, operator_identity, refused, rrm_env  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.cluster
+
+
+def serving_artifact(env: Env) -> str | None:
+    dep = env.kube.deployment(env.namespace, "bge-m3-cpu")
+    return (dep["spec"]["template"]["metadata"].get("annotations") or {}).get("rerank.io/artifact") if dep else None
+
+
+def status(env: Env) -> dict[str, Any]:
+    body = env.kube.model(env.namespace, "bge-m3")
+    assert body is not None
+    return dict(body["status"])
+
+
+def test_crash_without_result_is_reported_and_nothing_serves(rrm_env: Env) -> None:
+    env, ns = rrm_env, rrm_env.namespace
+    env.kube.create_model(env.model())
+    env.finish_quantizer(ok=False, message="", exit_code=137)  # killed before writing a result
+    cond = env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "QuantizerCrashed")
+    assert "exit code 137" in cond["message"]
+    env.kube.wait_condition(ns, "bge-m3", "Degraded", "True", "QuantizerCrashed")
+    st = status(env)
+    assert st["phase"] == "Failed" and st["pendingArtifact"]["state"] == "Failed"
+    assert env.kube.condition(ns, "bge-m3", "Ready")["status"] == "False"
+    assert env.kube.deployment(ns, "bge-m3-cpu") is None
+
+
+def test_quality_gate_refusal_keeps_serving_then_a_fix_recovers(rrm_env: Env) -> None:
+    env, ns = rrm_env, rrm_env.namespace
+    env.kube.create_model(env.model())
+    first = env.finish_quantizer(ok=True)["metadata"]["labels"]["rerank.io/artifact"]
+    env.kube.wait_condition(ns, "bge-m3", "Ready", "True")
+
+    env.kube.patch_spec(ns, "bge-m3", {"quantization": {"qualityGate": {"minSpearman": 0.999}}})
+    env.finish_quantizer(ok=False, message=refused("QualityGateFailed", "spearman 0.9912 < 0.999 on 200 pairs"))
+    cond = env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "QualityGateFailed")
+    assert "0.9912 < 0.999" in cond["message"] and first in cond["message"]  # says the old artifact keeps serving
+    env.kube.wait_condition(ns, "bge-m3", "Degraded", "True", "QualityGateFailed")
+    st = status(env)
+    assert st["phase"] == "Degraded" and st["artifact"]["id"] == first
+    assert serving_artifact(env) == first
+    dep = env.kube.deployment(ns, "bge-m3-cpu")
+    assert dep is not None and dep["status"]["readyReplicas"] == 1  # the running pool was never touched
+    events = env.cluster.kubectl_run("get", "events", "-n", ns, "--field-selector", "type=Warning").stdout
+    assert "QualityGateFailed" in events
+
+    env.kube.patch_spec(ns, "bge-m3", {"quantization": {"qualityGate": {"minSpearman": 0.98}}})
+    pod = env.running_quantizer()  # the fix starts a new Job at once
+    fixed = pod["metadata"]["labels"]["rerank.io/artifact"]
+    assert fixed not in (first,)
+    env.finish_quantizer(ok=True, artifact_id=fixed)
+    env.kube.wait_condition(ns, "bge-m3", "Ready", "True", "Serving")
+    env.kube.wait_condition(ns, "bge-m3", "Degraded", "False", "AsExpected")
+    assert serving_artifact(env) == fixed and status(env)["phase"] == "Ready"
+
+
+def test_failed_pod_is_retried_with_backoff_up_to_the_limit(rrm_env: Env) -> None:
+    env, ns = rrm_env, rrm_env.namespace
+    env.kube.create_model(env.model(quantization={"backoffLimit": 1}))
+    first = env.finish_quantizer(ok=False, message=refused("ExportFailed", "torch.onnx.export: unsupported op"))
+    env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "Retrying", timeout=30)
+    assert "ExportFailed" in env.kube.condition(ns, "bge-m3", "ModelReady")["message"]
+    second = env.running_quantizer()  # the Job controller's retry, after its backoff
+    assert second["metadata"]["name"] != first["metadata"]["name"]
+    env.finish_quantizer(ok=False, message=refused("ExportFailed", "torch.onnx.export: unsupported op"))
+    env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "ExportFailed")
+    assert len(env.kube.jobs(ns)) == 1 and status(env)["pendingArtifact"]["attempts"] == 1
+
+
+def test_a_spec_fix_that_keeps_the_artifact_still_retries(rrm_env: Env) -> None:
+    env, ns = rrm_env, rrm_env.namespace
+    env.kube.create_model(env.model())
+    env.finish_quantizer(ok=False, message=refused("ModelNotFound", "401: gated repository; is the token right?"))
+    env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "ModelNotFound")
+    env.kube.patch_spec(ns, "bge-m3", {"model": {"tokenSecretRef": {"name": "hf-fixed", "key": "token"}}})
+    pod = env.running_quantizer()
+    assert pod["metadata"]["labels"]["job-name"].endswith("-2")  # attempt 2 of the same artifact
+    eventually(lambda: [j["metadata"]["annotations"]["rerank.io/attempt"] for j in env.kube.jobs(ns)] == ["2"],
+               30, "the failed attempt to be cleaned up")
+    env.finish_quantizer(ok=True)
+    env.kube.wait_condition(ns, "bge-m3", "Ready", "True", "Serving")

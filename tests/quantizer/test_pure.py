@@ -1,0 +1,153 @@
+"""Pure pieces: metrics, length-bucket balancing, ISA detection, eval data parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quantizer_job import evaldata, isa, metrics
+
+pytestmark = pytest.mark.quantizer
+
+
+# --- Spearman ---------------------------------------------------------------------------------------------------------
+def _spearman_no_ties(a, b):
+    """Textbook formula 1 - 6 sum d^2 / (n (n^2 - 1)), valid without ties: an independent reference."""
+    ra = np.argsort(np.argsort(a))
+    rb = np.argsort(np.argsort(b))
+    n = len(a)
+    d = (ra - rb).astype(float)
+    return 1 - 6 * (d * d).sum() / (n * (n * n - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), min_size=3, max_size=40, unique_by=(lambda t: t[0], lambda t: t[1])))
+def test_spearman_matches_textbook_formula_without_ties(pairs):
+    a = [p[0] for p in pairs]
+    b = [p[1] for p in pairs]
+    assert metrics.spearman(a, b) == pytest.approx(_spearman_no_ties(a, b), abs=1e-9)
+
+
+def test_spearman_edges():
+    x = [0.1, 0.5, 0.3, 0.9]
+    assert metrics.spearman(x, x) == pytest.approx(1.0)
+    assert metrics.spearman(x, [-v for v in x]) == pytest.approx(-1.0)
+    assert metrics.spearman(x, np.exp(np.array(x) * 7)) == pytest.approx(1.0)  # monotone transform
+    assert np.isnan(metrics.spearman(x, [1, 1, 1, 1]))  # constant: nothing proven
+    assert np.isnan(metrics.spearman(x, [1, 2, float("nan"), 4]))
+    assert np.isnan(metrics.spearman([1.0], [1.0]))
+
+
+def test_rankdata_ties_average():
+    assert metrics.rankdata([10, 20, 20, 5]).tolist() == [2.0, 3.5, 3.5, 1.0]
+
+
+# --- top-k agreement --------------------------------------------------------------------------------------------------
+def test_topk_agreement_per_query():
+    groups = ["q1"] * 5 + ["q2"] * 5
+    ref = [5, 4, 3, 2, 1, 1, 2, 3, 4, 5]
+    same = list(ref)
+    assert metrics.topk_agreement(groups, ref, same, 3) == 1.0
+    # q1: top-3 {0,1,2} vs {0,1,3} -> 2/3; q2 unchanged -> 1
+    cand = [5, 4, 1, 3, 2] + ref[5:]
+    assert metrics.topk_agreement(groups, ref, cand, 3) == pytest.approx((2 / 3 + 1) / 2)
+    # reversed ranking of q1: top-2 disjoint
+    rev = [1, 2, 3, 4, 5] + ref[5:]
+    assert metrics.topk_agreement(groups, ref, rev, 2) == pytest.approx((0 + 1) / 2)
+
+
+def test_topk_skips_queries_without_enough_texts():
+    assert np.isnan(metrics.topk_agreement(["a", "a", "b"], [1, 2, 3], [3, 2, 1], 3))
+
+
+# --- length buckets ---------------------------------------------------------------------------------------------------
+def test_bucket_of():
+    edges = (32, 64, 128)
+    assert [evaldata.bucket_of(n, edges) for n in (0, 31, 32, 63, 64, 127, 128, 5000)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 600), min_size=0, max_size=120), st.integers(0, 150))
+def test_balance_by_length_is_balanced(lengths, n):
+    chosen = evaldata.balance_by_length(lengths, n)
+    assert len(chosen) == min(n, len(lengths))
+    assert len(set(chosen)) == len(chosen)
+    avail: dict[int, int] = {}
+    for ln in lengths:
+        b = evaldata.bucket_of(ln)
+        avail[b] = avail.get(b, 0) + 1
+    got: dict[int, int] = {}
+    for i in chosen:
+        b = evaldata.bucket_of(lengths[i])
+        got[b] = got.get(b, 0) + 1
+    # Every bucket either got everything it had, or at least as many as any other bucket minus one.
+    most = max(got.values(), default=0)
+    for b, have in avail.items():
+        assert got.get(b, 0) == have or got.get(b, 0) >= most - 1
+
+
+def test_balance_prefers_rare_long_pairs():
+    lengths = [10] * 100 + [300] * 5
+    chosen = evaldata.balance_by_length(lengths, 10)
+    assert sum(1 for i in chosen if lengths[i] == 300) == 5
+
+
+# --- ISA ----------------------------------------------------------------------------------------------------------------
+ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_vnni avx512_bf16\n"
+HASWELL = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+ADL = "flags\t\t: sse2 avx avx2 avx_vnni\n"
+GRAVITON = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimddp\n"
+
+
+def test_detect_target():
+    assert isa.detect_target(ZEN4, "x86_64") == "avx512_vnni"
+    assert isa.detect_target(HASWELL, "x86_64") == "avx2"
+    assert isa.detect_target(ADL, "x86_64") == "avx512_vnni"
+    assert isa.detect_target(GRAVITON, "aarch64") == "arm64"
+    assert isa.detect_target("", "x86_64") == "avx2"
+    assert isa.parse_cpu_flags(GRAVITON) >= {"asimd", "asimddp"}
+    assert isa.REDUCE_RANGE_REQUIRED["avx2"] and not isa.REDUCE_RANGE_REQUIRED["avx512_vnni"]
+
+
+def test_cgroup_cpu_max():
+    assert isa.parse_cgroup_cpu_max("200000 100000\n") == 2.0
+    assert isa.parse_cgroup_cpu_max("150000 100000") == 1.5
+    assert isa.parse_cgroup_cpu_max("max 100000") is None
+    assert isa.parse_cgroup_cpu_max("garbage") is None
+    assert isa.cpu_budget() >= 1
+
+
+# --- eval data ----------------------------------------------------------------------------------------------------------
+def test_builtin_set_is_multilingual_with_short_and_long_texts():
+    pairs = evaldata.builtin_pairs()
+    scripts = {
+        "latin": r"[A-Za-z]", "cjk": r"[\u4e00-\u9fff]", "kana": r"[\u3040-\u30ff]",
+        "cyrillic": r"[\u0400-\u04ff]", "arabic": r"[\u0600-\u06ff]",
+    }
+    seen = {name for name, rx in scripts.items() if any(re.search(rx, p.query) for p in pairs)}
+    assert seen == set(scripts)
+    lengths = [len(p.text) for p in pairs]
+    assert min(lengths) < 40 and max(lengths) > 600
+    per_query: dict[str, int] = {}
+    for p in pairs:
+        per_query[p.query] = per_query.get(p.query, 0) + 1
+    assert len(per_query) >= 10 and min(per_query.values()) > 3  # top-3 agreement is defined for every query
+
+
+def test_parse_jsonl_and_errors(tmp_path):
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join([json.dumps({"query": "q", "text": "t", "label": 1}),
+                            "", json.dumps({"query": "q2", "texts": ["a", "b"]})]), encoding="utf-8")
+    pairs = evaldata.load_jsonl(str(f))
+    assert [(p.query, p.text, p.label) for p in pairs] == [("q", "t", 1.0), ("q2", "a", None), ("q2", "b", None)]
+    for bad, msg in [("{", "not JSON"), ('{"query": ""}', "query"), ('{"query": "q"}', "text"),
+                     ('{"query": "q", "text": "t", "label": "x"}', "label"), ("[1]", "object")]:
+        with pytest.raises(evaldata.EvalDataError, match=msg):
+            evaldata.parse_jsonl([bad])
+    with pytest.raises(evaldata.EvalDataError, match="cannot read"):
+        evaldata.load_jsonl(str(tmp_path / "missing.jsonl"))

@@ -1,0 +1,153 @@
+"""TEI Deployments, Services and the HTTPRoute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quantizer_job import contract
+from rerank_operator import deployment, names, routing, service
+from rerankmodel_gen import Mod, model, owner_of, set_, spec_of
+
+ARTIFACT = "0123456789abcdef"
+
+
+def build(pool: str, *mods: Mod, artifact_id: str | None = ARTIFACT, replicas: int | None = 2) -> dict[str, Any]:
+    body = model(*mods)
+    spec = spec_of(body)
+    return deployment.build_deployment(owner_of(body), spec, spec.pool(pool), artifact_id, replicas, "claim")  # type: ignore[arg-type]
+
+
+def tei(dep: dict[str, Any]) -> dict[str, Any]:
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("pool,subdir", [("cpu", contract.CPU_SUBDIR), ("gpu", contract.ORIGINAL_SUBDIR)])
+def test_pool_serves_its_directory_of_the_artifact(pool: str, subdir: str) -> None:
+    dep = build(pool)
+    c = tei(dep)
+    model_dir = flag(c["args"], "--model-id")
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == model_dir)
+    assert mount["subPath"] == f"{contract.ARTIFACTS_DIR}/{ARTIFACT}/{subdir}" and mount["readOnly"] is True
+    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["persistentVolumeClaim"]["claimName"] == "claim"
+    assert dep["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_ARTIFACT] == ARTIFACT
+
+
+def test_tei_flags() -> None:
+    cpu = tei(build("cpu", set_("pools.cpu.tei", {"maxBatchTokens": 8192, "maxConcurrentRequests": 64,
+                                                  "maxClientBatchSize": 16, "autoTruncate": False,
+                                                  "extraArgs": ["--tokenization-workers", "2"]})))["args"]
+    assert "--json-output" in cpu and flag(cpu, "--port") == str(deployment.PORT)
+    assert (flag(cpu, "--max-batch-tokens"), flag(cpu, "--max-concurrent-requests"),
+            flag(cpu, "--max-client-batch-size")) == ("8192", "64", "16")
+    assert "--auto-truncate" not in cpu and "--dtype" not in cpu
+    assert cpu[-2:] == ["--tokenization-workers", "2"]
+    gpu = tei(build("gpu"))["args"]
+    assert flag(gpu, "--dtype") == "float16" and "--auto-truncate" in gpu
+
+
+def test_probes_ports_and_rollout() -> None:
+    dep = build("cpu")
+    c = tei(dep)
+    port = c["ports"][0]
+    assert port["containerPort"] == deployment.PORT
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": port["name"]}
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_selector_is_stable_across_artifacts_and_matches_the_pods() -> None:
+    a, b = build("cpu"), build("cpu", artifact_id="fedcba9876543210")
+    assert a["spec"]["selector"] == b["spec"]["selector"]
+    labels = a["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in a["spec"]["selector"]["matchLabels"].items())
+    assert tei(a)["args"] == tei(b)["args"] and a["spec"]["template"] != b["spec"]["template"]
+
+
+def test_replicas_left_out_for_external_management() -> None:
+    assert "replicas" not in build("cpu", replicas=None)["spec"]
+    assert build("cpu", replicas=3)["spec"]["replicas"] == 3
+
+
+def test_gpu_pool_scheduling_and_resources() -> None:
+    dep = build("gpu", set_("pools.gpu.nodeSelector", {"gpu": "h100"}),
+                set_("pools.gpu.tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]))
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert tei(dep)["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_api_key_comes_from_the_secret_not_the_args() -> None:
+    c = tei(build("cpu", set_("pools.cpu.tei.apiKeySecretRef", {"name": "keys", "key": "tei"})))
+    env = {e["name"]: e for e in c["env"]}
+    assert env["API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "keys", "key": "tei"}
+    assert "--api-key" not in c["args"]
+
+
+def test_without_quantization_pools_serve_the_hub_model() -> None:
+    c = tei(build("gpu", set_("quantization.enabled", False), artifact_id=None))
+    assert flag(c["args"], "--model-id") == "BAAI/bge-reranker-v2-m3"
+    assert flag(c["args"], "--revision") == "953dc6f6f85a1b2dbfca4c34a2796e7dde08d41e"
+    assert {e["name"] for e in c["env"]} >= {"HF_TOKEN", "HUGGINGFACE_HUB_CACHE"}
+    assert not any(m.get("subPath") for m in c["volumeMounts"])
+
+
+# --- traffic ------------------------------------------------------------------------------------------------------
+
+BOTH_READY = (1, 1)
+
+
+@pytest.mark.parametrize("mods,ready,gpu_percent", [
+    ((), BOTH_READY, 100),
+    ((), (0, 1), 0),  # gpu-first falls back to CPU while no GPU replica is ready
+    ((set_("routing", {"policy": "cpu-only"}),), BOTH_READY, 0),
+    ((set_("routing", {"policy": "gpu-only"}),), BOTH_READY, 100),
+    ((set_("routing", {"policy": "fixed", "weights": {"gpu": 70, "cpu": 30}}),), BOTH_READY, 70),
+    ((set_("routing", {"policy": "fixed", "weights": {"gpu": 70, "cpu": 30}}),), (1, 0), 100),
+    ((set_("pools.gpu.enabled", False),), (0, 1), 0),
+    ((set_("pools.cpu.enabled", False),), (0, 0), 100),
+])
+def test_static_split(mods: tuple[Mod, ...], ready: tuple[int, int], gpu_percent: int) -> None:
+    t = routing.split(spec_of(model(*mods)), *ready)
+    assert (t.gpu_percent, t.cpu_percent) == (gpu_percent, 100 - gpu_percent)
+
+
+def test_autoscaler_decision_is_applied_within_the_policy() -> None:
+    decision = {"gpuPercent": 60, "reason": "spill"}
+    assert routing.split(spec_of(model()), 1, 1, decision).gpu_percent == 60
+    assert routing.split(spec_of(model(set_("routing", {"policy": "gpu-only"}))), 1, 1, decision).gpu_percent == 100
+
+
+def test_httproute_weights_follow_the_split() -> None:
+    body = model(set_("routing", {"policy": "fixed", "weights": {"gpu": 80, "cpu": 20},
+                                  "gateway": {"parentRefs": [{"name": "edge", "namespace": "infra"}],
+                                              "hostnames": ["rerank.example.com"]}}))
+    spec = spec_of(body)
+    route = routing.build_httproute(owner_of(body), spec, routing.split(spec, 1, 1))
+    assert route is not None
+    weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]}
+    assert weights == {"bge-m3-gpu": 80, "bge-m3-cpu": 20}
+    assert route["spec"]["parentRefs"] == [{"name": "edge", "namespace": "infra"}]
+    assert route["spec"]["hostnames"] == ["rerank.example.com"]
+    assert routing.build_httproute(owner_of(body), spec_of(model()), routing.split(spec, 1, 1)) is None
+
+
+def test_model_service_selects_the_receiving_pools() -> None:
+    owner = owner_of(model())
+    one = service.build_model_service(owner, ["gpu"])["spec"]["selector"]
+    both = service.build_model_service(owner, ["gpu", "cpu"])["spec"]["selector"]
+    gpu_pod = build("gpu")["spec"]["template"]["metadata"]["labels"]
+    cpu_pod = build("cpu")["spec"]["template"]["metadata"]["labels"]
+    matches = lambda sel, labels: all(labels.get(k) == v for k, v in sel.items())  # noqa: E731
+    assert matches(one, gpu_pod) and not matches(one, cpu_pod)
+    assert matches(both, gpu_pod) and matches(both, cpu_pod)
+    quantizer_pod = {names.LABEL_INSTANCE: "bge-m3", names.LABEL_NAME: names.APP_NAME, names.LABEL_COMPONENT: "quantizer"}
+    assert not matches(both, quantizer_pod)

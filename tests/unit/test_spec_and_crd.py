@@ -1,0 +1,128 @@
+"""The CRD (crds/rerankmodel.yaml) is well-formed, documented, and its defaults are the ones spec.py assumes."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from rerank_operator import spec as specs
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "rerankmodel.yaml"
+CRD = yaml.safe_load(CRD_PATH.read_text())
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["openAPIV3Schema"] if "openAPIV3Schema" in VERSION else VERSION["schema"]["openAPIV3Schema"]
+
+
+def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
+    """Structural defaulting as the API server does it: unset properties with a default get it, recursively."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in obj and "default" in sub:
+                obj[name] = copy.deepcopy(sub["default"])
+            if name in obj:
+                obj[name] = apply_defaults(obj[name], sub)
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(i, schema["items"]) for i in obj]
+    return obj
+
+
+def test_every_field_has_a_description() -> None:
+    missing = [p for p, node in walk(SCHEMA["properties"]["spec"], "spec") if not node.get("description")]
+    missing += [p for p, node in walk(SCHEMA["properties"]["status"], "status") if not node.get("description")]
+    # quantity values under resources are the one place Kubernetes itself leaves undocumented
+    assert [p for p in missing if not p.endswith("{}")] == []
+
+
+def test_every_cel_rule_has_a_message() -> None:
+    rules = [(p, r) for p, node in walk(SCHEMA) for r in node.get("x-kubernetes-validations") or ()]
+    assert len(rules) >= 20
+    assert [p for p, r in rules if not r.get("message")] == []
+
+
+def test_printer_columns_and_names() -> None:
+    columns = [c["name"].upper() for c in VERSION["additionalPrinterColumns"]]
+    assert columns == ["READY", "PHASE", "MODEL", "CPU", "GPU", "GPU%", "AGE"]
+    assert CRD["spec"]["names"]["shortNames"] == ["rrm"]
+    assert VERSION["subresources"] == {"status": {}}
+
+
+def test_printer_columns_point_at_declared_status_fields() -> None:
+    declared = {p for p, _ in walk(SCHEMA)}
+    for column in VERSION["additionalPrinterColumns"]:
+        path = column["jsonPath"].split("[")[0]
+        if path.startswith(".status"):
+            assert path in declared, column
+
+
+def test_status_fields_the_operator_writes_are_declared() -> None:
+    status = SCHEMA["properties"]["status"]["properties"]
+    from rerank_operator.status import OWNED_KEYS
+    assert set(OWNED_KEYS) <= set(status)
+    assert {"id", "path", "sizeBytes", "manifestSha256", "quality", "speed", "recipe", "publishedAt"} <= set(
+        status["artifact"]["properties"])
+
+
+MINIMAL = {"model": {"id": "BAAI/bge-reranker-v2-m3"},
+           "pools": {"gpu": {"resources": {"limits": {"nvidia.com/gpu": 1}}}}}
+
+
+def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
+    defaulted = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
+    assert defaulted != MINIMAL  # the CRD did default something
+    assert specs.parse(defaulted) == specs.parse(MINIMAL)
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("autoscaling.intervalSeconds", 15), ("autoscaling.metrics.source", "direct"),
+    ("autoscaling.metrics.staleAfterSeconds", 60), ("autoscaling.targets.gpuLatencyP95Ms", 250),
+    ("autoscaling.targets.cpuLatencyP95Ms", 500), ("autoscaling.targets.queuePerReplica", 16),
+    ("autoscaling.targets.gpuMemoryWatermark", 0.9), ("autoscaling.scaleUp.stabilizationSeconds", 0),
+    ("autoscaling.scaleUp.maxStep", 2), ("autoscaling.scaleUp.cooldownSeconds", 30),
+    ("autoscaling.scaleDown.stabilizationSeconds", 300), ("autoscaling.scaleDown.maxStep", 1),
+    ("autoscaling.scaleDown.cooldownSeconds", 120), ("autoscaling.spillover.stepPercent", 25),
+    ("autoscaling.spillover.recoverStepPercent", 10), ("autoscaling.spillover.maxCpuPercent", 100),
+    ("autoscaling.replicaManagement", "operator"), ("quantization.enabled", True),
+    ("storage.reclaimPolicy", "Retain"), ("routing.policy", "gpu-first"),
+    ("pools.cpu.image", "ghcr.io/huggingface/text-embeddings-inference:cpu-1.9"),
+])
+def test_agreed_defaults(path: str, expected: Any) -> None:
+    """The defaults listed in docs/design-notes.md and the brief, read from an empty spec after defaulting."""
+    value: Any = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
+    for key in path.split("."):
+        value = value[key]
+    assert value == expected
+
+
+def test_absent_gpu_pool_is_disabled_and_cpu_pool_is_enabled() -> None:
+    parsed = specs.parse({"model": {"id": "org/m"}})
+    assert parsed.cpu.enabled and not parsed.gpu.enabled
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    ({"model": {}}, "exactly one of id or path"),
+    ({"model": {"id": "a/b", "path": "x"}}, "exactly one of id or path"),
+    ({"model": {"id": "a/b"}, "pools": {"cpu": {"enabled": False}}}, "no pool"),
+    ({"model": {"id": "a/b"}, "quantization": {"evaluationData": {}}}, None),
+    ({"model": {"id": "a/b"}, "quantization": {"evaluationData": {"path": "x", "configMapRef": {"name": "c", "key": "k"}}}},
+     "exactly one of configMapRef or path"),
+])
+def test_parse_refuses_what_the_crd_refuses(spec: dict[str, Any], fragment: str | None) -> None:
+    if fragment is None:
+        specs.parse(spec)  # an empty data section means "none"
+        return
+    with pytest.raises(specs.SpecError, match=fragment):
+        specs.parse(spec)

@@ -15,6 +15,8 @@ behaviour: up 100% or 4 pods per 15 s, down after a 300 s stabilization window, 
 with a fixed traffic split and no spillover.
 
 Run: python benchmarks/autoscale_sim.py [--hours 24] [--seed 7]   (prints JSON)
+Sensitivity: --interval-s, --scale-up-max-step, --scale-up-cooldown-s, --surge-max-step and --autoscaling JSON change
+only the policy's spec; the model's flags (--gpu-startup-s, --cpu-max, ...) change both runs alike.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rerank_operator.autoscale.history import History  # noqa: E402
 from rerank_operator.autoscale.signals import PoolSignals, Signals  # noqa: E402
 
 MAX_CONCURRENT = 512
+HPA_SYNC_SECONDS = 15   # kube-controller-manager --horizontal-pod-autoscaler-sync-period default
 TAIL = 0.05
 
 
@@ -320,6 +323,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="policy spec scaleUp.maxStep (default: the CRD default)")
     parser.add_argument("--scale-up-cooldown-s", type=float, default=None,
                         help="policy spec scaleUp.cooldownSeconds (default: the CRD default)")
+    parser.add_argument("--interval-s", type=int, default=None,
+                        help="policy spec intervalSeconds (default: the CRD default); the HPA baseline keeps its "
+                             "15 s sync period either way")
+    parser.add_argument("--surge-max-step", type=int, default=None,
+                        help="policy spec spillover.surgeMaxStep (default: the CRD default)")
+    parser.add_argument("--autoscaling", type=json.loads, default=None, metavar="JSON",
+                        help="extra policy spec.autoscaling fields, merged over the flags above "
+                             "(e.g. '{\"scaleDown\": {\"maxStep\": 2}}')")
     parser.add_argument("--baseline-cpu-share", type=float, default=0.0,
                         help="fixed share of traffic the baseline sends to the CPU pool")
     args = parser.parse_args(argv)
@@ -329,21 +340,31 @@ def main(argv: list[str] | None = None) -> None:
                     args.cpu_price)
     scale_up = {key: value for key, value in (("maxStep", args.scale_up_max_step),
                                               ("cooldownSeconds", args.scale_up_cooldown_s)) if value is not None}
+    autoscaling: dict = {"scaleUp": scale_up}
+    if args.interval_s is not None:
+        autoscaling["intervalSeconds"] = args.interval_s
+    if args.surge_max_step is not None:
+        autoscaling["spillover"] = {"surgeMaxStep": args.surge_max_step}
+    for key, value in (args.autoscaling or {}).items():
+        autoscaling[key] = {**autoscaling[key], **value} if isinstance(value, dict) and isinstance(
+            autoscaling.get(key), dict) else value
+    autoscaling = {key: value for key, value in autoscaling.items() if value not in ({}, None)}
     spec = AutoscalingSpec.from_spec({
         "pools": {"gpu": {"minReplicas": gpu.min_replicas, "maxReplicas": gpu.max_replicas},
                   "cpu": {"minReplicas": cpu.min_replicas, "maxReplicas": cpu.max_replicas}},
         "routing": {"policy": "gpu-first"},
-        "autoscaling": {"scaleUp": scale_up},
+        "autoscaling": autoscaling,
     })
     rates, spikes = trace(args.hours, args.seed, args.low_rps, args.high_rps, args.spikes_per_day,
                           args.spike_min_rps, args.spike_max_rps)
     interval = int(spec.interval_seconds)
     slo = args.slo_ms / 1000
     candidate = run(rates, spikes, gpu, cpu, interval, slo, policy_controller(spec), 0.0)
-    baseline = run(rates, spikes, gpu, cpu, interval, slo, hpa_controller(), args.baseline_cpu_share)
+    baseline = run(rates, spikes, gpu, cpu, HPA_SYNC_SECONDS, slo, hpa_controller(), args.baseline_cpu_share)
     result = {
         "parameters": {**vars(args), "cpu_int8_rps": cpu.throughput, "spikes": len(spikes),
-                       "interval_s": interval, "policy_spec": {"routing": "gpu-first", "scaleUp": scale_up or "CRD defaults"}},
+                       "interval_s": interval, "baseline_sync_s": HPA_SYNC_SECONDS,
+                       "policy_spec": {"routing": "gpu-first", "autoscaling": autoscaling or "CRD defaults"}},
         "policy": candidate,
         "baseline_hpa": baseline,
         "violation_ratio": round(candidate["slo_violation_seconds"]

@@ -393,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CODES["InvalidInput"]
     req = contract.request_from_namespace(ns)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer warns on the root logger; our logs are JSON
     signal.signal(signal.SIGTERM, _on_sigterm)
     job = Job(req)
     log("job", "start", request={k: v for k, v in req.__dict__.items()}, threads=job.threads,

@@ -16,6 +16,7 @@ import socket
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -79,6 +80,17 @@ class Cluster:
     def __init__(self, api_client: ApiClient) -> None:
         self._api = DynamicClient(api_client, discoverer=_NoDiscovery)  # type: ignore[no-untyped-call]
         self._instance = socket.gethostname()
+
+    @classmethod
+    def from_environment(cls, user_agent: str) -> "Cluster":
+        """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+        try:
+            kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except kube_config.ConfigException:
+            kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+        api = ApiClient()
+        api.user_agent = user_agent  # tells the operator's calls apart in audit logs
+        return cls(api)
 
     # --- transport ------------------------------------------------------------------------------------------------
 

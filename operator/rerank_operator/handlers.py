@@ -18,9 +18,6 @@ import threading
 from typing import Any, Callable
 
 import kopf
-from kubernetes import config as kube_config
-from kubernetes.client import ApiClient
-
 from . import names
 from .apply import Cluster
 from .reconcile import Result, reconcile
@@ -38,13 +35,7 @@ def cluster() -> Cluster:
     global _cluster
     with _guard:
         if _cluster is None:
-            try:
-                kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except kube_config.ConfigException:
-                kube_config.load_kube_config()  # type: ignore[no-untyped-call]
-            api = ApiClient()
-            api.user_agent = USER_AGENT  # tells the operator's calls apart in audit logs
-            _cluster = Cluster(api)
+            _cluster = Cluster.from_environment(USER_AGENT)
         return _cluster
 
 

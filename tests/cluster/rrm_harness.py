@@ -110,7 +110,7 @@ class OperatorProcess:
         self.starts += 1
         self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
         env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), "RERANK_WATCH_SERVER_TIMEOUT": "20"}
-        argv = [sys.executable, "-m", "rerank_operator.main", "--log-format", "text",
+        argv = [sys.executable, "-m", "rerank_operator.main", "--log-format", "json",
                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                 "--resync-seconds", str(RESYNC_SECONDS)]
         for ns in self.namespaces:

@@ -31,7 +31,7 @@ from rerank_devcluster.cluster import Cluster
 REPO = binaries.REPO_ROOT
 CHART = REPO / "charts" / "rerank-operator"
 RELEASE, OPERATOR_NS = "rerank-operator", "rerank-system"
-DEMO_NS, MODEL = "search", "minilm"
+DEMO_NS, MODEL, CLAIM = "search", "minilm", "models"
 QUANTIZER_SELECTOR = "app.kubernetes.io/component=quantizer"
 
 
@@ -81,13 +81,29 @@ def start_operator(cluster: Cluster, kubeconfig: Path, workdir: Path) -> subproc
 
 
 def prepare_model(volume: Path) -> str:
-    """The demo's model: on the stand-in volume, at the path the RerankModel names."""
+    """The demo's model, on the stand-in volume; returns its path relative to the volume's root."""
     from quantizer_job import devmodels
 
     rel = "sources/minilm-reranker"
     if not (volume / rel / "config.json").exists():
         devmodels.minilm_cross_encoder(volume / rel)
-    return f"{contract.VOLUME_MOUNT_PATH}/{rel}"
+    return rel
+
+
+def volume_objects(volume: Path) -> list[dict[str, Any]]:
+    """A PersistentVolume whose hostPath is the stand-in directory, and the claim the RerankModel names.
+
+    The dev cluster has no storage provisioner; this is how an admin hands a pre-filled volume to a namespace.
+    """
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{DEMO_NS}-models"},
+         "spec": {"capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "demo",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(volume)},
+                  "claimRef": {"namespace": DEMO_NS, "name": CLAIM}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": DEMO_NS},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "demo",
+                  "resources": {"requests": {"storage": "20Gi"}}, "volumeName": f"{DEMO_NS}-models"}},
+    ]
 
 
 def rerank_model(model_path: str) -> dict[str, Any]:
@@ -97,7 +113,7 @@ def rerank_model(model_path: str) -> dict[str, Any]:
         "spec": {
             "model": {"path": model_path},
             "quantization": {"timeBudgetSeconds": 300},
-            "storage": {"size": "2Gi"},
+            "storage": {"existingClaim": CLAIM},
             "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4},
                       "gpu": {"minReplicas": 1, "maxReplicas": 2,
                               "resources": {"limits": {"nvidia.com/gpu": "1"}}}},
@@ -158,8 +174,11 @@ def watch(cluster: Cluster, volume: Path, workdir: Path, timeout: float) -> dict
             say(summary)
             last = summary
         ready = conds.get("Ready", {})
-        if ready.get("status") == "True" and status.get("observedGeneration") == obj["metadata"]["generation"]:
+        current = status.get("observedGeneration") == obj["metadata"]["generation"]
+        if current and ready.get("status") == "True":
             return obj
+        if current and status.get("phase") == "Failed":
+            raise SystemExit(f"RerankModel {DEMO_NS}/{MODEL} failed: {ready.get('reason')}: {ready.get('message')}")
         time.sleep(1)
     raise SystemExit(f"RerankModel {DEMO_NS}/{MODEL} not Ready after {timeout:.0f}s; see {workdir}/operator.log")
 
@@ -188,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         say("preparing the demo model (all-MiniLM-L6-v2 encoder + 1-logit head) on the stand-in volume")
         model_path = prepare_model(volume)
         cluster.kubectl_run("create", "namespace", DEMO_NS, check=False)
+        cluster.kubectl_run("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in volume_objects(volume)))
         cluster.kubectl_run("apply", "-f", "-", input=json.dumps(rerank_model(model_path)))
         say(f"applied RerankModel {DEMO_NS}/{MODEL} (model.path={model_path})")
         obj = watch(cluster, volume, workdir, args.timeout)

@@ -23,8 +23,8 @@ from kubernetes.dynamic import DynamicClient
 
 from . import metrics, names
 from .events import Event
-from .observed import Obj, Observed, ObjectRef
-from .plan import Plan
+from .observed import Obj, Observed, ObjectRef, PoolsView
+from .plan import Plan, Scale
 from .spec import RerankModelSpec
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ _PLURALS = {
     "Deployment": "deployments",
     "Job": "jobs",
     "HTTPRoute": "httproutes",
+    "NetworkPolicy": "networkpolicies",
+    "ReplicaSet": "replicasets",
     names.KIND: names.PLURAL,
 }
 _TRANSIENT = {0, 429, 500, 502, 503, 504}
@@ -44,6 +46,24 @@ _TRANSIENT = {0, 429, 500, 502, 503, 504}
 
 class TransientApiError(RuntimeError):
     """The API server could not be reached or asked us to come back later."""
+
+
+class WriteError(str):
+    """A refused write as the message the status shows, plus what it was about (``ref`` "Kind/name"), the HTTP
+    status and the API server's own message, so a ResourceQuota's 403 can be told from other refusals."""
+
+    ref: str
+    status: int
+    message: str
+
+    def __new__(cls, text: str, *, ref: str, status: int, message: str) -> "WriteError":
+        obj = super().__new__(cls, text)
+        obj.ref, obj.status, obj.message = ref, status, message
+        return obj
+
+
+def _write_error(text: str, kind: str, name: str, exc: ApiException) -> WriteError:
+    return WriteError(text, ref=f"{kind}/{name}", status=int(exc.status or 0), message=_reason(exc))
 
 
 def _path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -134,6 +154,16 @@ class Cluster:
     def get_model(self, namespace: str, name: str) -> Obj | None:
         return self.get(names.API_VERSION, names.KIND, namespace, name)
 
+    def list_classes(self) -> list[Obj]:
+        """Every RerankClass (cluster-scoped); none when their CRD is not installed."""
+        try:
+            result = self._request("GET", f"/apis/{names.API_VERSION}/rerankclasses")
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [dict(i) for i in result.get("items") or ()]
+
     def observe(self, owner: names.Owner, spec: RerankModelSpec) -> Observed:
         """Everything the plan needs, in six reads, filtered to children controlled by this very object."""
         ns, selector = owner.namespace, names.owned_selector(owner.name)
@@ -152,6 +182,22 @@ class Cluster:
         services = {s["metadata"]["name"]: s for s in mine(self.list_objects("v1", "Service", ns, selector))}
         routes = self.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
         route = next((r for r in mine(routes) if r["metadata"]["name"] == names.route_name(owner.name)), None)
+        policy = self.get("networking.k8s.io/v1", "NetworkPolicy", ns, names.network_policy_name(owner.name))
+        # Quota checks (tenancy.quota_blocked) read more only while something is missing: a pool short of ready
+        # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
+        replica_sets: list[Obj] = []
+        if any(int(d.get("status", {}).get("readyReplicas") or 0) < int(d.get("spec", {}).get("replicas") or 0)
+               for d in deployments.values()):
+            dep_uids = {d["metadata"]["uid"] for d in deployments.values()}
+            replica_sets = [r for r in self.list_objects("apps/v1", "ReplicaSet", ns, selector) or ()
+                            if any(o.get("uid") in dep_uids for o in r["metadata"].get("ownerReferences") or ())]
+        job_events: list[Obj] = []
+        if any(not (j.get("status") or {}).get("active") and not (j.get("status") or {}).get("completionTime")
+               and not any(c.get("type") == "Failed" and c.get("status") == "True"
+                           for c in (j.get("status") or {}).get("conditions") or ()) for j in jobs):
+            events = self._request("GET", _path("v1", "Event", ns),
+                                   field_selector="involvedObject.kind=Job,reason=FailedCreate")
+            job_events = [dict(e) for e in events.get("items") or ()]
         return Observed(
             claim=self.get("v1", "PersistentVolumeClaim", ns, claim_name),
             jobs=tuple(jobs),
@@ -160,6 +206,9 @@ class Cluster:
             services=services,
             route=route,
             route_api_available=routes is not None,
+            network_policy=next(iter(mine([policy] if policy else [])), None),
+            replica_sets=tuple(replica_sets),
+            job_events=tuple(job_events),
         )
 
     # --- writing ----------------------------------------------------------------------------------------------------
@@ -168,6 +217,9 @@ class Cluster:
         """Run ``plan``; returns (names of objects written, messages of refused writes)."""
         done: list[str] = []
         errors: list[str] = []
+        # Existing Deployments are scaled before the applies: the scale write takes the field from any manager
+        # that owned it (an older manifest that carried replicas), so the apply that omits it cannot reset it.
+        self._scale([s for s in plan.scale if s.exists], done, errors)
         for obj in plan.apply:
             kind, meta = obj["kind"], obj["metadata"]
             try:
@@ -179,7 +231,7 @@ class Cluster:
                 done.append(meta["name"])
             except ApiException as exc:
                 hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
-                errors.append(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}")
+                errors.append(_write_error(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}", kind, meta["name"], exc))
         for obj in plan.create:
             kind, meta = obj["kind"], obj["metadata"]
             try:
@@ -188,7 +240,8 @@ class Cluster:
                 done.append(meta["name"])
             except ApiException as exc:
                 if exc.status != 409:  # already exists: a previous run created it; nothing to do
-                    errors.append(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}")
+                    errors.append(_write_error(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}", kind, meta["name"], exc))
+        self._scale([s for s in plan.scale if not s.exists], done, errors)
         for ref in plan.delete:
             try:
                 self._request("DELETE", _path(ref.api_version, ref.kind, ref.namespace, ref.name), verb="delete",
@@ -198,6 +251,49 @@ class Cluster:
                 if exc.status != 404:
                     errors.append(f"delete {ref}: {exc.status} {_reason(exc)}")
         return done, errors
+
+    def _scale(self, scales: list[Scale], done: list[str], errors: list[str]) -> None:
+        """Replicas through the Deployments' scale subresource (never in the applied manifest)."""
+        for s in scales:
+            try:
+                self._request(
+                    "PATCH", _path("apps/v1", "Deployment", s.namespace, s.name, "scale"), verb="scale",
+                    kind="Deployment", body={"spec": {"replicas": s.replicas}},
+                    content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
+                )
+                done.append(s.name)
+            except ApiException as exc:
+                errors.append(f"scale Deployment {s.name} to {s.replicas}: {exc.status} {_reason(exc)}")
+
+    def observe_pools(self, owner: names.Owner) -> PoolsView:
+        """What the autoscaler needs, in three reads: the pool Deployments, their pods, the HTTPRoute."""
+        ns, selector = owner.namespace, names.owned_selector(owner.name)
+
+        def mine(obj: Obj) -> bool:
+            return any(r.get("uid") == owner.uid and r.get("controller")
+                       for r in obj["metadata"].get("ownerReferences") or ())
+
+        deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
+                       for d in self.list_objects("apps/v1", "Deployment", ns, selector) or () if mine(d)}
+        pods = [p for p in self.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_POOL}") or ()
+                if not p["metadata"].get("deletionTimestamp")]
+        routes = self.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
+        route = next((r for r in routes or () if mine(r) and r["metadata"]["name"] == names.route_name(owner.name)),
+                     None)
+        return PoolsView(deployments=deployments, pods=tuple(pods), route=route,
+                         route_api_available=routes is not None)
+
+    def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
+        """Merge ``annotations`` into the RerankModel's metadata (None removes one); kopf ignores metadata."""
+        try:
+            self._request(
+                "PATCH", _path(names.API_VERSION, names.KIND, owner.namespace, owner.name), verb="patch",
+                kind=names.KIND, body={"metadata": {"annotations": dict(annotations)}},
+                content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile
+                raise
 
     def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:
         try:

@@ -16,8 +16,9 @@ READY = "Ready"
 MODEL_READY = "ModelReady"
 POOLS_AVAILABLE = "PoolsAvailable"
 DEGRADED = "Degraded"
+CLASS_COMPLIANT = "ClassCompliant"  # the model's RerankClass: Compliant | ClassViolation | ClassNotFound (classes.py)
 #: Conditions this loop owns; others on the object (MetricsAvailable, TrafficEnforced) belong to the autoscaler.
-OWNED = (READY, MODEL_READY, POOLS_AVAILABLE, DEGRADED)
+OWNED = (READY, MODEL_READY, POOLS_AVAILABLE, DEGRADED, CLASS_COMPLIANT)
 
 
 @dataclass(frozen=True)

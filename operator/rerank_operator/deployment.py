@@ -5,8 +5,9 @@ GPU pool mounts ``artifacts/<id>/original`` (model.safetensors) and serves it wi
 id is a pod-template annotation, so a new artifact rolls the pool; ``maxUnavailable: 0, maxSurge: 1`` keeps every
 ready replica serving until its replacement is ready. With quantization disabled the pools serve the model as
 published on the hub (``--model-id org/name --revision ...``) or, for the GPU pool, from ``model.path``.
-Replicas are left out entirely when another controller (an HPA, KEDA) manages them, so server-side apply never
-fights it over the field.
+The plan leaves replicas out of the applied manifest (``replicas=None``) and sets them through the Deployment's
+scale subresource instead (``plan.Scale``), so server-side apply never owns the field: an HPA or KEDA that takes
+over (``replicaManagement: external``) is never fought over it, and switching modes never resets it.
 """
 
 from __future__ import annotations

@@ -29,13 +29,17 @@ def _cond(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
 def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
     """One Event per owned condition whose status or reason changed."""
     events: list[Event] = []
-    for kind in (conditions.MODEL_READY, conditions.POOLS_AVAILABLE, conditions.DEGRADED, conditions.READY):
+    for kind in (conditions.MODEL_READY, conditions.POOLS_AVAILABLE, conditions.DEGRADED, conditions.CLASS_COMPLIANT,
+                 conditions.READY):
         before, after = _cond(previous, kind), _cond(new, kind)
         if not after or (before.get("status"), before.get("reason")) == (after.get("status"), after.get("reason")):
             continue
         bad = (after["status"] == "True") == (kind == conditions.DEGRADED)
-        # Waiting (quantizing, rolling out, awaiting the artifact) is not a warning; failing is.
-        failing = bad and (kind == conditions.DEGRADED or _cond(new, conditions.DEGRADED).get("status") == "True")
+        # Waiting (quantizing, rolling out, awaiting the artifact) is not a warning; failing is (a class violation,
+        # a quota refusing pods).
+        failing = bad and (kind in (conditions.DEGRADED, conditions.CLASS_COMPLIANT)
+                           or after.get("reason") == "QuotaExceeded"
+                           or _cond(new, conditions.DEGRADED).get("status") == "True")
         reason = after["reason"] if kind != conditions.READY else ("Ready" if after["status"] == "True" else "NotReady")
         events.append(Event("Warning" if failing else "Normal", reason, f"{kind}={after['status']}: {after['message']}"))
     return events

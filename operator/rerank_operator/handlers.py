@@ -18,7 +18,7 @@ import threading
 from typing import Any, Callable
 
 import kopf
-from . import names
+from . import autoscaler, classes, names
 from .apply import Cluster
 from .reconcile import Result, reconcile
 
@@ -58,7 +58,10 @@ def _coalesced(key: tuple[str, str], run: Callable[[], Result | None]) -> Result
 
 
 def _reconcile(namespace: str, name: str, trigger: str) -> Result | None:
-    return _coalesced((namespace, name), lambda: reconcile(cluster(), namespace, name, trigger))
+    def run() -> Result | None:
+        with autoscaler.model_lock(namespace, name):  # status writes never interleave with the autoscaler's
+            return reconcile(cluster(), namespace, name, trigger)
+    return _coalesced((namespace, name), run)
 
 
 @kopf.on.startup()
@@ -89,6 +92,21 @@ def resync(*, namespace: str | None, name: str, **_: Any) -> None:
     _reconcile(namespace or "", name, "timer")
 
 
+@kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, id="autoscaler", cancellation_backoff=1.0,
+             cancellation_timeout=10.0)
+async def autoscale(*, namespace: str | None, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """The autoscaler's loop for one model (autoscaler.py); a changed decision is applied by a reconcile at once."""
+    ns = namespace or ""
+
+    def apply_decision() -> None:
+        try:
+            _reconcile(ns, name, "autoscaler")
+        except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the resync timer catches up
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a decision failed: %s", ns, name, exc)
+
+    await autoscaler.run(autoscaler.ModelAutoscaler(cluster(), ns, name, after_decision=apply_decision), stopped)
+
+
 _OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.APP_NAME}
 
 
@@ -108,6 +126,17 @@ def on_child_event(*, body: kopf.Body, namespace: str | None, type: str, **_: An
             _reconcile(namespace, owner, "child")
         except kopf.TemporaryError as exc:  # event handlers are not retried: the timer will catch up
             logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, exc)
+
+
+@kopf.on.event(names.GROUP, names.VERSION, "rerankclasses")
+def on_class_event(*, body: kopf.Body, type: str | None, **_: Any) -> None:
+    """A RerankClass changed: reconcile now the models it concerns (classes.py). An event handler writes nothing on
+    the class (on.create/update/delete would keep kopf's state and a finalizer on it)."""
+    for namespace, owner in classes.class_event(type, body):
+        try:
+            _reconcile(namespace, owner, "class")
+        except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the model's own timer will catch up
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s", namespace, owner, exc)
 
 
 @kopf.on.probe(id="reconciling")

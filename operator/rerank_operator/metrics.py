@@ -32,6 +32,13 @@ TRAFFIC_WEIGHT = Gauge(
 DESIRED_REPLICAS = Gauge(
     "rerank_operator_pool_desired_replicas", "Replicas the operator wants for each pool of a model.", MODEL_LABELS
 )
+DECISION_REASONS = ("ScaledUp", "ScaledDown", "TrafficShifted")
+SCALING_DECISIONS = Counter(
+    "rerank_operator_scaling_decisions_total",
+    "Autoscaler decisions that changed a pool: ScaledUp/ScaledDown (pool = the one scaled) and TrafficShifted "
+    "(pool = the one that gained traffic).",
+    [*MODEL_LABELS, "reason"],
+)
 
 
 def record_model(namespace: str, model: str, traffic: dict[str, int], replicas: dict[str, int]) -> None:
@@ -48,9 +55,11 @@ def forget_model(namespace: str, model: str) -> None:
     for pool in ("cpu", "gpu"):
         forget(TRAFFIC_WEIGHT, namespace, model, pool)
         forget(DESIRED_REPLICAS, namespace, model, pool)
+        for reason in DECISION_REASONS:
+            forget(SCALING_DECISIONS, namespace, model, pool, reason)
 
 
-def forget(gauge: Gauge, *labels: str) -> None:
+def forget(gauge: Gauge | Counter, *labels: str) -> None:
     try:
         gauge.remove(*labels)
     except KeyError:

@@ -38,7 +38,7 @@ ANNOTATION_ATTEMPT = f"{GROUP}/attempt"  # on Jobs: 1, 2, ... per artifact
 ANNOTATION_SPEC_GENERATION = f"{GROUP}/spec-generation"  # on Jobs: the RerankModel generation that started it
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
 
-Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route"]
+Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy"]
 COMPONENT_QUANTIZER: Component = "quantizer"
 PoolName = Literal["cpu", "gpu"]
 POOLS: tuple[PoolName, PoolName] = ("cpu", "gpu")
@@ -78,6 +78,11 @@ def model_service_name(model: str) -> str:
 
 def route_name(model: str) -> str:
     return model
+
+
+def network_policy_name(model: str) -> str:
+    """The NetworkPolicy isolating the model's TEI pods (tenancy.build_network_policy)."""
+    return f"{model}-tei"
 
 
 def job_name(model: str, artifact_id: str, attempt: int) -> str:

@@ -39,6 +39,9 @@ class Observed:
     services: Mapping[str, Obj] = field(default_factory=dict)  # by Service name
     route: Obj | None = None
     route_api_available: bool = True
+    network_policy: Obj | None = None  # <name>-tei, when this model controls it
+    replica_sets: tuple[Obj, ...] = ()  # of the pool Deployments; read only while a pool is short of replicas
+    job_events: tuple[Obj, ...] = ()  # FailedCreate Events of Jobs; read only while a Job has no pod
 
     def pods_of(self, job: Mapping[str, Any]) -> list[Obj]:
         uid = job["metadata"].get("uid")
@@ -60,8 +63,35 @@ class Observed:
             return self.route
         if kind == "Job":
             return next((j for j in self.jobs if j["metadata"]["name"] == name), None)
+        if kind == "NetworkPolicy":
+            return self.network_policy
         return None
 
     def ready(self, pool: names.PoolName) -> int:
         dep = self.deployments.get(pool)
         return int((dep or {}).get("status", {}).get("readyReplicas") or 0)
+
+
+@dataclass(frozen=True)
+class PoolsView:
+    """What the autoscaler reads each tick: the pool Deployments (by pool), their pods, and the HTTPRoute."""
+
+    deployments: Mapping[str, Obj] = field(default_factory=dict)
+    pods: tuple[Obj, ...] = ()
+    route: Obj | None = None
+    route_api_available: bool = True
+
+    def ready(self, pool: names.PoolName) -> int:
+        return int((self.deployments.get(pool) or {}).get("status", {}).get("readyReplicas") or 0)
+
+    def replicas(self, pool: names.PoolName) -> int | None:
+        """The Deployment's spec.replicas (None: no Deployment)."""
+        dep = self.deployments.get(pool)
+        return None if dep is None else int(dep.get("spec", {}).get("replicas", 1))
+
+    def ready_pods(self, pool: names.PoolName) -> list[Obj]:
+        """Pods of ``pool`` that are Ready and have an address (what can be scraped)."""
+        return [p for p in self.pods
+                if p["metadata"].get("labels", {}).get(names.LABEL_POOL) == pool and p.get("status", {}).get("podIP")
+                and any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in p.get("status", {}).get("conditions") or ())]

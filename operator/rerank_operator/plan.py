@@ -24,6 +24,7 @@ from .observed import Obj, Observed, ObjectRef, ref_of
 from .spec import RerankModelSpec
 
 PendingState = Literal["Creating", "Running", "Failed"]
+DEFAULT_DEPLOYMENT_REPLICAS = 1  # what the API server gives a Deployment created without replicas
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,18 @@ class ArtifactDecision:
 
 
 @dataclass(frozen=True)
+class Scale:
+    """A pool Deployment's replicas, written through its scale subresource (never part of the applied manifest,
+    so handing replicas to an HPA, or taking them back, never resets them). ``exists``: the Deployment was seen;
+    otherwise it is scaled right after this plan creates it."""
+
+    namespace: str
+    name: str
+    replicas: int
+    exists: bool
+
+
+@dataclass(frozen=True)
 class Plan:
     apply: tuple[Obj, ...] = ()  # server-side apply, already stamped; only objects that drifted
     create: tuple[Obj, ...] = ()  # create-only (Jobs: their template is immutable)
@@ -57,10 +70,11 @@ class Plan:
     replicas: Mapping[str, int | None] = field(default_factory=dict)  # per enabled pool; None = left to others
     traffic: routing.Traffic = field(default_factory=lambda: routing.Traffic(0, 0, ""))
     claim: str = ""
+    scale: tuple[Scale, ...] = ()  # replicas that differ from the live Deployments' (operator-managed only)
 
     @property
     def writes(self) -> int:
-        return len(self.apply) + len(self.create) + len(self.delete)
+        return len(self.apply) + len(self.create) + len(self.delete) + len(self.scale)
 
 
 def artifact_record(result: contract.JobResult, artifact_id: str, now: str) -> dict[str, Any]:
@@ -137,6 +151,16 @@ def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: Mapping[str
     return p.min_replicas
 
 
+def _scale(owner: names.Owner, pool: names.PoolName, replicas: int | None, live: Obj | None) -> Scale | None:
+    """The scale write that brings the pool's Deployment to ``replicas`` (None: another controller's business)."""
+    if replicas is None or (live is not None and live["metadata"].get("deletionTimestamp")):
+        return None
+    current = int((live or {}).get("spec", {}).get("replicas", DEFAULT_DEPLOYMENT_REPLICAS))
+    if current == replicas:
+        return None
+    return Scale(owner.namespace, names.deployment_name(owner.name, pool), replicas, exists=live is not None)
+
+
 def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     if not spec.autoscaling.enabled:
         return None
@@ -145,8 +169,10 @@ def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> Ma
 
 
 def compute(
-    owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str
+    owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
+    network_policy: Obj | None = None,
 ) -> Plan:
+    """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it."""
     decision, new_job = decide_artifact(owner, spec, observed, status, now)
     claim = storage.claim_name(owner, spec)
     serving = (decision.served or {}).get("id") if decision.desired_id is not None else None
@@ -159,15 +185,21 @@ def compute(
     if pvc:
         desired.append(pvc)
     replicas: dict[str, int | None] = {}
+    scales: list[Scale] = []
     for pool in spec.enabled_pools:
         replicas[pool.name] = _replicas(spec, pool.name, autoscaler)
         if pools_deployed:
-            desired.append(deployment.build_deployment(owner, spec, pool, serving, replicas[pool.name], claim))
+            desired.append(deployment.build_deployment(owner, spec, pool, serving, None, claim))
+            scale = _scale(owner, pool.name, replicas[pool.name], observed.deployments.get(pool.name))
+            if scale:
+                scales.append(scale)
         desired.append(service.build_pool_service(owner, pool))
     desired.append(service.build_model_service(owner, traffic.receiving))
     route = routing.build_httproute(owner, spec, traffic)
     if route:
         desired.append(route)
+    if network_policy is not None:
+        desired.append(network_policy)
 
     to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))
     deletes = _obsolete_jobs(observed, decision)
@@ -179,6 +211,10 @@ def compute(
         svc = names.pool_service_name(owner.name, pool_name)
         if svc in observed.services:
             deletes.append(ObjectRef("v1", "Service", owner.namespace, svc))
+    live_policy = observed.network_policy
+    if network_policy is None and live_policy is not None and not live_policy["metadata"].get("deletionTimestamp"):
+        deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,
+                                 names.network_policy_name(owner.name)))
     if route is None and observed.route is not None:
         deletes.append(ObjectRef("gateway.networking.k8s.io/v1", "HTTPRoute", owner.namespace, names.route_name(owner.name)))
     return Plan(
@@ -191,4 +227,5 @@ def compute(
         replicas=replicas,
         traffic=traffic,
         claim=claim,
+        scale=tuple(scales),
     )

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import kopf
 
-from . import events, metrics, names, plan as plans, spec as specs, status as statuses
+from . import classes, events, metrics, names, plan as plans, spec as specs, status as statuses
 from .apply import Cluster, TransientApiError
 from .conditions import Condition, set_conditions, DEGRADED, READY
 
@@ -60,22 +60,30 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
     body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
     if body is None or body["metadata"].get("deletionTimestamp"):
         metrics.forget_model(namespace, name)
+        classes.MODELS.forget(namespace, name)
         return None
     meta = body["metadata"]
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
+    tenant = classes.for_model(body, cluster.list_classes)  # the RerankClass and the effective spec (tenancy)
+    if tenant.not_found is not None:
+        _class_not_found(cluster, owner, previous, tenant.not_found, now())
+        return False
     try:
-        spec = specs.parse(body.get("spec") or {})
+        spec = specs.parse(tenant.effective)
     except specs.SpecError as exc:
         _refuse(cluster, owner, previous, str(exc), now())
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     observed = cluster.observe(owner, spec)
     timestamp = now()
-    plan = plans.compute(owner, spec, observed, previous, timestamp)
+    plan = plans.compute(owner, spec, observed, previous, timestamp, network_policy=classes.network_policy(body, tenant))
     done, errors = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
-    new_status = statuses.compute(owner.generation, spec, observed, plan, previous, timestamp, tuple(errors))
+    quota = classes.quota_block(observed, errors)  # a ResourceQuota refusing pods or the claim: QuotaExceeded
+    refused = tuple(e for e in errors if not classes.is_quota_error(e))
+    new_status = statuses.compute(owner.generation, spec, observed, plan, previous, timestamp, refused)
+    new_status = classes.with_tenancy(new_status, previous, tenant, quota, generation=owner.generation, now=timestamp)
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
@@ -90,6 +98,8 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
         replicas={p: int(v.get("desiredReplicas", 0)) for p, v in pools.items()},
     )
     ready = any(c.get("type") == READY and c.get("status") == "True" for c in new_status.get("conditions", ()))
+    if any(classes.is_quota_error(e) for e in errors):  # the claim: retried with backoff until the quota allows it
+        raise TransientApiError(f"{quota.message if quota else 'refused by a ResourceQuota'}")
     return ready
 
 
@@ -102,6 +112,16 @@ def _count_jobs(plan: plans.Plan, done: list[str], previous: Mapping[str, Any], 
     old_pending, new_pending = previous.get("pendingArtifact") or {}, new.get("pendingArtifact") or {}
     if new_pending.get("state") == "Failed" and (old_pending.get("state"), old_pending.get("job")) != ("Failed", new_pending.get("job")):
         metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
+
+
+def _class_not_found(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:
+    """No RerankClass for the model: say so and apply nothing (a class created later re-triggers it)."""
+    new_status = classes.class_not_found_status(previous, message, generation=owner.generation, now=now)
+    patch = statuses.merge_patch(previous, new_status)
+    if patch:
+        cluster.patch_status(owner, patch)
+    for event in events.transitions(previous, new_status):
+        cluster.post_event(owner, event)
 
 
 def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:

@@ -3,6 +3,9 @@
 The API server applies the CRD's defaults before the operator sees an object, but unit tests build specs by hand
 and old objects may predate a field, so every default is repeated here; ``tests/unit/test_spec.py`` checks that
 they match ``crds/rerankmodel.yaml``. Builders only ever see these frozen dataclasses, never raw dicts.
+Fields a RerankClass can default (pool images, replicas and resources, the quantizer's image, mode, target, recipe
+and quality gate) have no CRD default: the reconcile loop parses the effective spec (``classes.resolve_model``, i.e.
+``tenancy.resolve``), so a value comes from the model, else its class, else the built-in default here.
 (``spec.autoscaling`` beyond the three knobs the reconcile loop needs is parsed by ``autoscale.config``.)
 """
 

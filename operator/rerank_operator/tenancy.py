@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import names
+from . import deployment, names
 
 DEFAULT_CLASS_ANNOTATION = f"{names.GROUP}/is-default-class"
 CLASS_KIND = "RerankClass"
@@ -34,7 +34,6 @@ REASON_CLASS_NOT_FOUND = "ClassNotFound"
 REASON_QUOTA_EXCEEDED = "QuotaExceeded"
 
 POOLS: tuple[str, str] = ("cpu", "gpu")
-TEI_CONTAINER_PORT = 8080  # deployment.PORT; the NetworkPolicy opens only this port
 
 Obj = Mapping[str, Any]
 
@@ -273,8 +272,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 
 # -- NetworkPolicy ------------------------------------------------------------------------------------------------
-def network_policy_name(model: str) -> str:
-    return f"{model}-tei"
+network_policy_name = names.network_policy_name
 
 
 def build_network_policy(
@@ -304,7 +302,7 @@ def build_network_policy(
         peers.append({"podSelector": {}})
     if operator_namespace:
         peers.append(_namespace_peer([operator_namespace], operator_pod_labels or {}))
-    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": TEI_CONTAINER_PORT}]}] if peers else []
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": deployment.PORT}]}] if peers else []
     owner = names.Owner(name=name, namespace=namespace, uid=meta.get("uid", ""), generation=meta.get("generation", 0))
     return {
         "apiVersion": "networking.k8s.io/v1",

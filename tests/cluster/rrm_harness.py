@@ -104,12 +104,14 @@ class OperatorProcess:
     health_port: int = 0
     starts: int = 0
     log: Path = field(default=Path("/dev/null"))
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE
 
     def start(self) -> "OperatorProcess":
         self.metrics_port, self.health_port = free_port(), free_port()
         self.starts += 1
         self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
-        env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), "RERANK_WATCH_SERVER_TIMEOUT": "20"}
+        env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), "RERANK_WATCH_SERVER_TIMEOUT": "20",
+               **self.extra_env}
         argv = [sys.executable, "-m", "rerank_operator.main", "--log-format", "json",
                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                 "--resync-seconds", str(RESYNC_SECONDS)]

@@ -164,6 +164,13 @@ class FakeWorld:
                     live["status"]["observedGeneration"] = live["metadata"]["generation"]
             self.objects[key] = live
             self.writes += 1
+        for scale in plan.scale:  # the scale subresource: only replicas change (and the status follows)
+            dep = self.objects.get(("Deployment", scale.name))
+            if dep is not None:
+                dep["spec"]["replicas"] = scale.replicas
+                dep["status"].update({"replicas": scale.replicas, "readyReplicas": scale.replicas,
+                                      "availableReplicas": scale.replicas, "updatedReplicas": scale.replicas})
+            self.writes += 1
         for ref in plan.delete:
             self.objects.pop((ref.kind, ref.name), None)
             self.writes += 1

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "rerank_operator"
-SHELL = {"apply", "reconcile", "handlers", "main", "metrics"}  # I/O, kopf and process wiring
+SHELL = {"apply", "reconcile", "handlers", "main", "metrics", "autoscaler"}  # I/O, kopf and process wiring
 PURE = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in SHELL | {"__init__", "tenancy"})
 
 

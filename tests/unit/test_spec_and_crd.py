@@ -97,7 +97,6 @@ def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
     ("autoscaling.spillover.recoverStepPercent", 10), ("autoscaling.spillover.maxCpuPercent", 100),
     ("autoscaling.replicaManagement", "operator"), ("quantization.enabled", True),
     ("storage.reclaimPolicy", "Retain"), ("routing.policy", "gpu-first"),
-    ("pools.cpu.image", "ghcr.io/huggingface/text-embeddings-inference:cpu-1.9"),
 ])
 def test_agreed_defaults(path: str, expected: Any) -> None:
     """The defaults listed in docs/design-notes.md and the brief, read from an empty spec after defaulting."""
@@ -105,6 +104,34 @@ def test_agreed_defaults(path: str, expected: Any) -> None:
     for key in path.split("."):
         value = value[key]
     assert value == expected
+
+
+# Fields a RerankClass may default (tenancy.resolve) carry no CRD default: the API server would fill them before the
+# class could. spec.py applies the built-in default after the class's (tenant value, class default, built-in).
+CLASS_DEFAULTED = ["pools.cpu.image", "pools.cpu.minReplicas", "pools.cpu.maxReplicas", "pools.cpu.resources",
+                   "pools.gpu.image", "pools.gpu.minReplicas", "pools.gpu.maxReplicas", "pools.gpu.resources",
+                   "quantization.image", "quantization.mode", "quantization.target", "quantization.recipe",
+                   "quantization.qualityGate.minSpearman", "quantization.qualityGate.minTopKAgreement",
+                   "quantization.qualityGate.topK", "storage.size", "storage.storageClassName"]
+
+
+@pytest.mark.parametrize("path", CLASS_DEFAULTED)
+def test_fields_a_class_defaults_have_no_crd_default(path: str) -> None:
+    node = SCHEMA["properties"]["spec"]
+    for key in path.split("."):
+        node = node["properties"][key]
+    assert "default" not in node, path
+    assert "Default:" in node["description"] or path.startswith("storage."), path
+
+
+def test_built_in_defaults_apply_when_neither_model_nor_class_sets_them() -> None:
+    parsed = specs.parse({"model": {"id": "org/m"}, "pools": {"gpu": {}}})
+    assert (parsed.cpu.image, parsed.gpu.image) == (specs.TEI_CPU_IMAGE, specs.TEI_GPU_IMAGE)
+    assert (parsed.cpu.min_replicas, parsed.cpu.max_replicas, parsed.gpu.max_replicas) == (1, 4, 2)
+    assert parsed.cpu.resources == specs.DEFAULT_CPU_RESOURCES
+    assert parsed.quantization.image == specs.QUANTIZER_IMAGE
+    assert (parsed.quantization.mode, parsed.quantization.target, parsed.quantization.recipe) == ("dynamic", "auto", "auto")
+    assert parsed.quantization.quality_gate == specs.QualityGate(0.99, 0.9, 3)
 
 
 def test_absent_gpu_pool_is_disabled_and_cpu_pool_is_enabled() -> None:

@@ -6,7 +6,8 @@ within the timeout are left out of this tick's aggregate; if no pod of a pool an
 an error and the policy holds.
 
 Test-only: env RERANK_SCRAPE_ADDRESS_OVERRIDE = JSON {"<pod name>": "host:port"} replaces pod addresses (kwok
-pods have no real network), read on every collect so a test can change it while the operator runs.
+pods have no real network), read on every collect so a test can change it while the operator runs; for an operator
+running as another process, env RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE names a file holding that JSON instead.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .config import Pool
 from .signals import PoolSignals, Signals
 
 OVERRIDE_ENV = "RERANK_SCRAPE_ADDRESS_OVERRIDE"
+OVERRIDE_FILE_ENV = "RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE"  # same JSON, read from this file (wins over the env)
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_PARALLEL = 8
 
@@ -78,6 +80,13 @@ def http_fetch(url: str, timeout: float) -> str:
 
 def address_overrides() -> dict[str, str]:
     raw = os.environ.get(OVERRIDE_ENV)
+    path = os.environ.get(OVERRIDE_FILE_ENV)
+    if path:  # a test changes the file while the operator (another process) runs; its env is fixed at start
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = f.read()
+        except OSError:
+            raw = None
     if not raw:
         return {}
     try:

@@ -96,7 +96,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     cpu_demand = signals.total_request_rate * split.sizing_percent / 100
     if policy == "gpu-only":
         cpu_demand = 0.0
-    surge = spec.spillover.surge_max_step if split.wanted_cpu_percent is not None else None
+    surge = spec.spillover.surge_max_step if split.surge else None
     release = policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas >= gpu_replicas
     cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
                                   surge, release)

@@ -1,13 +1,17 @@
 """The traffic split: what share of requests the CPU pool gets, per routing policy.
 
-gpu-first moves traffic in steps, never in one jump, because the CPU pool needs time to scale for what it
-receives and the GPU's signals need a tick to show the effect of the last move:
-- spill (+stepPercent) while the GPU is saturated and cannot absorb more now: over its targets and either at its
-  max or still waiting for replicas it asked for, or its memory is at the watermark;
+gpu-first spills fast and recovers gradually:
+- spill while the GPU is saturated and cannot absorb more now: over its targets and either at its max or still
+  waiting for replicas it asked for, or its memory is at the watermark. Each tick moves at least stepPercent and,
+  once the GPU's capacity is learned, straight to the GPU's measured excess (the share its ready replicas cannot
+  serve within target) plus what lets it work off its queue beyond target within one interval. The CPU pool is
+  sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step (`Split.surge`);
+- never give the CPU pool more than its ready replicas can serve (85% of their learned capacity; 100% while the
+  GPU works off a queue), once that capacity is known (before, one step shows it); when both pools are over
+  target, hold, or shrink the CPU share to that capacity;
 - recover (-recoverStepPercent) once the GPU would stay under its targets after taking the step back, and not
-  sooner than the scale-down cooldown after the last spill (this is the hysteresis that prevents flapping);
-- never give the CPU pool more than its ready replicas can serve within target, once that capacity is known
-  (before, one step shows it); when both pools are over target, hold, or shrink the CPU share to that capacity.
+  sooner than the scale-down cooldown after the last spill (the hysteresis that prevents flapping) unless the GPU
+  has every replica it asked for ready and a capacity learned at saturation, so the projection is measured.
 Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
 """
 
@@ -30,6 +34,7 @@ class Split:
     cpu_percent: int
     why: str
     wanted_cpu_percent: int | None = None  # share the CPU pool should be sized for (the GPU's excess)
+    surge: bool = False  # that share is the GPU's measured excess: the CPU pool may grow to it in one step
 
     @property
     def sizing_percent(self) -> int:
@@ -77,27 +82,32 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     pressure = _gpu_pressure(spec, signals, gpu)
     room = _cpu_room_percent(signals, history)
     if pressure:
-        excess = _gpu_excess_percent(signals, history)
-        if excess is None:        # the GPU's capacity is not known yet: move one step, then look again
-            wanted = sizing = min(spill.max_cpu_percent, cpu_percent + spill.step_percent)
-        else:                     # jump to the GPU's excess plus what drains its backlog within a tick
-            sizing = min(spill.max_cpu_percent, max(cpu_percent, excess))
-            wanted = min(spill.max_cpu_percent, max(cpu_percent, excess + _drain_percent(spec, signals)))
+        # At least one step; straight to the GPU's measured excess (plus what works off its queue within a
+        # tick) when that is more. The CPU pool is sized for the excess itself: the queue is gone by the time
+        # new CPU replicas are ready.
+        excess = _gpu_excess_percent(signals, history) if gpu.load.overloaded else None
+        drain = _drain_percent(spec, signals)
+        wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent, (excess or 0) + drain))
+        sizing = min(spill.max_cpu_percent, max(cpu_percent, excess) if excess is not None else
+                     cpu_percent + spill.step_percent)
+        surge = excess is not None
         if cpu_load.overloaded:
             if room is not None and room < cpu_percent:
                 return Split(room, f"{pressure}, but CPU pool is over target ({cpu_load.why}): "
-                                   f"keeping only what its ready replicas can serve", sizing)
+                                   f"keeping only what its ready replicas can serve", sizing, surge)
             return Split(cpu_percent, f"{pressure}, but CPU pool is over target too ({cpu_load.why}): "
-                                      f"holding split", sizing)
+                                      f"holding split", sizing, surge)
         if room is None:          # the CPU's capacity is not known yet: one step shows it
             ceiling = min(wanted, cpu_percent + spill.step_percent)
-        else:
+        else:                     # straight to what the ready CPU replicas serve within target
+            if drain > 0:         # the GPU works off a queue: the CPU may run at its target, not below
+                room = _cpu_room_percent(signals, history, utilization=1.0) or room
             ceiling = min(wanted, max(room, cpu_percent))
         if cpu_percent >= ceiling:
             return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% until the CPU pool grows",
-                         sizing)
-        return Split(ceiling, f"{pressure}: spilling to CPU ({cpu_percent}% -> {ceiling}%, "
-                              f"GPU excess {wanted}%)", sizing)
+                         sizing, surge)
+        return Split(ceiling, f"{pressure}: spilling to CPU ({cpu_percent}% -> {ceiling}% of {wanted}% wanted)",
+                     sizing, surge)
     if cpu_percent <= 0:
         return Split(0, "GPU has headroom")
     blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now)
@@ -127,13 +137,13 @@ def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
     return int(min(100.0, math.ceil(100 * beyond / spec.interval_seconds / total)))
 
 
-def _cpu_room_percent(signals: Signals, history: History) -> int | None:
+def _cpu_room_percent(signals: Signals, history: History, utilization: float = UTILIZATION) -> int | None:
     """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known."""
     capacity = history.cpu.capacity
     total = signals.total_request_rate
     if not capacity or not history.cpu.capacity_from_saturation or total <= 0:
         return None
-    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity * UTILIZATION / total)))
+    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity * utilization / total)))
 
 
 def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str | None:
@@ -159,6 +169,8 @@ def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int,
         return f"GPU is over target ({gpu.load.why})"
     cpu_in_trouble = cpu_load.overloaded
     hold = spec.scale_down.cooldown_seconds
+    # The GPU has every replica it asked for and a capacity measured at saturation: the projection below is
+    # the hysteresis, holding the split longer would only keep the CPU bridge (and its replicas) busy.
     settled = history.gpu.capacity_from_saturation and signals.gpu.ready_replicas >= gpu.desired
     if not cpu_in_trouble and not settled and history.last_spill is not None and now - history.last_spill < hold:
         return f"last spill {now - history.last_spill:.0f}s ago (< {hold:.0f}s)"

@@ -1,0 +1,330 @@
+"""The autoscaler's imperative shell: one loop per RerankModel, every ``spec.autoscaling.intervalSeconds``.
+
+Each tick: read the model and its pools (Deployments, ready pods, HTTPRoute), collect the signals (direct scrape
+or PromQL), let the pure policy (``autoscale.policy.decide``) decide, and record the decision in
+``status.autoscaling`` with the autoscaler's two conditions, MetricsAvailable and TrafficEnforced. It never writes a
+Deployment or an HTTPRoute: the reconcile loop applies ``status.autoscaling.lastDecision`` (replicas through the
+Deployments' scale subresource, weights on the HTTPRoute), and is asked to run right after a decision changed.
+
+Writes happen only when the decision changes (replicas, split, held or not) or a condition changes status or
+reason: the raw signals (which move every tick) and the decision's reason and time are recorded with such a
+change, never alone, so a model under steady load costs no write at all. The policy's memory (history) lives in
+this process and is saved to an annotation when a pool was scaled or traffic shifted, so a restarted operator
+keeps its cooldowns. Status writes are serialized with the reconcile loop's (``model_lock``): both replace the
+conditions list, so neither may write between the other's read and write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from . import classes, conditions, events, metrics, names, status as statuses
+from .apply import Cluster, TransientApiError
+from .autoscale import config, direct, history, policy, prometheus
+from .autoscale import routing as autoscale_routing
+from .autoscale.signals import Signals
+from .conditions import Condition
+from .deployment import PORT
+from .observed import PoolsView
+
+log = logging.getLogger(__name__)
+
+METRICS_AVAILABLE = "MetricsAvailable"
+TRAFFIC_ENFORCED = "TrafficEnforced"
+OWNED_CONDITIONS = (METRICS_AVAILABLE, TRAFFIC_ENFORCED)
+HISTORY_ANNOTATION = f"autoscaler.{names.GROUP}/history"  # outside kopf's own rerank.io/ keys
+IDLE_POLL_SECONDS = 15.0  # how often a model with autoscaling off (or not deployed yet) is looked at again
+MAX_REASON = 1024
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def model_lock(namespace: str, name: str) -> threading.Lock:
+    """The per-model lock around every status write (the reconcile loop takes it too)."""
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def utcnow() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- pure helpers -----------------------------------------------------------------------------------------------------
+
+def current_cpu_percent(route: Mapping[str, Any] | None, model: str, status: Mapping[str, Any]) -> int:
+    """The split in effect: the HTTPRoute's CPU weight share, else the last one the reconcile loop recorded."""
+    if route:
+        weights: dict[str, int] = {}
+        for rule in route.get("spec", {}).get("rules") or ():
+            for ref in rule.get("backendRefs") or ():
+                weights[str(ref.get("name"))] = int(ref.get("weight", 1))
+        gpu = weights.get(names.pool_service_name(model, "gpu"), 0)
+        cpu = weights.get(names.pool_service_name(model, "cpu"), 0)
+        if gpu + cpu > 0:
+            return int(round(100 * cpu / (gpu + cpu)))
+    value = (status.get("traffic") or {}).get("cpuPercent")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def metrics_available(auto: config.AutoscalingSpec, decision: policy.Decision) -> Condition:
+    if decision.held:
+        return Condition(METRICS_AVAILABLE, "False", "MetricsStale", decision.reason[:MAX_REASON])
+    return Condition(METRICS_AVAILABLE, "True", "MetricsFresh",
+                     f"{auto.source} metrics are fresh for every pool with ready replicas")
+
+
+def traffic_enforced(auto: config.AutoscalingSpec, spec: Mapping[str, Any], view: PoolsView, model: str,
+                     decision: policy.Decision) -> Condition:
+    split = f"gpu {decision.gpu_percent}% / cpu {decision.cpu_percent}%"
+    policy_name = autoscale_routing.effective_policy(auto)
+    if policy_name in ("cpu-only", "gpu-only"):
+        return Condition(TRAFFIC_ENFORCED, "True", "SinglePool",
+                         f"one pool takes all traffic ({policy_name}): there is no split to enforce")
+    gateway = (spec.get("routing") or {}).get("gateway") or {}
+    if not gateway.get("parentRefs"):
+        return Condition(TRAFFIC_ENFORCED, "False", "NoGateway",
+                         f"no routing.gateway.parentRefs: the split ({split}) cannot be enforced; the model Service "
+                         f"spreads requests over the pods of the pools that receive traffic; replicas are still scaled")
+    if not view.route_api_available:
+        return Condition(TRAFFIC_ENFORCED, "False", "GatewayAPIMissing",
+                         f"routing.gateway is set but the Gateway API (HTTPRoute) is not installed: the split "
+                         f"({split}) cannot be enforced; replicas are still scaled")
+    if view.route is None:
+        return Condition(TRAFFIC_ENFORCED, "False", "RoutePending",
+                         f"HTTPRoute {names.route_name(model)} does not exist yet")
+    return Condition(TRAFFIC_ENFORCED, "True", "HTTPRoute",
+                     f"HTTPRoute {names.route_name(model)} carries the split as backend weights ({split})")
+
+
+def decision_status(auto: config.AutoscalingSpec, decision: policy.Decision, now_iso: str) -> dict[str, Any]:
+    """``status.autoscaling.lastDecision``: what the reconcile loop applies (replicas only when it manages them)."""
+    record = dict(decision.to_status(now_iso))
+    record["reason"] = str(record.get("reason", ""))[:MAX_REASON]
+    if auto.replica_management == "operator":
+        for pool in config.POOLS:
+            if auto.bounds(pool).enabled:
+                record[f"{pool}Replicas"] = decision.replicas(pool)
+    record["gpuPercent"] = decision.gpu_percent
+    record["cpuPercent"] = decision.cpu_percent
+    return record
+
+
+def material(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must differ for the autoscaler to write: not the signals, the time, the reason or a stale message."""
+    auto = status.get("autoscaling") or {}
+    last = auto.get("lastDecision") or {}
+    conds = []
+    for cond in status.get("conditions") or ():
+        kind = cond.get("type")
+        if kind in OWNED_CONDITIONS:
+            message = cond.get("message") if kind == TRAFFIC_ENFORCED else None
+            conds.append((kind, cond.get("status"), cond.get("reason"), cond.get("observedGeneration"), message))
+    return (auto.get("fresh"),
+            tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
+            tuple(sorted(conds, key=lambda c: str(c[0]))))
+
+
+def status_patch(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] | None,
+                 new_conditions: Sequence[Condition], generation: int, now_iso: str) -> dict[str, Any]:
+    """Merge patch for the autoscaler's part of the status (``autoscaling`` None: remove it and its conditions);
+    empty when nothing material changed."""
+    conds = [dict(c) for c in previous.get("conditions") or ()]
+    if autoscaling is None:
+        conds = [c for c in conds if c.get("type") not in OWNED_CONDITIONS]
+    else:
+        conds = conditions.set_conditions(conds, new_conditions, generation=generation, now=now_iso)
+    old = {"autoscaling": previous.get("autoscaling"), "conditions": previous.get("conditions") or []}
+    new = {"autoscaling": autoscaling, "conditions": conds}
+    if material(old) == material(new) and (autoscaling is None) == (previous.get("autoscaling") is None):
+        return {}
+    return statuses.merge_patch({k: v for k, v in old.items() if v is not None},
+                                {k: v for k, v in new.items() if v is not None})
+
+
+def changes(current: policy.Current, decision: policy.Decision, recorded: Mapping[str, Any]) -> list[events.Event]:
+    """Events for a decision that is being recorded: the policy's (against what is in effect), plus a shift the
+    reconcile loop already made on its own (no ready replica in a pool) that the autoscaler now takes over."""
+    found = [events.Event("Normal", e.reason, e.message[:MAX_REASON]) for e in decision.events]
+    before = recorded.get("cpuPercent")
+    if (not any(e.reason == "TrafficShifted" for e in found) and isinstance(before, int)
+            and before != decision.cpu_percent):
+        found.append(events.Event("Normal", "TrafficShifted",
+                                  f"gpu/cpu {100 - before}/{before} -> {decision.gpu_percent}/{decision.cpu_percent}: "
+                                  f"{decision.reason}"[:MAX_REASON]))
+    return found
+
+
+def count(namespace: str, model: str, current: policy.Current, decision: policy.Decision,
+          found: Sequence[events.Event]) -> None:
+    """rerank_operator_scaling_decisions_total for the changes just recorded."""
+    for pool in config.POOLS:
+        before, after = current.replicas(pool), decision.replicas(pool)
+        if after != before:
+            metrics.SCALING_DECISIONS.labels(namespace, model, pool, "ScaledUp" if after > before else "ScaledDown").inc()
+    if any(e.reason == "TrafficShifted" for e in found):
+        gained = "cpu" if decision.cpu_percent > current.cpu_percent else "gpu"
+        metrics.SCALING_DECISIONS.labels(namespace, model, gained, "TrafficShifted").inc()
+
+
+# --- the loop ---------------------------------------------------------------------------------------------------------
+
+class ModelAutoscaler:
+    """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str, *,
+                 after_decision: Callable[[], Any] = lambda: None,
+                 clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = name
+        self.after_decision = after_decision
+        self.clock = clock
+        self.now_iso = now_iso
+        self.source: direct.DirectSource | prometheus.PrometheusSource | None = None
+        self.source_key: tuple[Any, ...] | None = None
+        self.priming = False
+        self.history: history.History | None = None
+
+    def tick(self) -> float:
+        """One evaluation; returns the seconds until the next."""
+        body = self.cluster.get_model(self.namespace, self.name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            log.warning("DEBUG tick line 199")
+            return IDLE_POLL_SECONDS
+        meta = body["metadata"]
+        owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
+        # The spec as the reconcile loop sees it: the model's, with its RerankClass's defaults filled in.
+        tenant = classes.resolve_model(body, classes.CLASSES.items(self.cluster.list_classes))
+        if tenant.not_found is not None:
+            log.warning("DEBUG tick line 205")
+            return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
+        spec = tenant.effective
+        try:
+            auto = config.AutoscalingSpec.from_spec(spec)
+        except config.InvalidAutoscalingSpec as exc:
+            self._reset()
+            self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", "InvalidSpec", str(exc))])
+            log.warning("DEBUG tick line 212")
+            return IDLE_POLL_SECONDS
+        if not auto.enabled:
+            self._reset()
+            self._write(owner, None, [])
+            log.warning("DEBUG tick line 216")
+            return IDLE_POLL_SECONDS
+        interval = float(auto.interval_seconds)
+        view = self.cluster.observe_pools(owner)
+        if any(view.replicas(p) is None for p in config.POOLS if auto.bounds(p).enabled):
+            log.warning("DEBUG tick line 220")
+            return interval  # the pools are not deployed yet (first artifact): nothing to scale
+        ready = {p: view.ready(p) for p in config.POOLS}
+        signals = self._collect(auto, view, ready)
+        if self.priming:  # the direct source's rates need a second scrape, one interval later
+            self.priming = False
+            log.warning("DEBUG tick line 225")
+            return interval
+        if self.history is None:
+            self.history = _restore(meta)
+        status = body.get("status") or {}
+        current = policy.Current(gpu_replicas=view.replicas("gpu") or 0, cpu_replicas=view.replicas("cpu") or 0,
+                                 cpu_percent=current_cpu_percent(view.route, self.name, status))
+        decision = policy.decide(auto, signals, current, self.history, now=self.clock())
+        self.history = decision.history
+        record = {"signals": signals.to_status(), "fresh": not decision.held,
+                  "lastDecision": decision_status(auto, decision, self.now_iso())}
+        conds = [metrics_available(auto, decision), traffic_enforced(auto, spec, view, self.name, decision)]
+        recorded = self._write(owner, record, conds)
+        if recorded is None:
+            log.warning("DEBUG tick line 238")
+            return interval
+        found = changes(current, decision, recorded)
+        for event in found:
+            self.cluster.post_event(owner, event)
+        count(self.namespace, self.name, current, decision, found)
+        if decision.events:
+            self._save_history(owner)
+        log.info("autoscaler %s/%s: gpu %s, cpu %s replicas, split %s/%s%s: %s", self.namespace, self.name,
+                 decision.gpu_replicas, decision.cpu_replicas, decision.gpu_percent, decision.cpu_percent,
+                 " (held)" if decision.held else "", decision.reason)
+        self.after_decision()
+        log.warning("DEBUG tick line 249")
+        return interval
+
+    def _write(self, owner: names.Owner, record: Mapping[str, Any] | None,
+               conds: Sequence[Condition]) -> Mapping[str, Any] | None:
+        """Write the autoscaler's status if something material changed; returns the lastDecision it replaced
+        ({} when there was none), or None when nothing was written."""
+        with model_lock(owner.namespace, owner.name):
+            body = self.cluster.get_model(owner.namespace, owner.name)  # the latest: the reconcile loop writes too
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return None
+            previous = body.get("status") or {}
+            generation = int(body["metadata"].get("generation", owner.generation))
+            patch = status_patch(previous, record, conds, generation, self.now_iso())
+            if not patch:
+                return None
+            self.cluster.patch_status(owner, patch)
+        return dict((previous.get("autoscaling") or {}).get("lastDecision") or {})
+
+    def _collect(self, auto: config.AutoscalingSpec, view: PoolsView, ready: Mapping[str, int]) -> Signals:
+        key = (auto.source, auto.prometheus)
+        if self.source is None or key != self.source_key:
+            self.source_key = key
+            if auto.source == "prometheus":
+                self.source = prometheus.PrometheusSource(
+                    str(auto.prometheus.url), window="1m",
+                    gpu_memory_used_query=auto.prometheus.gpu_memory_used_query,
+                    gpu_memory_total_query=auto.prometheus.gpu_memory_total_query)
+            else:
+                self.source = direct.DirectSource()
+                self.priming = True
+        pods = {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled}
+        if isinstance(self.source, prometheus.PrometheusSource):
+            selectors = {p: prometheus.build_selector(self.namespace, [x["metadata"]["name"] for x in found])
+                         for p, found in pods.items()}
+            return self.source.collect(selectors, ready)  # type: ignore[arg-type]
+        targets = [direct.PodTarget(x["metadata"]["name"], p, x["status"]["podIP"], PORT)  # type: ignore[arg-type]
+                   for p, found in pods.items() for x in found]
+        return self.source.collect(targets, ready)  # type: ignore[arg-type]
+
+    def _save_history(self, owner: names.Owner) -> None:
+        assert self.history is not None
+        text = json.dumps(self.history.to_dict(), separators=(",", ":"))
+        try:
+            self.cluster.annotate_model(owner, {HISTORY_ANNOTATION: text})
+        except TransientApiError as exc:  # only a restart's memory is lost
+            log.warning("could not save the autoscaler history of %s/%s: %s", owner.namespace, owner.name, exc)
+
+    def _reset(self) -> None:
+        self.source = self.source_key = self.history = None
+        self.priming = False
+
+
+def _restore(meta: Mapping[str, Any]) -> history.History:
+    raw = (meta.get("annotations") or {}).get(HISTORY_ANNOTATION)
+    try:
+        return history.History.from_dict(json.loads(raw)) if raw else history.History()
+    except ValueError:
+        return history.History()
+
+
+async def run(loop: ModelAutoscaler, stopped: Any) -> None:
+    """The daemon's body: tick in a worker thread (scrapes and API calls block), sleep, until kopf stops it."""
+    log.warning("DEBUG daemon start %s", loop.name)
+    while not stopped:
+        try:
+            delay = await asyncio.to_thread(loop.tick)
+        except TransientApiError as exc:
+            log.warning("autoscaler %s/%s: %s", loop.namespace, loop.name, exc)
+            delay = 5.0
+        except Exception:  # noqa: BLE001 - one bad tick must not end the model's loop
+            log.exception("autoscaler %s/%s failed", loop.namespace, loop.name)
+            delay = IDLE_POLL_SECONDS
+        wait: Awaitable[Any] = stopped.wait(delay)
+        await wait

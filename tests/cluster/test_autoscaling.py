@@ -1,0 +1,366 @@
+"""The autoscaler on the real control plane: bursts, spillover to the CPU pool, recovery, a lost GPU pool, lost metrics.
+
+The pools' pods are kwok pods, so the test serves their ``te_*`` metrics itself: each pod gets a local HTTP server
+(``FakePod``) and the operator is pointed at them through RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE (pod name ->
+127.0.0.1:port, rewritten as pods come and go). ``Fleet`` is a small fluid queueing model of the service: requests
+arrive at a rate the test sets, are split between the pools by the HTTPRoute's weights (as a Gateway would) and
+evenly over each pool's Ready pods; a pod serves at most its capacity, the rest queues, and every request is observed
+in the latency histograms with its queueing time. So the operator sees what a real TEI fleet would show: latency
+and queues that grow when a pool is short of replicas and fall when the operator reacts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rrm_harness import (Env, Kube, OperatorProcess, audit_now, cleanup, eventually, operator_identity,  # noqa: F401
+                         static_pv)
+
+pytestmark = pytest.mark.cluster
+
+NAME = "bge-m3"
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CAPACITY = {"gpu": 10.0, "cpu": 4.0}      # requests/s one pod serves
+BASE_LATENCY = {"gpu": 0.03, "cpu": 0.2}  # seconds, without queueing
+MAX_BACKLOG = 400.0                        # per pod; beyond it requests fail
+AUTOSCALING = {
+    "enabled": True, "intervalSeconds": 5,
+    "metrics": {"staleAfterSeconds": 15},
+    "targets": {"gpuLatencyP95Ms": 250, "cpuLatencyP95Ms": 500, "queuePerReplica": 16},
+    "scaleUp": {"stabilizationSeconds": 0, "maxStep": 2, "cooldownSeconds": 0},
+    "scaleDown": {"stabilizationSeconds": 5, "maxStep": 2, "cooldownSeconds": 10},
+    "spillover": {"stepPercent": 50, "recoverStepPercent": 50},
+}
+POOLS = {"cpu": {"minReplicas": 1, "maxReplicas": 4},
+         "gpu": {"minReplicas": 1, "maxReplicas": 3, "resources": {"limits": {"nvidia.com/gpu": 1}}}}
+GATEWAY = {"gateway": {"parentRefs": [{"name": "shared", "namespace": "gateway-system"}]}}
+
+
+class Histogram:
+    def __init__(self) -> None:
+        self.buckets = [0.0] * len(BUCKETS)
+        self.count = 0.0
+        self.sum = 0.0
+
+    def observe(self, value: float, n: float) -> None:
+        for i, le in enumerate(BUCKETS):
+            if value <= le:
+                self.buckets[i] += n
+        self.count += n
+        self.sum += value * n
+
+    def render(self, name: str) -> list[str]:
+        lines = [f"# TYPE {name} histogram"]
+        lines += [f'{name}_bucket{{le="{le}"}} {n}' for le, n in zip(BUCKETS, self.buckets)]
+        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
+        return lines
+
+
+class FakePod:
+    """One TEI pod's /metrics, fed by the fleet's model; ``up`` False answers 503 (the endpoint is down)."""
+
+    def __init__(self, pool: str, fleet: "Fleet") -> None:
+        self.pool = pool
+        self.requests = self.success = self.failure = self.backlog = 0.0
+        self.duration, self.queue_duration = Histogram(), Histogram()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's API
+                if not fleet.up:
+                    self.send_error(503)
+                    return
+                with fleet.lock:
+                    body = owner.render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def step(self, rate: float, dt: float) -> None:
+        """``rate`` requests/s arrive for ``dt`` seconds; serve what capacity allows, queue or drop the rest."""
+        capacity = CAPACITY[self.pool]
+        arrived = rate * dt
+        self.requests += arrived
+        served = min(self.backlog + arrived, capacity * dt)
+        self.backlog += arrived - served
+        dropped = max(0.0, self.backlog - MAX_BACKLOG)
+        self.backlog -= dropped
+        self.failure += dropped
+        self.success += served
+        if served > 0:
+            waited = self.backlog / capacity
+            self.queue_duration.observe(waited, served)
+            self.duration.observe(BASE_LATENCY[self.pool] + waited, served)
+
+    def render(self) -> str:
+        return "\n".join([
+            "# TYPE te_request_count counter", f'te_request_count{{method="batch"}} {self.requests}',
+            "# TYPE te_request_success counter", f'te_request_success{{method="batch"}} {self.success}',
+            "# TYPE te_request_failure counter", f'te_request_failure{{err="overloaded"}} {self.failure}',
+            "# TYPE te_queue_size gauge", f"te_queue_size {self.backlog}",
+            *self.duration.render("te_request_duration"),
+            *self.queue_duration.render("te_request_queue_duration"), "",
+        ])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Fleet:
+    """The model's pods as the operator's scraper and the test see them, and the traffic they receive."""
+
+    def __init__(self, kube: client.ApiClient, namespace: str, override_file: Path, rate: float) -> None:
+        self.core = client.CoreV1Api(kube)
+        self.custom = client.CustomObjectsApi(kube)
+        self.namespace = namespace
+        self.override_file = override_file
+        self.rate = rate
+        self.up = True
+        self.lock = threading.Lock()
+        self.pods: dict[str, FakePod] = {}
+        self.ready: dict[str, str] = {}  # Ready pod name -> pool
+        self.cpu_share = 0.0
+        self._stop = threading.Event()
+        self._refresh()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        """Pods and the HTTPRoute's weights (once a second; the operator scrapes every few)."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"app.kubernetes.io/instance={NAME},"
+                                                                            "rerank.io/pool").items
+        ready: dict[str, str] = {}
+        for pod in pods:
+            name, pool = pod.metadata.name, pod.metadata.labels["rerank.io/pool"]
+            if name not in self.pods:
+                self.pods[name] = FakePod(pool, self)
+            if not pod.metadata.deletion_timestamp and any(
+                    c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
+                ready[name] = pool
+        self.override_file.write_text(json.dumps({n: p.address for n, p in self.pods.items()}))
+        try:
+            route = self.custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", self.namespace,
+                                                             "httproutes", NAME)
+            weights = {b["name"]: b.get("weight", 1) for b in route["spec"]["rules"][0]["backendRefs"]}
+            total = sum(weights.values())
+            share = weights.get(f"{NAME}-cpu", 0) / total if total else 0.0
+        except ApiException:  # no Gateway: the model Service spreads requests over the receiving pools' pods
+            share = None
+        with self.lock:
+            self.ready = ready
+            if share is not None:
+                self.cpu_share = share
+            else:
+                pools = list(ready.values())
+                self.cpu_share = pools.count("cpu") / len(pools) if pools else 0.0
+
+    def _run(self) -> None:
+        last, refreshed = time.monotonic(), 0.0
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            if now - refreshed >= 1.0:
+                try:
+                    self._refresh()
+                except Exception:  # noqa: BLE001 - a failed read: keep the last view
+                    pass
+                refreshed = now
+            with self.lock:
+                dt, last = now - last, now
+                for pool, share in (("gpu", 1 - self.cpu_share), ("cpu", self.cpu_share)):
+                    members = [n for n, p in self.ready.items() if p == pool]
+                    for name in members:
+                        self.pods[name].step(self.rate * share / len(members), dt)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for pod in self.pods.values():
+            pod.stop()
+
+
+@pytest.fixture
+def scaled(cluster: Any, kube: client.ApiClient, namespace: str, operator_identity: Any,  # noqa: F811
+           tmp_path: Path) -> Iterator[tuple[Env, Path]]:
+    """An operator whose scraper reads pod addresses from a file the test's fleet keeps up to date."""
+    static_pv(cluster, f"pv-{namespace}", namespace)
+    override = tmp_path / "scrape-addresses.json"
+    override.write_text("{}")
+    operator = OperatorProcess(cluster, operator_identity, [namespace],
+                               extra_env={"RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE": str(override)}).start()
+    env = Env(cluster, Kube(cluster, kube), namespace, namespace, operator)
+    try:
+        yield env, override
+    finally:
+        cleanup(env, [namespace])
+        cluster.kubectl_run("delete", "pv", f"pv-{namespace}", "--wait=false", check=False)
+
+
+def serve(env: Env, **spec: Any) -> None:
+    env.kube.create_model(env.model(pools=POOLS, autoscaling=AUTOSCALING, **spec))
+    env.finish_quantizer(ok=True)
+    env.kube.wait_condition(env.namespace, NAME, "Ready", "True", "Serving")
+
+
+def status(env: Env) -> dict[str, Any]:
+    return (env.kube.model(env.namespace, NAME) or {}).get("status") or {}
+
+
+def replicas(env: Env, pool: str) -> int:
+    return int(((env.kube.deployment(env.namespace, f"{NAME}-{pool}") or {}).get("spec") or {}).get("replicas", 0))
+
+
+def route_weights(env: Env) -> dict[str, int]:
+    route = client.CustomObjectsApi(env.kube.api).get_namespaced_custom_object(
+        "gateway.networking.k8s.io", "v1", env.namespace, "httproutes", NAME)
+    return {b["name"].rsplit("-", 1)[1]: int(b["weight"]) for b in route["spec"]["rules"][0]["backendRefs"]}
+
+
+def event_reasons(env: Env) -> list[str]:
+    items = json.loads(env.cluster.kubectl_run("get", "events", "-n", env.namespace, "-o", "json",
+                                               "--field-selector", f"involvedObject.name={NAME}").stdout)["items"]
+    return [e["reason"] for e in items]
+
+
+def operator_log(env: Env, lines: int = 40) -> str:
+    """The operator's log without the resync timer's chatter."""
+    Path("/tmp/autoscale-debug.log").write_text(env.operator.log.read_text())
+    kept = [line for line in env.operator.log.read_text().splitlines() if "Timer 'resync'" not in line]
+    return "\n".join(kept[-lines:])
+
+
+def fresh(env: Env) -> dict[str, Any]:
+    try:
+        return env.kube.wait_condition(env.namespace, NAME, "MetricsAvailable", "True", "MetricsFresh", timeout=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nstatus: {status(env)}\n--- operator log ---\n{operator_log(env)}") from None
+
+
+def set_gpu_ready(env: Env, ready: bool) -> None:
+    """What a node losing its GPU looks like to the control plane: the GPU pods stop being Ready."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    value = "True" if ready else "False"
+    for pod in env.kube.pods(env.namespace, f"app.kubernetes.io/instance={NAME},rerank.io/pool=gpu"):
+        patch = {"status": {"conditions": [{"type": t, "status": value, "lastTransitionTime": now}
+                                           for t in ("Ready", "ContainersReady")]}}
+        env.kube.core.patch_namespaced_pod_status(pod["metadata"]["name"], env.namespace, patch)
+
+
+def test_burst_scales_gpu_then_spills_to_cpu_then_recovers(scaled: tuple[Env, Path],
+                                                           gateway_api_installed: list[str]) -> None:
+    env, override = scaled
+    serve(env, routing=GATEWAY)
+    fleet = Fleet(env.kube.api, env.namespace, override, rate=4.0)
+    try:
+        fresh(env)
+        assert route_weights(env) == {"cpu": 0, "gpu": 100}
+        cond = env.kube.condition(env.namespace, NAME, "TrafficEnforced")
+        assert (cond["status"], cond["reason"]) == ("True", "HTTPRoute"), cond
+
+        # A burst five times what one GPU replica serves: the GPU pool grows, and until it can take it all
+        # (or at its max) part of the traffic spills to the CPU pool, on the HTTPRoute.
+        fleet.rate = 50.0
+        peak = {"gpu": 1, "cpu_weight": 0}
+
+        def spilled() -> bool:
+            peak["gpu"] = max(peak["gpu"], replicas(env, "gpu"))
+            peak["cpu_weight"] = max(peak["cpu_weight"], route_weights(env)["cpu"])
+            return peak["gpu"] > 1 and peak["cpu_weight"] > 0
+        try:
+            eventually(spilled, 90, "GPU scale-up and spillover to the CPU pool", every=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{env.describe()}") from None
+        decision = status(env)["autoscaling"]["lastDecision"]
+        assert decision["gpuReplicas"] <= 3 and decision["cpuReplicas"] <= 4
+        eventually(lambda: {"ScaledUp", "TrafficShifted"} <= set(event_reasons(env)), 30, "ScaledUp and TrafficShifted")
+        metrics = env.operator.metrics()
+        assert any(k.startswith("rerank_operator_scaling_decisions_total{") and v > 0 for k, v in metrics.items())
+
+        # The burst passes: traffic comes back to the GPU pool, and the pools shrink.
+        fleet.rate = 4.0
+        eventually(lambda: route_weights(env) == {"cpu": 0, "gpu": 100}, 120, "traffic back on the GPU pool",
+                   every=0.5)
+        assert status(env)["autoscaling"]["lastDecision"]["cpuPercent"] == 0
+        eventually(lambda: replicas(env, "gpu") < peak["gpu"], 90, "the GPU pool to shrink after the burst")
+        print(f"\nBURST: GPU peaked at {peak['gpu']} replicas, CPU share at {peak['cpu_weight']}%; "
+              f"events {sorted(set(event_reasons(env)))}")
+    finally:
+        fleet.stop()
+
+
+def test_gpu_pool_lost_then_metrics_lost(scaled: tuple[Env, Path], gateway_api_installed: list[str]) -> None:
+    env, override = scaled
+    serve(env, routing=GATEWAY)
+    fleet = Fleet(env.kube.api, env.namespace, override, rate=3.0)
+    try:
+        fresh(env)
+        # The GPU pool loses every ready replica: all traffic to the CPU pool.
+        set_gpu_ready(env, False)
+        eventually(lambda: route_weights(env) == {"cpu": 100, "gpu": 0}, 30, "all traffic on the CPU pool")
+        eventually(lambda: status(env).get("autoscaling", {}).get("lastDecision", {}).get("cpuPercent") == 100, 30,
+                   "the autoscaler's decision to follow")
+        assert "TrafficShifted" in event_reasons(env)
+        assert env.kube.condition(env.namespace, NAME, "MetricsAvailable")["status"] == "True"
+
+        # Every metrics endpoint goes down: the autoscaler holds (never scales to zero) and says so.
+        before = {p: replicas(env, p) for p in ("gpu", "cpu")}
+        fleet.up = False
+        cond = env.kube.wait_condition(env.namespace, NAME, "MetricsAvailable", "False", "MetricsStale", timeout=30)
+        assert "/metrics" in cond["message"] or "sample" in cond["message"], cond
+        st = status(env)["autoscaling"]
+        assert st["fresh"] is False and st["lastDecision"]["held"] is True
+        time.sleep(3 * 5)  # three intervals without metrics
+        assert {p: replicas(env, p) for p in ("gpu", "cpu")} == before
+        assert route_weights(env) == {"cpu": 100, "gpu": 0}
+
+        # Metrics and the GPU come back: fresh again, and the traffic returns to the GPU pool.
+        fleet.up = True
+        set_gpu_ready(env, True)
+        fresh(env)
+        eventually(lambda: route_weights(env)["gpu"] == 100, 90, "traffic back on the GPU pool")
+    finally:
+        fleet.stop()
+
+
+def test_without_gateway_scaling_still_works_and_steady_load_writes_nothing(scaled: tuple[Env, Path]) -> None:
+    env, override = scaled
+    serve(env)
+    fleet = Fleet(env.kube.api, env.namespace, override, rate=3.0)
+    try:
+        fresh(env)
+        cond = env.kube.wait_condition(env.namespace, NAME, "TrafficEnforced", "False", "NoGateway")
+        assert "parentRefs" in cond["message"]
+
+        # Steady load: the signals move every scrape (counters, histograms), the decision does not; no writes.
+        time.sleep(2 * 5)
+        since = audit_now()
+        time.sleep(4 * 5 + 1)
+        writes = [(w["verb"], w["objectRef"]["resource"], w["objectRef"].get("subresource"))
+                  for w in env.operator_writes(since)]
+        assert writes == [], writes
+        print(f"\nSTEADY LOAD WITH AUTOSCALING: {len(writes)} write calls in 4 intervals (audit log)")
+
+        # A burst still scales the GPU pool (the split just cannot be enforced).
+        fleet.rate = 40.0
+        eventually(lambda: replicas(env, "gpu") > 1, 60, "GPU scale-up without a Gateway")
+        assert "ScaledUp" in event_reasons(env)
+    finally:
+        fleet.stop()

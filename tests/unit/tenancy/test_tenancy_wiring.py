@@ -1,0 +1,205 @@
+"""classes.py: the RerankClass wiring of the reconcile loop (class cache, re-enqueue, effective spec, conditions)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from rerank_operator import classes, conditions, deployment, drift, names, plan as plans, spec as specs, tenancy
+from rerank_operator.apply import WriteError
+from rerank_operator.conditions import Condition
+from rerank_operator.observed import Observed
+from tenancy_helpers import at, rclass
+
+NOW, LATER = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z"
+
+
+def body(spec: dict[str, Any] | None = None, name: str = "bge", ns: str = "team-a") -> dict[str, Any]:
+    return {"apiVersion": "rerank.io/v1alpha1", "kind": "RerankModel",
+            "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "generation": 1},
+            "spec": spec if spec is not None else {"model": {"id": "BAAI/bge-reranker-v2-m3"}}}
+
+
+STANDARD = rclass(at("pools.cpu.maxReplicas", 4), name="standard", default=True)
+
+
+def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return conditions.find(status.get("conditions") or [], kind) or {}
+
+
+# -- which class, which spec ----------------------------------------------------------------------------------------
+def test_no_class_at_all_means_built_in_defaults_and_no_condition() -> None:
+    t = classes.resolve_model(body(), [])
+    assert t.rclass is None and t.not_found is None and t.condition() is None
+    assert specs.parse(t.effective).cpu.image == specs.TEI_CPU_IMAGE
+
+
+@pytest.mark.parametrize(("class_name", "available", "fragment"), [
+    ("gold", [STANDARD], "RerankClass gold (spec.className) does not exist"),
+    (None, [rclass(name="plain")], "no RerankClass is annotated rerank.io/is-default-class"),
+])
+def test_a_missing_class_is_reported(class_name: str | None, available: list[dict[str, Any]], fragment: str) -> None:
+    spec = {"model": {"id": "BAAI/x"}, **({"className": class_name} if class_name else {})}
+    t = classes.resolve_model(body(spec), available)
+    assert t.not_found is not None and fragment in t.not_found
+    assert t.condition() == Condition("ClassCompliant", "False", "ClassNotFound", t.not_found)
+
+
+def test_the_default_class_fills_the_spec_and_the_model_complies() -> None:
+    klass = rclass(at("pools.cpu.images.default", "registry.local/tei:cpu-1.9"),
+                   at("pools.cpu.images.allowed", ["registry.local/*"]), name="standard", default=True)
+    t = classes.resolve_model(body(), [klass])
+    parsed = specs.parse(t.effective)
+    assert parsed.cpu.image == "registry.local/tei:cpu-1.9"
+    assert parsed.cpu.resources == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
+    assert t.condition() == Condition("ClassCompliant", "True", "Compliant", "within the limits of RerankClass standard")
+
+
+def test_a_class_tightened_after_admission_is_a_violation_but_still_served() -> None:
+    tight = rclass(at("pools.cpu.maxReplicas", 2), at("pools.cpu.defaultMaxReplicas", 2),
+                   at("modelSources.hubOrganizations", ["mixedbread-ai"]), name="standard", default=True)
+    t = classes.resolve_model(body({"model": {"id": "BAAI/x"}, "pools": {"cpu": {"maxReplicas": 4}}}), [tight])
+    c = t.condition()
+    assert c is not None and (c.status, c.reason) == ("False", "ClassViolation")
+    assert "pools.cpu.maxReplicas is 2" in c.message and "; model.id BAAI/x is not from a hub organisation" in c.message
+    assert specs.parse(t.effective).cpu.max_replicas == 4  # kept serving as admitted
+
+
+def test_a_class_change_changes_the_pod_template() -> None:
+    owner = names.Owner("bge", "team-a", "uid-bge", 1)
+
+    def template_hash(klass: dict[str, Any]) -> str:
+        spec = specs.parse(classes.resolve_model(body(), [klass]).effective)
+        return drift.manifest_hash(deployment.build_deployment(owner, spec, spec.cpu, "a1", 1, "bge-models"))
+
+    before = rclass(name="standard", default=True)
+    after = rclass(at("pools.cpu.nodeSelector", {"pool": "cpu-b"}), name="standard", default=True)
+    assert template_hash(before) != template_hash(after)
+    assert template_hash(before) == template_hash(copy.deepcopy(before))
+
+
+# -- class cache and re-enqueue ---------------------------------------------------------------------------------------
+def test_the_cache_is_primed_once_and_the_watch_wins_over_the_listing() -> None:
+    index = classes.ClassIndex()
+    calls: list[int] = []
+    old = rclass(at("pools.cpu.maxReplicas", 4), name="a")
+    new = rclass(at("pools.cpu.maxReplicas", 6), name="a")
+    index.record("MODIFIED", new)
+    index.record("DELETED", rclass(name="gone"))
+
+    def lister() -> list[dict[str, Any]]:
+        calls.append(1)
+        return [old, rclass(name="gone"), rclass(name="b")]
+
+    items = {c["metadata"]["name"]: c for c in index.items(lister)}
+    assert set(items) == {"a", "b"} and items["a"]["spec"]["pools"]["cpu"]["maxReplicas"] == 6
+    index.items(lister)
+    assert calls == [1]
+
+
+def test_class_events_reconcile_the_models_they_concern() -> None:
+    index, models = classes.ClassIndex(), classes.ModelIndex()
+    index.prime([])
+    models.record("a", "uses-default", None)
+    models.record("a", "uses-gold", "gold")
+    standard = rclass(name="standard", default=True)
+    gold = rclass(name="gold")
+    # The first class of all: every model's situation changes (built-in defaults -> a class, or ClassNotFound).
+    assert classes.class_event("ADDED", standard, index, models) == [("a", "uses-default"), ("a", "uses-gold")]
+    assert classes.class_event("ADDED", gold, index, models) == [("a", "uses-gold")]
+    changed = rclass(at("pools.cpu.maxReplicas", 2), at("pools.cpu.defaultMaxReplicas", 2), name="gold")
+    assert classes.class_event("MODIFIED", changed, index, models) == [("a", "uses-gold")]
+    relabelled = copy.deepcopy(changed)
+    relabelled["metadata"]["labels"] = {"team": "platform"}
+    assert classes.class_event("MODIFIED", relabelled, index, models) == []  # nothing a model uses changed
+    assert classes.class_event("DELETED", standard, index, models) == [("a", "uses-default")]
+    assert classes.class_event(None, standard, index, models) == []  # the watch's initial listing
+
+
+# -- NetworkPolicy ----------------------------------------------------------------------------------------------------
+def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None:
+    t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
+    policy = classes.network_policy(body(), t, env={"POD_NAMESPACE": "rerank-system"})
+    assert policy is not None and policy["metadata"]["name"] == names.network_policy_name("bge") == "bge-tei"
+    assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": classes.DEFAULT_OPERATOR_POD_LABELS}
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": deployment.PORT}]
+    closed = rclass(at("network.allowSameNamespace", False), name="standard", default=True)
+    policy = classes.network_policy(body(), classes.resolve_model(body(), [closed]), env={})
+    assert policy is not None and "ingress" not in policy["spec"]  # deny all; the API server drops an empty list
+    assert classes.operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
+
+
+def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off() -> None:
+    owner = names.Owner("bge", "team-a", "uid-bge", 1)
+    t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
+    spec = specs.parse(t.effective)
+    policy = classes.network_policy(body(), t, env={})
+    plan = plans.compute(owner, spec, Observed(), {}, NOW, network_policy=policy)
+    [applied] = [o for o in plan.apply if o["kind"] == "NetworkPolicy"]
+    live = copy.deepcopy(applied)
+    again = plans.compute(owner, spec, Observed(network_policy=live), {}, NOW, network_policy=policy)
+    assert not [o for o in again.apply if o["kind"] == "NetworkPolicy"]  # idle: no write
+    off = plans.compute(owner, spec, Observed(network_policy=live), {}, NOW, network_policy=None)
+    assert [(r.kind, r.name) for r in off.delete] == [("NetworkPolicy", "bge-tei")]
+
+
+# -- quotas and status --------------------------------------------------------------------------------------------------
+QUOTA_MESSAGE = ('persistentvolumeclaims "bge-models" is forbidden: exceeded quota: storage, requested: '
+                 'requests.storage=20Gi, used: requests.storage=0, limited: requests.storage=1Gi')
+
+
+def test_a_claim_refused_by_a_quota_is_a_quota_block() -> None:
+    refusal = WriteError(f"PersistentVolumeClaim bge-models: 403 {QUOTA_MESSAGE}", ref="PersistentVolumeClaim/bge-models",
+                         status=403, message=QUOTA_MESSAGE)
+    other = WriteError("Service bge: 422 invalid", ref="Service/bge", status=422, message="invalid")
+    assert classes.is_quota_error(refusal) and not classes.is_quota_error(other) and not classes.is_quota_error("x")
+    block = classes.quota_block(Observed(), [other, refusal])
+    assert block is not None and block.blocked == "PersistentVolumeClaim/bge-models"
+    assert block.message.startswith("PersistentVolumeClaim/bge-models: exceeded quota: storage")
+
+
+def computed_status(ready: bool = True) -> dict[str, Any]:
+    conds = conditions.set_conditions([], [
+        Condition("Ready", "True" if ready else "False", "Serving" if ready else "ReplicasUnavailable", "m"),
+        Condition("ModelReady", "True", "ArtifactPublished", "m"),
+        Condition("PoolsAvailable", "True", "Available", "cpu 1/1 ready"),
+        Condition("Degraded", "False", "AsExpected", "nothing is failing"),
+    ], generation=1, now=NOW)
+    return {"observedGeneration": 1, "phase": "Ready" if ready else "Progressing", "conditions": conds}
+
+
+def test_quota_exceeded_replaces_the_reason_and_is_stable_across_reconciles() -> None:
+    t = classes.resolve_model(body(), [STANDARD])
+    block = tenancy.QuotaBlock("QuotaExceeded", "ReplicaSet/bge-cpu-1: exceeded quota: q", "ReplicaSet/bge-cpu-1")
+    first = classes.with_tenancy(computed_status(), {}, t, block, generation=1, now=NOW)
+    assert first["phase"] == "Progressing"
+    for kind in ("PoolsAvailable", "Ready"):
+        assert (cond(first, kind)["status"], cond(first, kind)["reason"]) == ("False", "QuotaExceeded")
+        assert cond(first, kind)["message"] == "ReplicaSet/bge-cpu-1: exceeded quota: q"
+    assert cond(first, "ClassCompliant")["reason"] == "Compliant"
+    # Next reconcile: status.compute says True again from the previous conditions; nothing may move.
+    second = classes.with_tenancy(computed_status(), first, t, block, generation=1, now=LATER)
+    assert second == first
+    job_block = tenancy.QuotaBlock("QuotaExceeded", "Job/bge-q-1: exceeded quota: q", "Job/bge-q-1")
+    third = classes.with_tenancy(computed_status(False), first, t, job_block, generation=1, now=LATER)
+    assert cond(third, "ModelReady")["reason"] == "QuotaExceeded"
+
+
+def test_without_classes_the_condition_goes_away() -> None:
+    with_class = classes.with_tenancy(computed_status(), {}, classes.resolve_model(body(), [STANDARD]), None,
+                                      generation=1, now=NOW)
+    without = classes.with_tenancy(with_class, with_class, classes.resolve_model(body(), []), None,
+                                   generation=1, now=LATER)
+    assert cond(with_class, "ClassCompliant") and not cond(without, "ClassCompliant")
+
+
+def test_class_not_found_status() -> None:
+    status = classes.class_not_found_status({"pools": {"cpu": {"readyReplicas": 2}}}, "RerankClass gold ...",
+                                            generation=3, now=NOW)
+    assert status["phase"] == "Degraded" and status["observedGeneration"] == 3
+    assert {(c["type"], c["status"], c["reason"]) for c in status["conditions"]} == {
+        ("Ready", "False", "ClassNotFound"), ("Degraded", "True", "ClassNotFound"),
+        ("ClassCompliant", "False", "ClassNotFound")}
+    assert classes.class_not_found_status({}, "x", generation=1, now=NOW)["phase"] == "Failed"

@@ -230,7 +230,9 @@ class Job:
             # XLM-R large); above this size the serving session's own ORT_ENABLE_ALL fusions have to do.
             unfused = []
             for r in candidates:
-                r2 = Q.replace(r, optimization_level=0, name=r.name if r.optimization_level == 0 else r.name + "-unfused")
+                ops = tuple(o for o in r.operators if o != "Attention") or ("MatMul",)  # no fused Attention nodes
+                r2 = Q.replace(r, optimization_level=0, operators=ops,
+                               name=r.name if r.optimization_level == 0 else r.name + "-unfused")
                 if all(Q.replace(u, name="") != Q.replace(r2, name="") for u in unfused):
                     unfused.append(r2)
             if unfused != candidates:

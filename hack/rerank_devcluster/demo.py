@@ -112,7 +112,10 @@ def rerank_model(model_path: str) -> dict[str, Any]:
         "metadata": {"name": MODEL, "namespace": DEMO_NS},
         "spec": {
             "model": {"path": model_path},
-            "quantization": {"timeBudgetSeconds": 300},
+            # The demo model's head is untrained, so its scores are close together and a little INT8 noise
+            # reorders them more than on a trained reranker: the gate is relaxed here, and only here.
+            "quantization": {"timeBudgetSeconds": 300,
+                             "qualityGate": {"minSpearman": 0.98, "minTopKAgreement": 0.85}},
             "storage": {"existingClaim": CLAIM},
             "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4},
                       "gpu": {"minReplicas": 1, "maxReplicas": 2,

@@ -196,14 +196,12 @@ class ModelAutoscaler:
         """One evaluation; returns the seconds until the next."""
         body = self.cluster.get_model(self.namespace, self.name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            log.warning("DEBUG tick line 199")
             return IDLE_POLL_SECONDS
         meta = body["metadata"]
         owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
         # The spec as the reconcile loop sees it: the model's, with its RerankClass's defaults filled in.
         tenant = classes.resolve_model(body, classes.CLASSES.items(self.cluster.list_classes))
         if tenant.not_found is not None:
-            log.warning("DEBUG tick line 205")
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenant.effective
         try:
@@ -211,23 +209,19 @@ class ModelAutoscaler:
         except config.InvalidAutoscalingSpec as exc:
             self._reset()
             self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", "InvalidSpec", str(exc))])
-            log.warning("DEBUG tick line 212")
             return IDLE_POLL_SECONDS
         if not auto.enabled:
             self._reset()
             self._write(owner, None, [])
-            log.warning("DEBUG tick line 216")
             return IDLE_POLL_SECONDS
         interval = float(auto.interval_seconds)
         view = self.cluster.observe_pools(owner)
         if any(view.replicas(p) is None for p in config.POOLS if auto.bounds(p).enabled):
-            log.warning("DEBUG tick line 220")
             return interval  # the pools are not deployed yet (first artifact): nothing to scale
         ready = {p: view.ready(p) for p in config.POOLS}
         signals = self._collect(auto, view, ready)
         if self.priming:  # the direct source's rates need a second scrape, one interval later
             self.priming = False
-            log.warning("DEBUG tick line 225")
             return interval
         if self.history is None:
             self.history = _restore(meta)
@@ -241,7 +235,6 @@ class ModelAutoscaler:
         conds = [metrics_available(auto, decision), traffic_enforced(auto, spec, view, self.name, decision)]
         recorded = self._write(owner, record, conds)
         if recorded is None:
-            log.warning("DEBUG tick line 238")
             return interval
         found = changes(current, decision, recorded)
         for event in found:
@@ -253,7 +246,6 @@ class ModelAutoscaler:
                  decision.gpu_replicas, decision.cpu_replicas, decision.gpu_percent, decision.cpu_percent,
                  " (held)" if decision.held else "", decision.reason)
         self.after_decision()
-        log.warning("DEBUG tick line 249")
         return interval
 
     def _write(self, owner: names.Owner, record: Mapping[str, Any] | None,
@@ -316,7 +308,6 @@ def _restore(meta: Mapping[str, Any]) -> history.History:
 
 async def run(loop: ModelAutoscaler, stopped: Any) -> None:
     """The daemon's body: tick in a worker thread (scrapes and API calls block), sleep, until kopf stops it."""
-    log.warning("DEBUG daemon start %s", loop.name)
     while not stopped:
         try:
             delay = await asyncio.to_thread(loop.tick)

@@ -51,6 +51,8 @@ class Spillover:
     step_percent: int = 25
     recover_step_percent: int = 10
     max_cpu_percent: int = 100
+    # Largest CPU scale-up per decision while it is sized for the GPU's measured excess (the GPU saturated and
+    # waiting for replicas or at max); scaleUp.maxStep applies otherwise. The cooldown applies either way.
     surge_max_step: int = 32
 
 

@@ -8,6 +8,8 @@ within the targets), observed from the pool itself, so nothing about hardware ha
   a spike that began just before the scrape) cannot collapse it;
 - below target, a replica demonstrably serves what it is serving: the estimate never drops below that.
 A capacity seen only below target is a lower bound, good for removing replicas but never for adding them.
+An interval in which the pool completed more than arrived (working off a backlog) teaches nothing: the backlog may
+have emptied part-way through, and the latency is the backlog's.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def learn_capacity(history: PoolHistory, signals: PoolSignals, load: Load) -> Po
 def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: float, current: int) -> int:
     """Replicas this pool should have for `demand` requests/s (before bounds, windows, steps, cooldowns).
 
-    Overloaded: grow, at least by one and at most doubling the ready count per tick, or to the learned size.
+    Overloaded: to the size learned at saturation, and by one more than ready while the backlog grows; without
+    such a capacity, grow at least by one and at most doubling the ready count per tick.
     Otherwise: the learned size (only downwards unless learned at saturation); idle: nothing; unknown: hold.
     """
     ready = signals.ready_replicas

@@ -6,8 +6,11 @@ Order of a tick, each step explained where it lives:
 2. judge each pool's load and refine its learned capacity (`load`);
 3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), then
    apply HPA-like windows/steps/cooldowns (`scaling`);
-4. move the split one step (`routing`), knowing whether the GPU is still waiting for replicas;
-5. size the CPU pool for the share it will carry after this step, so it starts scaling with the spill.
+4. move the split (`routing`), knowing whether the GPU is still waiting for replicas;
+5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess), so it starts scaling
+   with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
+   measured; once the route sends it nothing and the GPU has every replica it asked for ready, its replicas are
+   released after the scale-down cooldown instead of being kept for the stabilization window.
 No I/O and no clock: `now` is an argument, so every behaviour is reproducible in tests and the simulator.
 """
 
@@ -96,10 +99,13 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     cpu_demand = signals.total_request_rate * split.sizing_percent / 100
     if policy == "gpu-only":
         cpu_demand = 0.0
+    # Shifting back: the CPU pool does not grow for a share it is losing (unless it is over target).
+    shrinking = policy == "gpu-first" and split.cpu_percent < current.cpu_percent and not cpu_load.overloaded
     surge = spec.spillover.surge_max_step if split.surge else None
-    release = policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas >= gpu_replicas
+    release = (policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas > 0
+               and signals.gpu.ready_replicas >= gpu_replicas)
     cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
-                                  surge, release)
+                                  surge, release, grow=not shrinking)
 
     reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
     decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)
@@ -108,13 +114,16 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
 
 def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,
           current: Current, history: History, now: float, external: bool,
-          notes: list[str], surge_step: int | None = None, release: bool = False) -> tuple[int, History]:
+          notes: list[str], surge_step: int | None = None, release: bool = False,
+          grow: bool = True) -> tuple[int, History]:
     """Replicas for one pool this tick and the updated history (external management: leave replicas alone)."""
     bounds = spec.bounds(pool)
     if external or not bounds.enabled:
         return (current.replicas(pool) if external else 0), history
     pool_history = history.pool(pool)
     wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool))
+    if not grow:
+        wanted = min(wanted, current.replicas(pool))
     result = scaling.scale(bounds, spec.scale_up, spec.scale_down, current.replicas(pool), wanted,
                            pool_history, now, idle=demand <= 0, surge_step=surge_step, release=release)
     if result.note:

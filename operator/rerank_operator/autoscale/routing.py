@@ -134,7 +134,7 @@ def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
     beyond = queue - spec.targets.queue_per_replica * max(signals.gpu.ready_replicas, 1)
     if beyond <= 0:
         return 0
-    return int(min(100.0, math.ceil(100 * beyond / spec.interval_seconds / total)))
+    return math.ceil(min(100.0, 100 * beyond / spec.interval_seconds / total))
 
 
 def _cpu_room_percent(signals: Signals, history: History, utilization: float = UTILIZATION) -> int | None:

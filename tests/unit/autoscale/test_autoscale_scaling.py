@@ -63,10 +63,11 @@ def test_defaults_match_the_agreed_crd_defaults():
     t = s.targets
     assert (t.gpu_latency_p95_ms, t.cpu_latency_p95_ms, t.queue_per_replica, t.gpu_memory_watermark) == \
         (250, 500, 16, 0.9)
-    assert s.scale_up == StepBehavior(0, 2, 30)
+    assert s.scale_up == StepBehavior(0, 2, 15)
     assert s.scale_down == StepBehavior(300, 1, 120)
     sp = s.spillover
-    assert (sp.step_percent, sp.recover_step_percent, sp.max_cpu_percent) == (25, 10, 100)
+    assert (sp.step_percent, sp.recover_step_percent, sp.max_cpu_percent, sp.surge_max_step) == (25, 10, 100, 32)
+    assert AutoscalingSpec() == AutoscalingSpec.from_spec({"pools": {"cpu": {}}})   # dataclass = parser defaults
     assert s.routing_policy == "gpu-first"
     assert (s.gpu, s.cpu) == (PoolBounds(True, 1, 2), PoolBounds(True, 1, 4))      # crds/rerankmodel.yaml
     assert not AutoscalingSpec.from_spec({}).gpu.enabled                            # no gpu section: no pool
@@ -77,11 +78,12 @@ def test_reads_what_the_spec_says():
         "pools": {"gpu": {"minReplicas": 0, "maxReplicas": 3}, "cpu": {"enabled": False}},
         "routing": {"policy": "fixed", "weights": {"gpu": 3, "cpu": 1}},
         "autoscaling": {"metrics": {"source": "prometheus", "prometheus": {"url": "http://p:9090"}},
-                        "scaleDown": {"maxStep": 4}, "spillover": {"maxCpuPercent": 60}},
+                        "scaleDown": {"maxStep": 4}, "spillover": {"maxCpuPercent": 60, "surgeMaxStep": 8}},
     })
     assert s.gpu == PoolBounds(True, 0, 3) and not s.cpu.enabled
     assert s.fixed_gpu_percent == 75 and s.scale_down.max_step == 4 and s.scale_down.cooldown_seconds == 120
     assert s.prometheus.url == "http://p:9090" and s.spillover.max_cpu_percent == 60
+    assert s.spillover.surge_max_step == 8
 
 
 @pytest.mark.parametrize("bad", [
@@ -91,6 +93,8 @@ def test_reads_what_the_spec_says():
     {"autoscaling": {"metrics": {"source": "prometheus"}}},
     {"autoscaling": {"targets": {"gpuMemoryWatermark": 1.5}}},
     {"autoscaling": {"scaleUp": {"maxStep": 0}}},
+    {"autoscaling": {"spillover": {"surgeMaxStep": 0}}},
+    {"autoscaling": {"spillover": {"surgeMaxStep": 1001}}},
     {"autoscaling": {"intervalSeconds": "soon"}},
     {"routing": {"policy": "fixed", "weights": {"gpu": 0, "cpu": 0}}},
 ])

@@ -50,6 +50,12 @@ FAILURE_REASONS = (
     "InternalError",
 )
 
+#: Exit status per failure reason (0 is success; 1 is left to the interpreter's own crashes).
+EXIT_CODES = {reason: 10 + i for i, reason in enumerate(FAILURE_REASONS)}
+#: Failures that another attempt of the same Job cannot fix: the operator's Job fails at once on these exit
+#: codes (podFailurePolicy) instead of retrying with backoff. A fixed spec makes a new Job.
+PERMANENT_FAILURES = ("UnsupportedModel", "QualityGateFailed", "InvalidInput")
+
 
 def artifact_dir(root: str, artifact_id: str) -> str:
     """Final path of an artifact on the volume."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .contract import FAILURE_REASONS
+from .contract import EXIT_CODES, FAILURE_REASONS
+
+__all__ = ["EXIT_CODES", "JobError"]
 
 
 class JobError(Exception):
@@ -17,6 +19,3 @@ class JobError(Exception):
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
 
-
-#: Exit status per failure reason (0 is success; 1 is left to the Python interpreter's own crashes).
-EXIT_CODES = {reason: 10 + i for i, reason in enumerate(FAILURE_REASONS)}

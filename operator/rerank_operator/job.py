@@ -122,6 +122,7 @@ def build_job(
             "activeDeadlineSeconds": q.active_deadline_seconds,
             # Never two quantizers on one artifact directory: a replacement waits for the old pod to be gone.
             "podReplacementPolicy": "Failed",
+            "podFailurePolicy": pod_failure_policy(),
             "template": {
                 "metadata": {"labels": {**names.labels(owner.name, names.COMPONENT_QUANTIZER), **artifact_labels}},
                 "spec": {
@@ -135,6 +136,16 @@ def build_job(
             },
         },
     }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Fail the Job at once when retrying cannot help (quality gate, unsupported model, bad input), and do not
+    count an evicted or preempted pod against ``backoffLimit``."""
+    permanent = sorted(contract.EXIT_CODES[r] for r in contract.PERMANENT_FAILURES)
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": permanent}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]}
 
 
 # --- reading a Job back -------------------------------------------------------------------------------------------

@@ -90,3 +90,24 @@ def test_a_spec_fix_that_keeps_the_artifact_still_retries(rrm_env: Env) -> None:
                30, "the failed attempt to be cleaned up")
     env.finish_quantizer(ok=True)
     env.kube.wait_condition(ns, "bge-m3", "Ready", "True", "Serving")
+
+
+def test_quality_gate_exit_code_fails_the_job_at_once_despite_retries_left(rrm_env: Env) -> None:
+    """Retrying cannot change a quality verdict: the quantizer's exit code for it ends the Job (podFailurePolicy)."""
+    from quantizer_job import contract
+
+    env, ns = rrm_env, rrm_env.namespace
+    env.kube.create_model(env.model(quantization={"backoffLimit": 3}))
+    env.finish_quantizer(ok=False, message=refused("QualityGateFailed", "top-k agreement 0.889 < 0.9"),
+                         exit_code=contract.EXIT_CODES["QualityGateFailed"])
+    env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "QualityGateFailed")
+
+    def job_failed_by_policy() -> Any:
+        jobs = env.kube.jobs(ns)
+        conds = [c for j in jobs for c in (j["status"].get("conditions") or []) if c["type"] == "Failed"]
+        return conds if conds and conds[0]["status"] == "True" else None
+
+    conds = eventually(job_failed_by_policy, 60, "the Job to fail by its pod failure policy")
+    assert conds[0]["reason"] == "PodFailurePolicy"
+    pods = env.kube.pods(ns, "app.kubernetes.io/component=quantizer")
+    assert len(pods) == 1  # no second attempt with backoff

@@ -156,3 +156,19 @@ def test_outcome_reads_the_newest_pod() -> None:
 def test_success_carries_the_result() -> None:
     out = job.outcome(finish(JOB, ok=True), [job_pod(JOB, 0, published("f" * 16))])
     assert out.result is not None and out.result.quality["spearman"] == 0.995
+
+
+def test_permanent_failures_fail_the_job_at_once_and_others_retry() -> None:
+    """The exit codes the quantizer uses for failures retrying cannot fix are exactly the FailJob rule's."""
+    from quantizer_job import contract
+    from rerank_operator import job as job_module
+
+    rules = job_module.pod_failure_policy()["rules"]
+    fail_job = [r for r in rules if r["action"] == "FailJob"]
+    assert len(fail_job) == 1
+    codes = set(fail_job[0]["onExitCodes"]["values"])
+    assert codes == {contract.EXIT_CODES[r] for r in ("UnsupportedModel", "QualityGateFailed", "InvalidInput")}
+    assert contract.EXIT_CODES["ModelNotFound"] not in codes  # the hub may come back: retry
+    assert contract.EXIT_CODES["InternalError"] not in codes
+    assert 0 not in codes and 1 not in codes
+    assert fail_job[0]["onExitCodes"]["containerName"] == job_module.CONTAINER

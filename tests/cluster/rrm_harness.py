@@ -20,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -28,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from quantizer_job import contract
+from rerank_devcluster.waiting import eventually
 from rerank_devcluster.cluster import Cluster, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,15 +41,6 @@ GROUP, VERSION, PLURAL = "rerank.io", "v1alpha1", "rerankmodels"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 
-def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "condition", every: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 # --- identity -------------------------------------------------------------------------------------------------------

@@ -5,26 +5,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from rerank_devcluster.waiting import eventually
 from rerank_devcluster.cluster import NODES, Cluster
 
 MANIFESTS = Path(__file__).with_name("manifests")
 
 
-def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def test_kubeconfig_shows_ready_kwok_nodes(cluster: Cluster) -> None:

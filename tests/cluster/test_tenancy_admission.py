@@ -9,7 +9,6 @@ the module ends.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -19,6 +18,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from rerank_devcluster.waiting import eventually
 from rerank_devcluster.cluster import Cluster
 from rerank_operator import tenancy
 
@@ -44,15 +44,6 @@ DEFAULT_CLASS_SPEC: dict[str, Any] = {
 SECURE_CLASS_SPEC: dict[str, Any] = {"security": {"requireApiKey": True}}
 
 
-def eventually(check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:

@@ -226,11 +226,14 @@ def run(rates: list[float], spikes: list, gpu: PoolModel, cpu: PoolModel, interv
 
 def summarize(violations: list[bool], cost_seconds: list[float], gpu: PoolModel, cpu: PoolModel, spikes: list,
               actions: list[int], rejected: float, served: float) -> dict:
-    reacts, recoveries = [], []
-    for start, end, _ in spikes:
+    reacts, recoveries, hurt_reacts = [], [], []
+    for index, (start, end, _) in enumerate(spikes):
         after = [a - start for a in actions if start <= a < end]
         reacts.append(after[0] if after else end - start)
-        recoveries.append(_recovery(violations, start, end))
+        if any(violations[start:end]):
+            hurt_reacts.append(reacts[-1])
+        following = spikes[index + 1][0] if index + 1 < len(spikes) else len(violations)
+        recoveries.append(_recovery(violations, start, end, following))
     cost = cost_seconds[0] / 3600 * gpu.price_per_hour + cost_seconds[1] / 3600 * cpu.price_per_hour
     return {
         "slo_violation_seconds": sum(violations),
@@ -238,16 +241,22 @@ def summarize(violations: list[bool], cost_seconds: list[float], gpu: PoolModel,
         "cpu_replica_seconds": round(cost_seconds[1]),
         "cost_usd": round(cost, 2),
         "spike_first_action_s_mean": round(sum(reacts) / len(reacts), 1) if reacts else None,
+        # the same over the spikes that broke the SLO (a spike absorbed without any action counts its whole
+        # duration above, which says nothing about reaction time)
+        "spikes_violating": len(hurt_reacts),
+        "spike_first_action_s_mean_violating": round(sum(hurt_reacts) / len(hurt_reacts), 1) if hurt_reacts else None,
         "spike_time_to_slo_s_mean": round(sum(recoveries) / len(recoveries), 1) if recoveries else None,
         "spike_time_to_slo_s_max": max(recoveries) if recoveries else None,
         "rejected_fraction": round(rejected / max(served + rejected, 1), 5),
     }
 
 
-def _recovery(violations: list[bool], start: int, end: int) -> int:
-    """Seconds from spike onset until the p95 is back under the SLO for 30 s (0 if it never left)."""
+def _recovery(violations: list[bool], start: int, end: int, following: int) -> int:
+    """Seconds from spike onset until the p95 is back under the SLO for 30 s (0 if it never left).
+
+    Looks at most 600 s past the spike's end and never into the next spike (its violations are its own)."""
     last_bad = None
-    for t in range(start, min(end + 600, len(violations))):
+    for t in range(start, min(end + 600, following, len(violations))):
         if violations[t]:
             last_bad = t
         elif last_bad is not None and t - last_bad >= 30:

@@ -91,10 +91,11 @@ def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
     ("autoscaling.metrics.staleAfterSeconds", 60), ("autoscaling.targets.gpuLatencyP95Ms", 250),
     ("autoscaling.targets.cpuLatencyP95Ms", 500), ("autoscaling.targets.queuePerReplica", 16),
     ("autoscaling.targets.gpuMemoryWatermark", 0.9), ("autoscaling.scaleUp.stabilizationSeconds", 0),
-    ("autoscaling.scaleUp.maxStep", 2), ("autoscaling.scaleUp.cooldownSeconds", 30),
+    ("autoscaling.scaleUp.maxStep", 2), ("autoscaling.scaleUp.cooldownSeconds", 15),
     ("autoscaling.scaleDown.stabilizationSeconds", 300), ("autoscaling.scaleDown.maxStep", 1),
     ("autoscaling.scaleDown.cooldownSeconds", 120), ("autoscaling.spillover.stepPercent", 25),
     ("autoscaling.spillover.recoverStepPercent", 10), ("autoscaling.spillover.maxCpuPercent", 100),
+    ("autoscaling.spillover.surgeMaxStep", 32),
     ("autoscaling.replicaManagement", "operator"), ("quantization.enabled", True),
     ("storage.reclaimPolicy", "Retain"), ("routing.policy", "gpu-first"),
 ])

@@ -101,3 +101,17 @@ def test_reads_what_the_spec_says():
 def test_invalid_specs_are_rejected_with_a_message(bad):
     with pytest.raises(InvalidAutoscalingSpec):
         AutoscalingSpec.from_spec(bad)
+
+
+def test_surge_step_widens_only_the_scale_up_step():
+    assert scale(BOUNDS, UP, DOWN, 2, 9, PoolHistory(), 1000.0, surge_step=5).replicas == 7        # +5, not +2
+    assert scale(BOUNDS, UP, DOWN, 2, 9, PoolHistory(), 1000.0, surge_step=1).replicas == 4        # never below +2
+    assert scale(BOUNDS, UP, DOWN, 2, 9, PoolHistory(last_scale_up=990), 1000.0, surge_step=5).replicas == 2
+    assert scale(BOUNDS, UP, DOWN, 2, 40, PoolHistory(), 1000.0, surge_step=50).replicas == 10     # max 10
+
+
+def test_release_skips_the_down_window_but_not_the_cooldown():
+    windowed = PoolHistory(recommendations=((900, 8),))
+    assert scale(BOUNDS, UP, DOWN, 8, 1, windowed, 1000.0, idle=True, release=True).replicas == 1
+    cooling = PoolHistory(recommendations=((900, 8),), last_scale_up=950)
+    assert scale(BOUNDS, UP, DOWN, 8, 1, cooling, 1000.0, idle=True, release=True).replicas == 8

@@ -179,12 +179,13 @@ class ModelAutoscaler:
     """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
 
     def __init__(self, cluster: Cluster, namespace: str, name: str, *,
-                 after_decision: Callable[[], Any] = lambda: None,
+                 after_decision: Callable[[], Any] = lambda: None, fetch: direct.Fetch = direct.http_fetch,
                  clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.name = name
         self.after_decision = after_decision
+        self.fetch = fetch
         self.clock = clock
         self.now_iso = now_iso
         self.source: direct.DirectSource | prometheus.PrometheusSource | None = None
@@ -274,7 +275,7 @@ class ModelAutoscaler:
                     gpu_memory_used_query=auto.prometheus.gpu_memory_used_query,
                     gpu_memory_total_query=auto.prometheus.gpu_memory_total_query)
             else:
-                self.source = direct.DirectSource()
+                self.source = direct.DirectSource(fetch=self.fetch, clock=self.clock)
                 self.priming = True
         pods = {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled}
         if isinstance(self.source, prometheus.PrometheusSource):

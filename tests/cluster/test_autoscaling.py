@@ -22,8 +22,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rrm_harness import (Env, Kube, OperatorProcess, audit_now, cleanup, eventually, operator_identity,  # noqa: F401
-                         static_pv)
+from rerank_devcluster.waiting import eventually
+from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, operator_identity, static_pv  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
@@ -242,7 +242,6 @@ def event_reasons(env: Env) -> list[str]:
 
 def operator_log(env: Env, lines: int = 40) -> str:
     """The operator's log without the resync timer's chatter."""
-    Path("/tmp/autoscale-debug.log").write_text(env.operator.log.read_text())
     kept = [line for line in env.operator.log.read_text().splitlines() if "Timer 'resync'" not in line]
     return "\n".join(kept[-lines:])
 
@@ -300,8 +299,10 @@ def test_burst_scales_gpu_then_spills_to_cpu_then_recovers(scaled: tuple[Env, Pa
                    every=0.5)
         assert status(env)["autoscaling"]["lastDecision"]["cpuPercent"] == 0
         eventually(lambda: replicas(env, "gpu") < peak["gpu"], 90, "the GPU pool to shrink after the burst")
+        decisions = [json.loads(line)["message"] for line in env.operator.log.read_text().splitlines()
+                     if '"autoscaler ' in line]
         print(f"\nBURST: GPU peaked at {peak['gpu']} replicas, CPU share at {peak['cpu_weight']}%; "
-              f"events {sorted(set(event_reasons(env)))}")
+              f"{len(decisions)} decisions:\n" + "\n".join(d[:240] for d in decisions))
     finally:
         fleet.stop()
 

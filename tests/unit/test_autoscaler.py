@@ -1,0 +1,213 @@
+"""The autoscaler's shell (autoscaler.py) against a fake API: what it writes, when, and what it leaves alone."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from rerank_operator import autoscaler, names
+from rerank_operator.autoscale import policy
+from rerank_operator.conditions import Condition
+from rerank_operator.observed import PoolsView
+
+NS, NAME = "ns", "m"
+
+
+def dep(pool: str, replicas: int, ready: int | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": f"{NAME}-{pool}", "labels": {names.LABEL_POOL: pool}},
+            "spec": {"replicas": replicas}, "status": {"readyReplicas": replicas if ready is None else ready}}
+
+
+def pod(pool: str, i: int, ready: bool = True) -> dict[str, Any]:
+    return {"metadata": {"name": f"{NAME}-{pool}-{i}", "labels": {names.LABEL_POOL: pool}},
+            "status": {"podIP": f"10.0.0.{i}", "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def route(gpu: int, cpu: int) -> dict[str, Any]:
+    return {"spec": {"rules": [{"backendRefs": [{"name": f"{NAME}-gpu", "weight": gpu},
+                                                {"name": f"{NAME}-cpu", "weight": cpu}]}]}}
+
+
+class FakeCluster:
+    def __init__(self, spec: dict[str, Any], view: PoolsView) -> None:
+        self.body: dict[str, Any] = {"metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1},
+                                     "spec": spec, "status": {"traffic": {"gpuPercent": 100, "cpuPercent": 0}}}
+        self.view = view
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        self.annotations: list[dict[str, Any]] = []
+
+    def get_model(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.body)
+
+    def list_classes(self) -> list[dict[str, Any]]:
+        return []
+
+    def observe_pools(self, owner: names.Owner) -> PoolsView:
+        return self.view
+
+    def patch_status(self, owner: names.Owner, patch: dict[str, Any]) -> None:
+        self.patches.append(patch)
+        self.body["status"] = _merge(self.body["status"], patch)
+
+    def post_event(self, owner: names.Owner, event: Any) -> None:
+        self.events.append((event.reason, event.message))
+
+    def annotate_model(self, owner: names.Owner, annotations: dict[str, Any]) -> None:
+        self.annotations.append(annotations)
+        self.body["metadata"].setdefault("annotations", {}).update(annotations)
+
+
+def _merge(old: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict) or not isinstance(old, dict):
+        return copy.deepcopy(patch)
+    out = dict(old)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v)
+    return out
+
+
+class FakeTei:
+    """te_* text whose request counter grows by ``rate`` per second of the fake clock; latency from ``p95``."""
+
+    def __init__(self, clock: list[float], rate: float, latency: float) -> None:
+        self.clock, self.rate, self.latency, self.up = clock, rate, latency, True
+
+    def __call__(self, url: str, timeout: float) -> str:
+        if not self.up:
+            raise OSError("connection refused")
+        n = self.rate * self.clock[0]
+        le = "0.05" if self.latency <= 0.05 else "2.5"
+        return "\n".join([
+            f"te_request_count {n}", f"te_request_success {n}", "te_queue_size 0",
+            "# TYPE te_request_duration histogram",
+            f'te_request_duration_bucket{{le="{le}"}} {n}', f'te_request_duration_bucket{{le="+Inf"}} {n}',
+            f"te_request_duration_sum {n * self.latency}", f"te_request_duration_count {n}", ""])
+
+
+SPEC = {"model": {"id": "org/m"}, "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4},
+                                            "gpu": {"minReplicas": 1, "maxReplicas": 3}},
+        "routing": {"gateway": {"parentRefs": [{"name": "gw"}]}},
+        "autoscaling": {"intervalSeconds": 5, "scaleUp": {"cooldownSeconds": 0}}}
+
+
+def loop(spec: dict[str, Any] = SPEC, rate: float = 5.0, latency: float = 0.03,
+         view: PoolsView | None = None) -> tuple[autoscaler.ModelAutoscaler, FakeCluster, FakeTei, list[float]]:
+    clock = [1000.0]
+    tei = FakeTei(clock, rate, latency)
+    view = view or PoolsView(deployments={"gpu": dep("gpu", 1), "cpu": dep("cpu", 1)},
+                             pods=(pod("gpu", 1), pod("cpu", 2)), route=route(100, 0))
+    fake = FakeCluster(copy.deepcopy(spec), view)
+    applied: list[int] = []
+    a = autoscaler.ModelAutoscaler(fake, NS, NAME, after_decision=lambda: applied.append(1),  # type: ignore[arg-type]
+                                   fetch=tei, clock=lambda: clock[0], now_iso=lambda: f"t{clock[0]:.0f}")
+    return a, fake, tei, clock
+
+
+def ticks(a: autoscaler.ModelAutoscaler, clock: list[float], n: int) -> None:
+    for _ in range(n):
+        clock[0] += a.tick()
+
+
+def test_first_tick_primes_then_records_a_decision_once_and_steady_load_writes_nothing() -> None:
+    a, fake, _, clock = loop()
+    ticks(a, clock, 1)
+    assert fake.patches == []  # the direct source's rates need a second scrape
+    ticks(a, clock, 1)
+    assert len(fake.patches) == 1
+    st = fake.body["status"]
+    decision = st["autoscaling"]["lastDecision"]
+    assert (decision["gpuReplicas"], decision["cpuReplicas"], decision["gpuPercent"], decision["held"]) == (1, 1, 100, False)
+    assert st["autoscaling"]["fresh"] is True and st["autoscaling"]["signals"]["gpu"]["requestRate"] > 0
+    conds = {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
+    assert conds == {"MetricsAvailable": ("True", "MetricsFresh"), "TrafficEnforced": ("True", "HTTPRoute")}
+    assert st["traffic"] == {"gpuPercent": 100, "cpuPercent": 0}  # the reconcile loop's field: untouched
+    ticks(a, clock, 10)
+    assert len(fake.patches) == 1 and fake.events == [] and fake.annotations == []
+
+
+def test_overload_scales_records_events_and_saves_the_history() -> None:
+    a, fake, tei, clock = loop()
+    ticks(a, clock, 2)
+    tei.rate, tei.latency = 80.0, 2.0
+    ticks(a, clock, 2)
+    decision = fake.body["status"]["autoscaling"]["lastDecision"]
+    assert decision["gpuReplicas"] > 1
+    assert "ScaledUp" in {r for r, _ in fake.events}
+    saved = json.loads(fake.annotations[-1][autoscaler.HISTORY_ANNOTATION])
+    assert saved["v"] == 1 and saved["gpu"]["up"] is not None
+
+
+def test_lost_metrics_hold_and_say_so_once() -> None:
+    a, fake, tei, clock = loop()
+    ticks(a, clock, 2)
+    tei.up = False
+    ticks(a, clock, 3)
+    st = fake.body["status"]
+    assert len(fake.patches) == 2  # one decision, then one hold: not one write per tick
+    assert st["autoscaling"]["lastDecision"]["held"] is True and st["autoscaling"]["fresh"] is False
+    assert (st["autoscaling"]["lastDecision"]["gpuReplicas"], st["autoscaling"]["lastDecision"]["cpuReplicas"]) == (1, 1)
+    cond = next(c for c in st["conditions"] if c["type"] == "MetricsAvailable")
+    assert (cond["status"], cond["reason"]) == ("False", "MetricsStale") and "connection refused" in cond["message"]
+
+
+def test_without_gateway_the_split_is_not_enforced_and_external_replicas_are_not_recorded() -> None:
+    spec = {**SPEC, "routing": {}, "autoscaling": {**SPEC["autoscaling"], "replicaManagement": "external"}}
+    a, fake, _, clock = loop(spec, view=PoolsView(deployments={"gpu": dep("gpu", 1), "cpu": dep("cpu", 1)},
+                                                  pods=(pod("gpu", 1), pod("cpu", 2))))
+    ticks(a, clock, 2)
+    st = fake.body["status"]
+    cond = next(c for c in st["conditions"] if c["type"] == "TrafficEnforced")
+    assert (cond["status"], cond["reason"]) == ("False", "NoGateway") and "still scaled" in cond["message"]
+    assert "gpuReplicas" not in st["autoscaling"]["lastDecision"] and st["autoscaling"]["lastDecision"]["gpuPercent"] == 100
+
+
+def test_gpu_pool_lost_records_the_shift_the_reconcile_loop_already_made() -> None:
+    a, fake, _, clock = loop()
+    ticks(a, clock, 2)
+    fake.view = PoolsView(deployments={"gpu": dep("gpu", 1, ready=0), "cpu": dep("cpu", 1)}, pods=(pod("cpu", 2),),
+                          route=route(0, 100))
+    ticks(a, clock, 1)
+    assert fake.body["status"]["autoscaling"]["lastDecision"]["cpuPercent"] == 100
+    assert [r for r, _ in fake.events] == ["TrafficShifted"]
+
+
+def test_disabling_removes_the_autoscalers_status_and_undeployed_pools_are_left_alone() -> None:
+    a, fake, _, clock = loop()
+    ticks(a, clock, 2)
+    fake.body["spec"]["autoscaling"]["enabled"] = False
+    ticks(a, clock, 1)
+    st = fake.body["status"]
+    assert "autoscaling" not in st and not any(c["type"] in autoscaler.OWNED_CONDITIONS for c in st["conditions"])
+    ticks(a, clock, 2)
+    assert len(fake.patches) == 2
+
+    b, other, _, clock = loop(view=PoolsView())  # no Deployments yet (the first artifact is being built)
+    ticks(b, clock, 3)
+    assert other.patches == []
+
+
+def test_status_patch_ignores_what_moves_every_tick() -> None:
+    d = policy.Decision(2, 1, 25, "reason one")
+    record = {"signals": {"gpu": {"requestRate": 1.0}}, "fresh": True, "lastDecision": {"gpuReplicas": 2,
+              "cpuReplicas": 1, "gpuPercent": 75, "cpuPercent": 25, "held": False, "time": "t1", "reason": d.reason}}
+    conds = [Condition("MetricsAvailable", "True", "MetricsFresh", "a")]
+    patch = autoscaler.status_patch({}, record, conds, 1, "t1")
+    previous = _merge({}, patch)
+    moved = {**record, "signals": {"gpu": {"requestRate": 9.0}},
+             "lastDecision": {**record["lastDecision"], "time": "t2", "reason": "reason two"}}
+    assert autoscaler.status_patch(previous, moved, [Condition("MetricsAvailable", "True", "MetricsFresh", "b")],
+                                   1, "t2") == {}
+    changed = {**moved, "lastDecision": {**moved["lastDecision"], "gpuReplicas": 3}}
+    patch = autoscaler.status_patch(previous, changed, conds, 1, "t2")
+    assert patch["autoscaling"]["lastDecision"]["gpuReplicas"] == 3 and patch["autoscaling"]["signals"]
+
+
+def test_current_split_comes_from_the_route_else_the_status() -> None:
+    assert autoscaler.current_cpu_percent(route(3, 1), NAME, {}) == 25
+    assert autoscaler.current_cpu_percent(None, NAME, {"traffic": {"cpuPercent": 40}}) == 40
+    assert autoscaler.current_cpu_percent(route(0, 0), NAME, {}) == 0

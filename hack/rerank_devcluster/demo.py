@@ -45,9 +45,11 @@ def kubectl_json(cluster: Cluster, *args: str) -> Any:
 
 def install_chart(cluster: Cluster) -> None:
     helm = str(binaries.ensure("helm"))
-    subprocess.run([helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
-                    "--create-namespace", "--wait", "--timeout", "120s"], env=cluster.env(), check=True,
-                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
+                           "--create-namespace", "--wait", "--timeout", "120s"], env=cluster.env(),
+                          capture_output=True, text=True)
+    if done.returncode != 0:  # helm's notes about the chart's symlinks (crds/, files/) are noise otherwise
+        raise SystemExit(f"helm install failed:\n{done.stdout}\n{done.stderr}")
     say(f"helm: chart {CHART.name} installed in {OPERATOR_NS}; CRD served: "
         + cluster.kubectl_run("get", "crd", "rerankmodels.rerank.io", "-o", "name").stdout.strip())
 
@@ -141,7 +143,8 @@ def run_quantizer_pod(cluster: Cluster, pod: dict[str, Any], volume: Path, workd
     for line in proc.stdout:
         print(f"    | {_summarize(line.rstrip())}", flush=True)
     code = proc.wait()
-    message = term.read_text() if term.exists() else ""
+    # The container sees the volume at /models: report paths the way it would have.
+    message = term.read_text().replace(str(volume), contract.VOLUME_MOUNT_PATH) if term.exists() else ""
     cluster.finish_pod(pod["metadata"]["namespace"], pod["metadata"]["name"], code, message)
     say(f"quantizer exited {code}; pod status reported to the API server with its termination message")
 

@@ -1,0 +1,30 @@
+"""The README's main command, end to end: its own control plane, the chart, the operator, the real quantizer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.quantizer]
+
+
+def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "rerank_devcluster.demo", "--workdir", str(tmp_path), "--timeout", "600"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "Ready=True(Serving)" in done.stdout
+    assert "quantizer exited 0" in done.stdout
+
+    artifacts = [p for p in (tmp_path / "volume" / "artifacts").iterdir() if not p.name.startswith(".")
+                 and p.is_dir()]
+    assert len(artifacts) == 1, artifacts
+    manifest = json.loads((artifacts[0] / "manifest.json").read_text())
+    assert manifest["artifact_id"] == artifacts[0].name
+    # The printed figures are the ones the Job measured and the operator recorded in status.
+    assert f"Artifact {artifacts[0].name} at /models/artifacts/{artifacts[0].name}" in done.stdout
+    assert (artifacts[0] / "cpu-int8" / "model.onnx").is_file()
+    assert (artifacts[0] / "original" / "model.safetensors").is_file()

@@ -194,14 +194,7 @@ class Job:
         from . import verify
 
         with stage("verify", self.timings, model="fp32", pairs=len(pairs)) as rec:
-            sess = verify.make_session(fp32, self.threads)
-            problems = verify.check_output(sess)
-            if problems:
-                raise JobError("ExportFailed", "; ".join(problems))
-            ref = verify.score_timed(sess, batches, min_seconds=self._timing_seconds())
-            ref.scores = ref.scores[inverse]
-            del sess
-            trim_memory()
+            ref = self._score(fp32, batches, inverse, failure_reason="ExportFailed")
             if not np.all(np.isfinite(ref.scores)):
                 raise JobError("ExportFailed", "the FP32 ONNX model gives non-finite scores")
             torch_ref = np.asarray(exp.get("torch_ref_logits", []), dtype=np.float64)
@@ -268,14 +261,7 @@ class Job:
                     rec.update(bytes=_model_bytes(cand_path))
                     trim_memory()
                 with stage("verify", self.timings, model="int8", recipe=recipe.name) as rec:
-                    sess = verify.make_session(cand_path, self.threads)
-                    problems = verify.check_output(sess)
-                    if problems:
-                        raise JobError("QuantizationFailed", "; ".join(problems))
-                    got = verify.score_timed(sess, batches, min_seconds=self._timing_seconds())
-                    got.scores = got.scores[inverse]
-                    del sess
-                    trim_memory()
+                    got = self._score(cand_path, batches, inverse, failure_reason="QuantizationFailed")
                     q = verify.quality(groups, ref.scores, got.scores, req.topk)
                     why = verify.gate(q, req.min_spearman, req.min_topk_agreement)
                     speed = {"fp32_pairs_per_s": ref.pairs_per_s, "int8_pairs_per_s": got.pairs_per_s,
@@ -318,6 +304,21 @@ class Job:
                          size_bytes=manifest["size_bytes"], quality=verify.rounded(_finite(best["quality"])),
                          speed=verify.rounded(_finite(best["speed"]), 3),
                          recipe={k: v for k, v in recipe_info.items() if k != "extra"})
+
+    def _score(self, model: Path, batches, inverse, *, failure_reason: str):
+        """Score ``batches`` with ``model`` in a session built as TEI builds it, timed; scores come back in input
+        order (``inverse`` undoes the length sort). A graph TEI could not serve raises ``failure_reason``."""
+        from . import verify
+
+        sess = verify.make_session(model, self.threads)
+        problems = verify.check_output(sess)
+        if problems:
+            raise JobError(failure_reason, "; ".join(problems))
+        timed = verify.score_timed(sess, batches, min_seconds=self._timing_seconds())
+        timed.scores = timed.scores[inverse]
+        del sess
+        trim_memory()
+        return timed
 
     def _timing_seconds(self) -> float:
         """How long to time each model (at least one pass over the eval batches is always made)."""

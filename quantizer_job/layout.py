@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Iterable
@@ -111,14 +110,6 @@ def weight_files(src: Path) -> list[str]:
     if (src / "model.safetensors.index.json").is_file():
         names.append("model.safetensors.index.json")
     return names
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard link when on the same filesystem (no copy of gigabytes), else copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 def check_tei_dir(d: Path, expect_token_type_ids: bool | None = None) -> list[str]:

@@ -111,10 +111,16 @@ def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int)
         gc.collect()
     except Exception as exc:  # noqa: BLE001
         raise JobError("QuantizationFailed", f"transformer optimization failed: {type(exc).__name__}: {exc}") from exc
-    _fix_external_name(dst)
-    _set_ir_version(dst)
+    _finish_saved_model(dst)
     optimize.last_stats = {k: int(v) for k, v in stats.items() if v}  # type: ignore[attr-defined]
     return dst
+
+
+def _finish_saved_model(path: Path) -> None:
+    """What every model this module writes needs before TEI can load it: the external data file (if any)
+    named ``<graph>_data`` next to the graph, and an IR version TEI's ONNX Runtime reads."""
+    _fix_external_name(path)
+    _set_ir_version(path)
 
 
 def _fix_external_name(path: Path) -> None:
@@ -158,8 +164,7 @@ def quantize_dynamic(src: Path, dst: Path, recipe: Recipe) -> Path:
     except Exception as exc:  # noqa: BLE001
         raise JobError("QuantizationFailed", f"dynamic quantization failed: {type(exc).__name__}: {exc}") from exc
     gc.collect()
-    _fix_external_name(dst)
-    _set_ir_version(dst)
+    _finish_saved_model(dst)
     return dst
 
 
@@ -202,8 +207,7 @@ def quantize_static(src: Path, dst: Path, recipe: Recipe, calib_feeds: Sequence[
     except Exception as exc:  # noqa: BLE001
         raise JobError("QuantizationFailed", f"static quantization failed: {type(exc).__name__}: {exc}") from exc
     gc.collect()
-    _fix_external_name(dst)
-    _set_ir_version(dst)
+    _finish_saved_model(dst)
     return dst
 
 

@@ -23,7 +23,7 @@ from kubernetes.dynamic import DynamicClient
 
 from . import metrics, names
 from .events import Event
-from .observed import Obj, Observed, ObjectRef, PoolsView
+from .observed import Obj, Observed, PoolsView
 from .plan import Plan, Scale
 from .spec import RerankModelSpec
 

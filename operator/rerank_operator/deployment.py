@@ -23,7 +23,6 @@ CONTAINER = "tei"
 PORT = 8080
 MODEL_MOUNT = "/model"
 DATA_MOUNT = "/data"  # TEI's hub cache (HUGGINGFACE_HUB_CACHE) when serving from the hub
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def artifact_subdir(pool: Pool, artifact_id: str) -> str:

@@ -163,18 +163,20 @@ class JobOutcome:
     result: contract.JobResult | None = None
 
 
-def attempt_of(job: Mapping[str, Any]) -> int:
+def _int_annotation(job: Mapping[str, Any], key: str) -> int:
+    """An integer the operator wrote into the Job's annotations; 0 when absent or not a number."""
     try:
-        return int(job["metadata"].get("annotations", {}).get(names.ANNOTATION_ATTEMPT, "0"))
+        return int(job["metadata"].get("annotations", {}).get(key, "0"))
     except ValueError:
         return 0
+
+
+def attempt_of(job: Mapping[str, Any]) -> int:
+    return _int_annotation(job, names.ANNOTATION_ATTEMPT)
 
 
 def spec_generation_of(job: Mapping[str, Any]) -> int:
-    try:
-        return int(job["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_GENERATION, "0"))
-    except ValueError:
-        return 0
+    return _int_annotation(job, names.ANNOTATION_SPEC_GENERATION)
 
 
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -184,24 +186,22 @@ def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return None
 
 
+def _quantizer_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The quantizer container's entry in the pod's containerStatuses ({} until the kubelet reports it)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or ()
+    return next((s for s in statuses if s.get("name") == CONTAINER), {})
+
+
 def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for status in pod.get("status", {}).get("containerStatuses") or ():
-        if status.get("name") == CONTAINER:
-            term = (status.get("state") or {}).get("terminated")
-            if term:
-                return dict(term)
-            last = (status.get("lastState") or {}).get("terminated")
-            if last:
-                return dict(last)
-    return None
+    status = _quantizer_status(pod)
+    term = (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated")
+    return dict(term) if term else None
 
 
 def _waiting(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for status in pod.get("status", {}).get("containerStatuses") or ():
-        if status.get("name") == CONTAINER:
-            waiting = (status.get("state") or {}).get("waiting")
-            if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
-                return dict(waiting)
+    waiting = (_quantizer_status(pod).get("state") or {}).get("waiting")
+    if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+        return dict(waiting)
     return None
 
 

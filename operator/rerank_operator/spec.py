@@ -23,7 +23,13 @@ DEFAULT_STORAGE_SIZE = "20Gi"
 DEFAULT_ACCESS_MODES = ("ReadWriteOnce",)
 DEFAULT_CPU_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
 
+# Pool bounds when neither the model nor its class sets them (no CRD default: a class may). autoscale.config
+# reads these same constants, so the reconcile loop and the autoscaler cannot disagree about a pool's bounds.
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS: Mapping[str, int] = {"cpu": 4, "gpu": 2}
+
 RoutingPolicy = Literal["gpu-first", "fixed", "cpu-only", "gpu-only"]
+ROUTING_POLICIES: tuple[str, ...] = ("gpu-first", "fixed", "cpu-only", "gpu-only")
 
 
 class SpecError(ValueError):
@@ -116,8 +122,8 @@ class Pool:
     name: names.PoolName
     enabled: bool
     image: str
-    min_replicas: int = 1
-    max_replicas: int = 4
+    min_replicas: int = DEFAULT_MIN_REPLICAS
+    max_replicas: int = DEFAULT_MAX_REPLICAS["cpu"]
     resources: Mapping[str, Any] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -293,8 +299,8 @@ def _pool(name: names.PoolName, section: Mapping[str, Any], *, present: bool) ->
         name=name,
         enabled=present and bool(section.get("enabled", True)),
         image=str(section.get("image", TEI_CPU_IMAGE if cpu else TEI_GPU_IMAGE)),
-        min_replicas=int(section.get("minReplicas", 1)),
-        max_replicas=int(section.get("maxReplicas", 4 if cpu else 2)),
+        min_replicas=int(section.get("minReplicas", DEFAULT_MIN_REPLICAS)),
+        max_replicas=int(section.get("maxReplicas", DEFAULT_MAX_REPLICAS[name])),
         resources=dict(section["resources"] if "resources" in section else default_resources),
         node_selector=dict(section.get("nodeSelector") or {}),
         tolerations=tuple(dict(t) for t in section.get("tolerations") or ()),
@@ -309,7 +315,7 @@ def _routing(section: Mapping[str, Any]) -> Routing:
     weights = section.get("weights")
     gateway = section.get("gateway")
     return Routing(
-        policy=section.get("policy", "gpu-first"),
+        policy=section.get("policy", Routing.policy),
         weights=Weights(gpu=int(weights["gpu"]), cpu=int(weights["cpu"])) if weights else None,
         gateway=Gateway(
             parent_refs=tuple(dict(p) for p in gateway.get("parentRefs") or ()),

@@ -2,8 +2,8 @@
 
 The API server applies the CRD's defaults, but the operator also sees specs written before a field existed and
 unit tests build specs by hand, so every default is repeated here and must stay identical to the CRD's
-(`spec.autoscaling` in docs/design-notes.md). Parsing happens once per timer tick; the policy then only sees
-these frozen dataclasses, never raw dicts.
+(`spec.autoscaling` in docs/design-notes.md); those the reconcile loop reads too are taken from spec.py.
+Parsing happens once per timer tick; the policy then only sees these frozen dataclasses, never raw dicts.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+# Defaults this view shares with the reconcile loop's (spec.py): pool bounds, routing policy, and the three
+# autoscaling knobs both read (``spec.Autoscaling``), defined once there.
+from ..spec import DEFAULT_MAX_REPLICAS, DEFAULT_MIN_REPLICAS, ROUTING_POLICIES, Autoscaling, Routing, RoutingPolicy
+
 Pool = Literal["gpu", "cpu"]
 POOLS: tuple[Pool, Pool] = ("gpu", "cpu")
-RoutingPolicy = Literal["gpu-first", "fixed", "cpu-only", "gpu-only"]
-ROUTING_POLICIES: tuple[str, ...] = ("gpu-first", "fixed", "cpu-only", "gpu-only")
-
-# Pool bounds when a spec omits them, as in crds/rerankmodel.yaml (pools.<pool>.minReplicas/maxReplicas).
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_MAX_REPLICAS = {"gpu": 2, "cpu": 4}
 
 
 class InvalidAutoscalingSpec(ValueError):
@@ -116,9 +114,10 @@ class AutoscalingSpec:
         pools = _section(spec, "pools")
         weights = _section(routing, "weights")
         result = cls(
-            enabled=bool(auto.get("enabled", True)),
-            interval_seconds=_number(auto, "intervalSeconds", 15, minimum=1),
-            replica_management=_choice(auto, "replicaManagement", "operator", ("operator", "external")),
+            enabled=bool(auto.get("enabled", Autoscaling.enabled)),
+            interval_seconds=_number(auto, "intervalSeconds", Autoscaling.interval_seconds, minimum=1),
+            replica_management=_choice(auto, "replicaManagement", Autoscaling.replica_management,
+                                       ("operator", "external")),
             source=_choice(metrics, "source", "direct", ("direct", "prometheus")),
             stale_after_seconds=_number(metrics, "staleAfterSeconds", 60, minimum=1),
             prometheus=PrometheusSettings(
@@ -140,7 +139,7 @@ class AutoscalingSpec:
                 max_cpu_percent=int(_number(spill, "maxCpuPercent", 100, minimum=0, maximum=100)),
                 surge_max_step=int(_number(spill, "surgeMaxStep", 32, minimum=1, maximum=1000)),
             ),
-            routing_policy=_choice(routing, "policy", "gpu-first", ROUTING_POLICIES),  # type: ignore[arg-type]
+            routing_policy=_choice(routing, "policy", Routing.policy, ROUTING_POLICIES),  # type: ignore[arg-type]
             fixed_gpu_percent=_fixed_gpu_percent(weights),
             gpu=_bounds(_section(pools, "gpu"), "gpu", present_by_default=False, present="gpu" in pools),
             cpu=_bounds(_section(pools, "cpu"), "cpu", present_by_default=True, present="cpu" in pools),

@@ -7,36 +7,26 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+import dockerfiles
+from dockerfiles import REPO_ROOT
+
 DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 
 
 def instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(
-        line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")))
-    return [(m.group(1).upper(), m.group(2).strip())
-            for m in re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", text, re.M)]
+    return dockerfiles.instructions(DOCKERFILE)
 
 
 def stages() -> list[list[tuple[str, str]]]:
-    out: list[list[tuple[str, str]]] = []
-    for ins in instructions():
-        if ins[0] == "FROM":
-            out.append([])
-        if out:
-            out[-1].append(ins)
-    return out
+    return dockerfiles.stages(DOCKERFILE)
 
 
 def test_base_is_a_pinned_python_311_slim() -> None:
@@ -74,11 +64,7 @@ def test_entrypoint_is_a_console_script_of_the_package() -> None:
 
 
 def _copied_sources() -> list[Path]:
-    srcs = []
-    for k, a in stages()[0]:
-        if k == "COPY" and not a.startswith("--from"):
-            srcs += [REPO_ROOT / p for p in a.split()[:-1]]
-    return srcs
+    return [src for srcs, _ in dockerfiles.build_stage_copies(DOCKERFILE) for src in srcs]
 
 
 def test_copied_sources_exist() -> None:
@@ -91,22 +77,8 @@ def test_copied_sources_exist() -> None:
 @pytest.mark.slow
 def test_wheel_from_the_build_context_runs_the_entry_point(tmp_path: Path) -> None:
     """Build the wheel from only the COPY'd files (as the build stage does) and run its entry point."""
-    ctx = tmp_path / "src"
-    for src in _copied_sources():
-        dest = ctx / src.relative_to(REPO_ROOT)
-        if src.is_dir():
-            shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, dest)
-    (ctx / "hack").mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "--wheel-dir", str(tmp_path / "wheels"), str(ctx)], check=True, timeout=300)
-    (wheel,) = (tmp_path / "wheels").glob("rerank_operator-*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-        entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-        z.extractall(tmp_path / "site")
+    wheel = dockerfiles.wheel_from_build_context(DOCKERFILE, tmp_path)
+    names, entry_points = wheel.names, wheel.entry_points
     assert "rerank_operator/main.py" in names
     assert not any(n.startswith("rerank_devcluster/") for n in names), "the dev-cluster harness stays out"
     assert "rerank-operator = rerank_operator.main:main" in entry_points
@@ -121,10 +93,10 @@ def test_wheel_from_the_build_context_runs_the_entry_point(tmp_path: Path) -> No
         "print(json.dumps({'code': code, 'heavy': heavy, 'file': sys.modules['rerank_operator'].__file__}))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+                         env={"PYTHONPATH": str(wheel.site), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["code"] in (0, None)
     assert result["heavy"] == []
-    assert result["file"].startswith(str(tmp_path / "site"))
+    assert result["file"].startswith(str(wheel.site))
     assert "--all-namespaces" in out.stdout and "--namespace" in out.stdout

@@ -12,9 +12,11 @@ and quality gate) have no CRD default: the reconcile loop parses the effective s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from decimal import Decimal
+from typing import Any, Callable, Literal, Mapping
 
-from . import names
+from . import names, shapes, tei_flags
+from .quantities import parse_quantity
 
 QUANTIZER_IMAGE = "ghcr.io/rerank-operator/rerank-quantizer:0.1.0"
 TEI_CPU_IMAGE = "ghcr.io/huggingface/text-embeddings-inference:cpu-1.9"
@@ -180,156 +182,368 @@ class RerankModelSpec:
 
 
 def parse(spec: Mapping[str, Any]) -> RerankModelSpec:
-    """Read a RerankModel's ``spec``; raise :class:`SpecError` for what the CRD's validation should have refused."""
-    model = _model(_section(spec, "model"))
-    pools = _section(spec, "pools")
-    cpu_section = _section(pools, "cpu")
+    """Read a RerankModel's ``spec``; raise :class:`SpecError`, naming the field and its value, for anything the
+    CRD's validation should have refused. Whatever JSON it is given, it raises nothing else."""
+    try:
+        return _parse(spec)
+    except SpecError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError, RecursionError) as exc:
+        raise SpecError(f"spec cannot be read: {type(exc).__name__}: {exc}") from exc
+
+
+def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"spec must be an object, got {_show(spec)}")
+    model = _model(_obj(spec, "model", "model"))
+    pools = _obj(spec, "pools", "pools")
     gpu_section = pools.get("gpu")
+    quantization = _quantization(_obj(spec, "quantization", "quantization"))
     parsed = RerankModelSpec(
         model=model,
-        quantization=_quantization(_section(spec, "quantization")),
-        storage=_storage(_section(spec, "storage")),
-        cpu=_pool("cpu", cpu_section, present=True),
-        gpu=_pool("gpu", gpu_section or {}, present=gpu_section is not None),
-        routing=_routing(_section(spec, "routing")),
-        autoscaling=_autoscaling(_section(spec, "autoscaling")),
+        quantization=quantization,
+        storage=_storage(_obj(spec, "storage", "storage")),
+        cpu=_pool("cpu", _obj(pools, "cpu", "pools.cpu"), present=True),
+        gpu=_pool("gpu", _obj(pools, "gpu", "pools.gpu"), present=gpu_section is not None),
+        routing=_routing(_obj(spec, "routing", "routing")),
+        autoscaling=_autoscaling(_obj(spec, "autoscaling", "autoscaling")),
     )
     if not parsed.enabled_pools:
         raise SpecError("no pool is enabled")
+    if parsed.model.path is not None and parsed.storage.existing_claim is None:
+        raise SpecError(f"model.path {parsed.model.path!r} needs storage.existingClaim (the volume holding it)")
     return parsed
 
 
-def _section(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+# -- typed getters: each names the field and shows the offending value -------------------------------------------
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _obj(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     value = parent.get(key)
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise SpecError(f"{key} must be an object")
+        raise SpecError(f"{path} must be an object, got {_show(value)}")
     return value
 
 
-def _secret(section: Mapping[str, Any] | None, default_key: str | None = None) -> SecretKeyRef | None:
-    if not section:
+def _str(parent: Mapping[str, Any], key: str, path: str, default: str | None = None) -> str | None:
+    value = parent.get(key, default)
+    if value is None:
         return None
-    key = section.get("key", default_key)
-    if not section.get("name") or not key:
-        raise SpecError("a Secret reference needs name and key")
-    return SecretKeyRef(name=str(section["name"]), key=str(key))
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{path} must be a non-empty string, got {_show(value)}")
+    return value
 
 
-def _data(section: Mapping[str, Any] | None) -> DataSource | None:
+def _checked(parent: Mapping[str, Any], key: str, path: str, ok: Callable[[str], bool], what: str,
+             default: str | None = None) -> str | None:
+    value = _str(parent, key, path, default)
+    if value is not None and not ok(value):
+        raise SpecError(f"{path} {value!r} is not {what}")
+    return value
+
+
+def _int(parent: Mapping[str, Any], key: str, path: str, default: int, minimum: int | None = None,
+         maximum: int | None = None) -> int:
+    value = parent.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{path} must be an integer, got {_show(value)}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise SpecError(f"{path} must be within [{minimum}, {maximum}], got {value}")
+    return value
+
+
+def _fraction(parent: Mapping[str, Any], key: str, path: str, default: float) -> float:
+    value = parent.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise SpecError(f"{path} must be a number in (0, 1], got {_show(value)}")
+    return float(value)
+
+
+def _bool(parent: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = parent.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise SpecError(f"{path} must be true or false, got {_show(value)}")
+    return value
+
+
+def _choice(parent: Mapping[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> Any:
+    value = parent.get(key, default)
+    if value is None:
+        value = default
+    if value not in allowed:
+        raise SpecError(f"{path} must be one of {', '.join(allowed)}, got {_show(value)}")
+    return value
+
+
+def _list(parent: Mapping[str, Any], key: str, path: str) -> list[Any]:
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"{path} must be a list, got {_show(value)}")
+    return list(value)
+
+
+def _strings(parent: Mapping[str, Any], key: str, path: str) -> list[str]:
+    values = _list(parent, key, path)
+    for v in values:
+        if not isinstance(v, str):
+            raise SpecError(f"{path} entries must be strings, got {_show(v)}")
+    return values
+
+
+# -- sections -----------------------------------------------------------------------------------------------------
+def _secret(section: Mapping[str, Any], path: str, default_key: str | None = None) -> SecretKeyRef | None:
     if not section:
         return None
-    ref = section.get("configMapRef")
-    source = DataSource(
-        config_map=ConfigMapKeyRef(str(ref["name"]), str(ref["key"])) if ref else None,
-        path=section.get("path"),
-    )
+    name = _checked(section, "name", f"{path}.name", shapes.dns_subdomain, "a Secret name (a DNS subdomain)")
+    key = _checked(section, "key", f"{path}.key", shapes.config_key, "a Secret key", default=default_key)
+    if not name or not key:
+        raise SpecError(f"{path} needs name and key")
+    return SecretKeyRef(name=name, key=key)
+
+
+def _data(section: Mapping[str, Any], path: str) -> DataSource | None:
+    if not section:
+        return None
+    ref = _obj(section, "configMapRef", f"{path}.configMapRef")
+    config_map = None
+    if ref:
+        name = _checked(ref, "name", f"{path}.configMapRef.name", shapes.dns_subdomain, "a ConfigMap name")
+        key = _checked(ref, "key", f"{path}.configMapRef.key", shapes.config_key, "a ConfigMap key")
+        if not name or not key:
+            raise SpecError(f"{path}.configMapRef needs name and key")
+        config_map = ConfigMapKeyRef(name, key)
+    source = DataSource(config_map=config_map,
+                        path=_checked(section, "path", f"{path}.path", shapes.volume_path,
+                                      "a path inside the volume (no '.' or '..' segments)"))
     if (source.config_map is None) == (source.path is None):
-        raise SpecError("data needs exactly one of configMapRef or path")
+        raise SpecError(f"{path} needs exactly one of configMapRef or path")
     return source
 
 
 def _model(section: Mapping[str, Any]) -> ModelSource:
     source = ModelSource(
-        id=section.get("id"),
-        path=section.get("path"),
-        revision=section.get("revision"),
-        token_secret=_secret(section.get("tokenSecretRef"), default_key="token"),
+        id=_checked(section, "id", "model.id", shapes.hub_id,
+                    "a hub repository id (organization/name; no '..' or '--')"),
+        path=_checked(section, "path", "model.path", shapes.volume_path,
+                      "a path inside the volume (no '.' or '..' segments)"),
+        revision=_checked(section, "revision", "model.revision", shapes.revision,
+                          "a revision (starting with a letter or digit; no '..', '//', or trailing '/' or '.')"),
+        token_secret=_secret(_obj(section, "tokenSecretRef", "model.tokenSecretRef"), "model.tokenSecretRef",
+                             default_key="token"),
     )
     if (source.id is None) == (source.path is None):
         raise SpecError("model needs exactly one of id or path")
     return source
 
 
+def _resources(section: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Requests and limits as given, after checking what Kubernetes would refuse when the pod is written."""
+    parsed: dict[str, dict[str, Decimal]] = {}
+    for kind in ("requests", "limits"):
+        values = _obj(section, kind, f"{path}.{kind}")
+        parsed[kind] = {}
+        for name, raw in values.items():
+            try:
+                amount = parse_quantity(raw)
+            except ValueError:
+                raise SpecError(f"{path}.{kind}.{name} {_show(raw)} is not a Kubernetes quantity") from None
+            if amount < 0:
+                raise SpecError(f"{path}.{kind}.{name} {raw} must not be negative")
+            parsed[kind][str(name)] = amount
+    for name, amount in parsed["requests"].items():
+        limit = parsed["limits"].get(name)
+        if limit is not None and amount > limit:
+            raise SpecError(f"{path}.requests.{name} {section['requests'][name]} is above "
+                            f"{path}.limits.{name} {section['limits'][name]}")
+    return {k: dict(v) for k, v in section.items()}
+
+
 def _quantization(section: Mapping[str, Any]) -> Quantization:
-    gate = _section(section, "qualityGate")
+    gate = _obj(section, "qualityGate", "quantization.qualityGate")
     d = Quantization()
-    return Quantization(
-        enabled=bool(section.get("enabled", d.enabled)),
-        mode=section.get("mode", d.mode),
-        target=section.get("target", d.target),
-        recipe=section.get("recipe", d.recipe),
-        per_channel=bool(section.get("perChannel", d.per_channel)),
-        reduce_range=bool(section.get("reduceRange", d.reduce_range)),
-        operators=tuple(section.get("operators") or d.operators),
-        optimization_level=int(section.get("optimizationLevel", d.optimization_level)),
+    operators = _strings(section, "operators", "quantization.operators") or list(d.operators)
+    for op in operators:
+        if not shapes.operator_type(op):
+            raise SpecError(f"quantization.operators entry {op!r} is not an ONNX operator type such as MatMul")
+    q = Quantization(
+        enabled=_bool(section, "enabled", "quantization.enabled", d.enabled),
+        mode=_choice(section, "mode", "quantization.mode", d.mode, ("dynamic", "static")),
+        target=_choice(section, "target", "quantization.target", d.target, ("auto", "avx512_vnni", "avx2", "arm64")),
+        recipe=_choice(section, "recipe", "quantization.recipe", d.recipe, ("auto", "fixed")),
+        per_channel=_bool(section, "perChannel", "quantization.perChannel", d.per_channel),
+        reduce_range=_bool(section, "reduceRange", "quantization.reduceRange", d.reduce_range),
+        operators=tuple(operators),
+        optimization_level=_choice(section, "optimizationLevel", "quantization.optimizationLevel",
+                                   d.optimization_level, (0, 1, 2, 99)),
         quality_gate=QualityGate(
-            min_spearman=float(gate.get("minSpearman", d.quality_gate.min_spearman)),
-            min_topk_agreement=float(gate.get("minTopKAgreement", d.quality_gate.min_topk_agreement)),
-            topk=int(gate.get("topK", d.quality_gate.topk)),
+            min_spearman=_fraction(gate, "minSpearman", "quantization.qualityGate.minSpearman",
+                                   d.quality_gate.min_spearman),
+            min_topk_agreement=_fraction(gate, "minTopKAgreement", "quantization.qualityGate.minTopKAgreement",
+                                         d.quality_gate.min_topk_agreement),
+            topk=_int(gate, "topK", "quantization.qualityGate.topK", d.quality_gate.topk, 1, 100),
         ),
-        evaluation_data=_data(section.get("evaluationData")),
-        calibration_data=_data(section.get("calibrationData")),
-        image=str(section.get("image", d.image)),
-        resources=dict(section.get("resources") or {}),
-        active_deadline_seconds=int(section.get("activeDeadlineSeconds", d.active_deadline_seconds)),
-        backoff_limit=int(section.get("backoffLimit", d.backoff_limit)),
-        time_budget_seconds=int(section.get("timeBudgetSeconds", d.time_budget_seconds)),
+        evaluation_data=_data(_obj(section, "evaluationData", "quantization.evaluationData"),
+                              "quantization.evaluationData"),
+        calibration_data=_data(_obj(section, "calibrationData", "quantization.calibrationData"),
+                               "quantization.calibrationData"),
+        image=_checked(section, "image", "quantization.image", shapes.image, "an image reference",
+                       default=d.image) or d.image,
+        resources=_resources(_obj(section, "resources", "quantization.resources"), "quantization.resources"),
+        active_deadline_seconds=_int(section, "activeDeadlineSeconds", "quantization.activeDeadlineSeconds",
+                                     d.active_deadline_seconds, 1),
+        backoff_limit=_int(section, "backoffLimit", "quantization.backoffLimit", d.backoff_limit, 0),
+        time_budget_seconds=_int(section, "timeBudgetSeconds", "quantization.timeBudgetSeconds",
+                                 d.time_budget_seconds, 1),
     )
+    if q.time_budget_seconds >= q.active_deadline_seconds:
+        raise SpecError(f"quantization.timeBudgetSeconds {q.time_budget_seconds} must be below "
+                        f"quantization.activeDeadlineSeconds {q.active_deadline_seconds}")
+    return q
+
+
+ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
 
 
 def _storage(section: Mapping[str, Any]) -> Storage:
     d = Storage()
+    size = _str(section, "size", "storage.size", d.size) or d.size
+    try:
+        positive = parse_quantity(size) > 0
+    except ValueError:
+        positive = False
+    if not positive:
+        raise SpecError(f"storage.size {size!r} must be a positive quantity of bytes, e.g. 20Gi")
+    modes = _strings(section, "accessModes", "storage.accessModes") or list(d.access_modes)
+    for mode in modes:
+        if mode not in ACCESS_MODES:
+            raise SpecError(f"storage.accessModes entry {mode!r} is not one of {', '.join(ACCESS_MODES)}")
+    if "ReadWriteOncePod" in modes and len(set(modes)) > 1:
+        raise SpecError(f"storage.accessModes {modes}: ReadWriteOncePod cannot be combined with other modes")
     return Storage(
-        size=str(section.get("size", d.size)),
-        storage_class_name=section.get("storageClassName"),
-        access_modes=tuple(section.get("accessModes") or d.access_modes),
-        existing_claim=section.get("existingClaim"),
-        reclaim_policy=section.get("reclaimPolicy", d.reclaim_policy),
+        size=size,
+        storage_class_name=_checked(section, "storageClassName", "storage.storageClassName", shapes.dns_subdomain,
+                                    "a StorageClass name"),
+        access_modes=tuple(modes),
+        existing_claim=_checked(section, "existingClaim", "storage.existingClaim", shapes.dns_subdomain,
+                                "a PersistentVolumeClaim name"),
+        reclaim_policy=_choice(section, "reclaimPolicy", "storage.reclaimPolicy", d.reclaim_policy,
+                               ("Retain", "Delete")),
     )
 
 
-def _tei(section: Mapping[str, Any]) -> TeiSettings:
+def _tei(section: Mapping[str, Any], path: str) -> TeiSettings:
     d = TeiSettings()
+    extra = _strings(section, "extraArgs", f"{path}.extraArgs")
+    refused = tei_flags.refusals(extra, f"{path}.extraArgs")
+    if refused:
+        raise SpecError("; ".join(refused))
     return TeiSettings(
-        max_batch_tokens=int(section.get("maxBatchTokens", d.max_batch_tokens)),
-        max_concurrent_requests=int(section.get("maxConcurrentRequests", d.max_concurrent_requests)),
-        max_client_batch_size=int(section.get("maxClientBatchSize", d.max_client_batch_size)),
-        auto_truncate=bool(section.get("autoTruncate", d.auto_truncate)),
-        api_key_secret=_secret(section.get("apiKeySecretRef")),
-        extra_args=tuple(str(a) for a in section.get("extraArgs") or ()),
+        max_batch_tokens=_int(section, "maxBatchTokens", f"{path}.maxBatchTokens", d.max_batch_tokens, 1),
+        max_concurrent_requests=_int(section, "maxConcurrentRequests", f"{path}.maxConcurrentRequests",
+                                     d.max_concurrent_requests, 1),
+        max_client_batch_size=_int(section, "maxClientBatchSize", f"{path}.maxClientBatchSize",
+                                   d.max_client_batch_size, 1),
+        auto_truncate=_bool(section, "autoTruncate", f"{path}.autoTruncate", d.auto_truncate),
+        api_key_secret=_secret(_obj(section, "apiKeySecretRef", f"{path}.apiKeySecretRef"), f"{path}.apiKeySecretRef"),
+        extra_args=tuple(extra),
     )
+
+
+AFFINITY_KINDS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
+
+
+def _placement(section: Mapping[str, Any], path: str) -> tuple[dict[str, str], tuple[dict[str, Any], ...],
+                                                                 dict[str, Any] | None]:
+    selector = dict(_obj(section, "nodeSelector", f"{path}.nodeSelector"))
+    for key, value in selector.items():
+        if not shapes.label_key(str(key)) or not isinstance(value, str) or not shapes.label_value(value):
+            raise SpecError(f"{path}.nodeSelector {key}={_show(value)} is not a label key and value")
+    tolerations = []
+    for t in _list(section, "tolerations", f"{path}.tolerations"):
+        if not isinstance(t, Mapping):
+            raise SpecError(f"{path}.tolerations entries must be objects, got {_show(t)}")
+        tolerations.append(dict(t))
+    affinity = _obj(section, "affinity", f"{path}.affinity")
+    unknown = [k for k in affinity if k not in AFFINITY_KINDS]
+    if unknown:
+        raise SpecError(f"{path}.affinity {', '.join(map(str, unknown))}: only {', '.join(AFFINITY_KINDS)} are allowed")
+    return selector, tuple(tolerations), dict(affinity) if affinity else None
 
 
 def _pool(name: names.PoolName, section: Mapping[str, Any], *, present: bool) -> Pool:
     cpu = name == "cpu"
-    default_resources = DEFAULT_CPU_RESOURCES if cpu else {}
+    path = f"pools.{name}"
+    low = _int(section, "minReplicas", f"{path}.minReplicas", DEFAULT_MIN_REPLICAS, 0)
+    # An unset maxReplicas is never below minReplicas: a default cannot make a spec contradict itself.
+    high = _int(section, "maxReplicas", f"{path}.maxReplicas", max(low, DEFAULT_MAX_REPLICAS[name]), 1)
+    if low > high:
+        raise SpecError(f"{path}.minReplicas {low} is above {path}.maxReplicas {high}")
+    selector, tolerations, affinity = _placement(section, path)
+    resources = (_resources(_obj(section, "resources", f"{path}.resources"), f"{path}.resources")
+                 if "resources" in section else dict(DEFAULT_CPU_RESOURCES if cpu else {}))
     return Pool(
         name=name,
-        enabled=present and bool(section.get("enabled", True)),
-        image=str(section.get("image", TEI_CPU_IMAGE if cpu else TEI_GPU_IMAGE)),
-        min_replicas=int(section.get("minReplicas", DEFAULT_MIN_REPLICAS)),
-        max_replicas=int(section.get("maxReplicas", DEFAULT_MAX_REPLICAS[name])),
-        resources=dict(section["resources"] if "resources" in section else default_resources),
-        node_selector=dict(section.get("nodeSelector") or {}),
-        tolerations=tuple(dict(t) for t in section.get("tolerations") or ()),
-        affinity=dict(section["affinity"]) if section.get("affinity") else None,
-        tei=_tei(_section(section, "tei")),
-        dtype=section.get("dtype", "float16"),
-        allow_without_gpu_resource=bool(section.get("allowWithoutGPUResource", False)),
+        enabled=present and _bool(section, "enabled", f"{path}.enabled", True),
+        image=_checked(section, "image", f"{path}.image", shapes.image, "an image reference",
+                       default=TEI_CPU_IMAGE if cpu else TEI_GPU_IMAGE) or "",
+        min_replicas=low,
+        max_replicas=high,
+        resources=resources,
+        node_selector=selector,
+        tolerations=tolerations,
+        affinity=affinity,
+        tei=_tei(_obj(section, "tei", f"{path}.tei"), f"{path}.tei"),
+        dtype=_choice(section, "dtype", f"{path}.dtype", "float16", ("float16", "float32")),
+        allow_without_gpu_resource=_bool(section, "allowWithoutGPUResource", f"{path}.allowWithoutGPUResource", False),
     )
 
 
+def _gateway(section: Mapping[str, Any]) -> Gateway | None:
+    refs = _list(section, "parentRefs", "routing.gateway.parentRefs")
+    if not refs:
+        return None
+    parents = []
+    for ref in refs:
+        if not isinstance(ref, Mapping):
+            raise SpecError(f"routing.gateway.parentRefs entries must be objects, got {_show(ref)}")
+        _checked(ref, "name", "routing.gateway.parentRefs[].name", shapes.dns_subdomain, "an object name")
+        _checked(ref, "namespace", "routing.gateway.parentRefs[].namespace", shapes.dns_label,
+                 "a namespace name (a DNS label)")
+        parents.append(dict(ref))
+    hostnames = _strings(section, "hostnames", "routing.gateway.hostnames")
+    return Gateway(parent_refs=tuple(parents), hostnames=tuple(hostnames))
+
+
 def _routing(section: Mapping[str, Any]) -> Routing:
-    weights = section.get("weights")
-    gateway = section.get("gateway")
+    weights = _obj(section, "weights", "routing.weights")
     return Routing(
-        policy=section.get("policy", Routing.policy),
-        weights=Weights(gpu=int(weights["gpu"]), cpu=int(weights["cpu"])) if weights else None,
-        gateway=Gateway(
-            parent_refs=tuple(dict(p) for p in gateway.get("parentRefs") or ()),
-            hostnames=tuple(gateway.get("hostnames") or ()),
-        )
-        if gateway and gateway.get("parentRefs")
-        else None,
+        policy=_choice(section, "policy", "routing.policy", Routing.policy, ROUTING_POLICIES),
+        weights=Weights(gpu=_int(weights, "gpu", "routing.weights.gpu", 0, 0, 100),
+                        cpu=_int(weights, "cpu", "routing.weights.cpu", 0, 0, 100)) if weights else None,
+        gateway=_gateway(_obj(section, "gateway", "routing.gateway")),
     )
 
 
 def _autoscaling(section: Mapping[str, Any]) -> Autoscaling:
     d = Autoscaling()
     return Autoscaling(
-        enabled=bool(section.get("enabled", d.enabled)),
-        interval_seconds=int(section.get("intervalSeconds", d.interval_seconds)),
-        replica_management=section.get("replicaManagement", d.replica_management),
+        enabled=_bool(section, "enabled", "autoscaling.enabled", d.enabled),
+        interval_seconds=_int(section, "intervalSeconds", "autoscaling.intervalSeconds", d.interval_seconds, 1),
+        replica_management=_choice(section, "replicaManagement", "autoscaling.replicaManagement",
+                                   d.replica_management, ("operator", "external")),
     )

@@ -16,12 +16,10 @@ calls them and unit tests drive them with tables.
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import deployment, names
+from . import deployment, names, quantities
 
 DEFAULT_CLASS_ANNOTATION = f"{names.GROUP}/is-default-class"
 CLASS_KIND = "RerankClass"
@@ -254,21 +252,7 @@ def hub_organization_allowed(model_id: str, organizations: Sequence[str]) -> boo
     return bool(sep) and org.lower() in {o.lower() for o in organizations}
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-_SUFFIX = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6,
-           "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
-           "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def parse_quantity(value: str | int | float) -> Decimal:
-    """A Kubernetes resource quantity ("500m", "16Gi", 2) as a Decimal in base units."""
-    match = _QUANTITY.match(str(value).strip())
-    if not match or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a Kubernetes quantity: {value!r}")
-    try:
-        return Decimal(match.group(1)) * Decimal(_SUFFIX[match.group(2)])
-    except InvalidOperation as err:
-        raise ValueError(f"not a Kubernetes quantity: {value!r}") from err
+parse_quantity = quantities.parse_quantity
 
 
 # -- NetworkPolicy ------------------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def test_volume_token_and_hardening() -> None:
 
 
 def test_job_metadata() -> None:
-    manifest, _ = build(set_("quantization", {"backoffLimit": 4, "activeDeadlineSeconds": 900}), attempt=3)
+    manifest, _ = build(set_("quantization", {"backoffLimit": 4, "activeDeadlineSeconds": 900, "timeBudgetSeconds": 600}), attempt=3)
     meta = manifest["metadata"]
     assert manifest["spec"]["backoffLimit"] == 4 and manifest["spec"]["activeDeadlineSeconds"] == 900
     assert meta["ownerReferences"][0]["uid"] == "0b1c-uid" and meta["ownerReferences"][0]["controller"] is True

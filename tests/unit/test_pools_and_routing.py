@@ -42,12 +42,12 @@ def test_pool_serves_its_directory_of_the_artifact(pool: str, subdir: str) -> No
 def test_tei_flags() -> None:
     cpu = tei(build("cpu", set_("pools.cpu.tei", {"maxBatchTokens": 8192, "maxConcurrentRequests": 64,
                                                   "maxClientBatchSize": 16, "autoTruncate": False,
-                                                  "extraArgs": ["--tokenization-workers", "2"]})))["args"]
+                                                  "extraArgs": ["--tokenization-workers=2"]})))["args"]
     assert "--json-output" in cpu and flag(cpu, "--port") == str(deployment.PORT)
     assert (flag(cpu, "--max-batch-tokens"), flag(cpu, "--max-concurrent-requests"),
             flag(cpu, "--max-client-batch-size")) == ("8192", "64", "16")
     assert "--auto-truncate" not in cpu and "--dtype" not in cpu
-    assert cpu[-2:] == ["--tokenization-workers", "2"]
+    assert cpu[-1:] == ["--tokenization-workers=2"]  # one argument: a value can never be read as a flag
     gpu = tei(build("gpu"))["args"]
     assert flag(gpu, "--dtype") == "float16" and "--auto-truncate" in gpu
 

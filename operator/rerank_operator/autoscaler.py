@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from . import classes, conditions, events, metrics, names, status as statuses
 from .apply import Cluster, TransientApiError
-from .autoscale import config, direct, history, policy, prometheus
+from .autoscale import config, direct, endpoints, history, policy, prometheus
 from .autoscale import routing as autoscale_routing
 from .autoscale.signals import Signals
 from .conditions import Condition
@@ -206,7 +206,10 @@ class ModelAutoscaler:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenant.effective
         try:
-            auto = config.AutoscalingSpec.from_spec(spec)
+            source = (((spec.get("autoscaling") or {}).get("metrics") or {}).get("source")) or "direct"
+            class_spec = (tenant.rclass or {}).get("spec") if tenant.rclass is not None else None
+            server = endpoints.prometheus_for(str(source), class_spec, endpoints.operator_default())
+            auto = config.AutoscalingSpec.from_spec(spec, prometheus=server)
         except config.InvalidAutoscalingSpec as exc:
             self._reset()
             self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", "InvalidSpec", str(exc))])

@@ -92,7 +92,10 @@ def resolve(model_spec: Obj, class_spec: Obj | None) -> dict[str, Any]:
 def _resolve_pool(pool: dict[str, Any], cls: Obj) -> None:
     _set_default(pool, "image", _get(cls, "images", "default"))
     _set_default(pool, "minReplicas", cls.get("defaultMinReplicas"))
-    _set_default(pool, "maxReplicas", cls.get("defaultMaxReplicas"))
+    default_max = cls.get("defaultMaxReplicas")
+    if default_max is not None and isinstance(pool.get("minReplicas"), int):
+        default_max = max(int(default_max), pool["minReplicas"])  # a default never contradicts the model's minimum
+    _set_default(pool, "maxReplicas", default_max)
     if not pool.get("resources"):
         wanted = pool.get("resourceProfile") or cls.get("defaultResourceProfile")
         profile = next((p for p in cls.get("resourceProfiles") or () if p.get("name") == wanted), None)
@@ -141,7 +144,17 @@ def violations(effective_spec: Obj, class_spec: Obj, class_name: str = "of this 
     quant = effective_spec.get("quantization") or {}
     if quant.get("enabled", True):
         found += _quantization_violations(quant, class_spec.get("quantization") or {}, where)
+    found += _metrics_violations(_get(effective_spec, "autoscaling", "metrics"), class_spec.get("metrics") or {}, where)
     return found
+
+
+def _metrics_violations(metrics: Obj, cls: Obj, where: str) -> list[str]:
+    source = metrics.get("source") or "direct"
+    allowed = list(cls.get("allowedSources") or ("direct", "prometheus"))
+    if source in allowed:
+        return []
+    return [f"autoscaling.metrics.source {source} is not allowed by {where}: "
+            f"metrics.allowedSources is [{', '.join(allowed)}]"]
 
 
 def _pool_violations(pool: str, spec: Obj, cls: Obj, class_spec: Obj, where: str) -> list[str]:

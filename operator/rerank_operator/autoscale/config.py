@@ -99,15 +99,15 @@ class AutoscalingSpec:
         return self.targets.gpu_latency_p95_ms if pool == "gpu" else self.targets.cpu_latency_p95_ms
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> "AutoscalingSpec":
+    def from_spec(cls, spec: Mapping[str, Any], prometheus: PrometheusSettings | None = None) -> "AutoscalingSpec":
         """Read `spec.autoscaling`, `spec.routing` and the pools' bounds; raise InvalidAutoscalingSpec if unusable.
 
         A pool section that is absent means the pool is not deployed, except the CPU pool, which is the
-        operator's baseline and exists unless `enabled: false`.
+        operator's baseline and exists unless `enabled: false`. ``prometheus`` is the server the platform chose
+        (``endpoints.prometheus_for``): nothing in the model's spec ever names a host the operator calls.
         """
         auto = _section(spec, "autoscaling")
         metrics = _section(auto, "metrics")
-        prom = _section(metrics, "prometheus")
         targets = _section(auto, "targets")
         spill = _section(auto, "spillover")
         routing = _section(spec, "routing")
@@ -120,11 +120,7 @@ class AutoscalingSpec:
                                        ("operator", "external")),
             source=_choice(metrics, "source", "direct", ("direct", "prometheus")),
             stale_after_seconds=_number(metrics, "staleAfterSeconds", 60, minimum=1),
-            prometheus=PrometheusSettings(
-                url=prom.get("url") or None,
-                gpu_memory_used_query=prom.get("gpuMemoryUsedQuery") or None,
-                gpu_memory_total_query=prom.get("gpuMemoryTotalQuery") or None,
-            ),
+            prometheus=prometheus or PrometheusSettings(),
             targets=Targets(
                 gpu_latency_p95_ms=_number(targets, "gpuLatencyP95Ms", 250, minimum=1),
                 cpu_latency_p95_ms=_number(targets, "cpuLatencyP95Ms", 500, minimum=1),
@@ -147,7 +143,8 @@ class AutoscalingSpec:
         if not result.gpu.enabled and not result.cpu.enabled:
             raise InvalidAutoscalingSpec("both pools are disabled: nothing to scale or route")
         if result.source == "prometheus" and not result.prometheus.url:
-            raise InvalidAutoscalingSpec("autoscaling.metrics.source is prometheus but prometheus.url is empty")
+            raise InvalidAutoscalingSpec("autoscaling.metrics.source is prometheus but the platform configured no "
+                                         "Prometheus server")
         return result
 
 

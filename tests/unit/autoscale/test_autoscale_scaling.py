@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rerank_operator.autoscale.config import AutoscalingSpec, InvalidAutoscalingSpec, PoolBounds, StepBehavior
+from rerank_operator.autoscale.config import (AutoscalingSpec, InvalidAutoscalingSpec, PoolBounds, PrometheusSettings,
+                                              StepBehavior)
 from rerank_operator.autoscale.history import MAX_RECOMMENDATIONS, History, PoolHistory
 from rerank_operator.autoscale.scaling import scale
 
@@ -74,15 +75,17 @@ def test_defaults_match_the_agreed_crd_defaults():
 
 
 def test_reads_what_the_spec_says():
+    platform = PrometheusSettings(url="http://prometheus.monitoring:9090")
     s = AutoscalingSpec.from_spec({
         "pools": {"gpu": {"minReplicas": 0, "maxReplicas": 3}, "cpu": {"enabled": False}},
         "routing": {"policy": "fixed", "weights": {"gpu": 3, "cpu": 1}},
-        "autoscaling": {"metrics": {"source": "prometheus", "prometheus": {"url": "http://p:9090"}},
+        # A URL in the model's spec (the CRD refuses it) is never read: the server is the platform's choice.
+        "autoscaling": {"metrics": {"source": "prometheus", "prometheus": {"url": "http://169.254.169.254"}},
                         "scaleDown": {"maxStep": 4}, "spillover": {"maxCpuPercent": 60, "surgeMaxStep": 8}},
-    })
+    }, prometheus=platform)
     assert s.gpu == PoolBounds(True, 0, 3) and not s.cpu.enabled
     assert s.fixed_gpu_percent == 75 and s.scale_down.max_step == 4 and s.scale_down.cooldown_seconds == 120
-    assert s.prometheus.url == "http://p:9090" and s.spillover.max_cpu_percent == 60
+    assert s.prometheus == platform and s.spillover.max_cpu_percent == 60
     assert s.spillover.surge_max_step == 8
 
 

@@ -1,0 +1,43 @@
+"""The Prometheus server the autoscaler calls is the platform's choice (autoscale/endpoints.py), never a model's."""
+
+from __future__ import annotations
+
+import pytest
+
+from rerank_operator.autoscale import endpoints
+from rerank_operator.autoscale.config import InvalidAutoscalingSpec, PrometheusSettings
+from rerank_operator import main
+
+OPERATOR = PrometheusSettings(url="http://prometheus.monitoring:9090", gpu_memory_used_query="used")
+CLASS_SPEC = {"metrics": {"prometheus": {"url": "http://thanos.platform:10902", "gpuMemoryTotalQuery": "total"}}}
+
+
+def test_class_server_wins_over_the_operator_default() -> None:
+    chosen = endpoints.prometheus_for("prometheus", CLASS_SPEC, OPERATOR)
+    assert chosen == PrometheusSettings(url="http://thanos.platform:10902", gpu_memory_total_query="total")
+
+
+@pytest.mark.parametrize("class_spec", [None, {}, {"metrics": {"allowedSources": ["direct", "prometheus"]}}])
+def test_operator_default_without_a_class_server(class_spec: dict | None) -> None:
+    assert endpoints.prometheus_for("prometheus", class_spec, OPERATOR) == OPERATOR
+
+
+def test_no_server_anywhere_says_who_must_configure_one() -> None:
+    with pytest.raises(InvalidAutoscalingSpec, match="platform configured no Prometheus server.*--prometheus-url"):
+        endpoints.prometheus_for("prometheus", None, PrometheusSettings())
+
+
+def test_class_may_forbid_a_source() -> None:
+    only_direct = {"metrics": {"allowedSources": ["direct"]}}
+    with pytest.raises(InvalidAutoscalingSpec, match=r"source prometheus is not allowed.*\[direct\]"):
+        endpoints.prometheus_for("prometheus", only_direct, OPERATOR)
+    assert endpoints.prometheus_for("direct", only_direct, OPERATOR) == PrometheusSettings()
+
+
+def test_operator_flags_reach_the_autoscaler() -> None:
+    env: dict[str, str] = {}
+    main.export_metrics_sources(main.parse_args(["--prometheus-url", "http://p.monitoring:9090",
+                                                 "--prometheus-gpu-memory-used-query", "sum(used)"]), env)
+    assert endpoints.operator_default(env) == PrometheusSettings(url="http://p.monitoring:9090",
+                                                                 gpu_memory_used_query="sum(used)")
+    assert endpoints.operator_default({}) == PrometheusSettings()

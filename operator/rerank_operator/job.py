@@ -2,9 +2,16 @@
 
 One Job per (artifact, attempt), named ``<model>-q-<hash8>-<attempt>``: a restarted operator finds the Job it
 started by name and labels instead of starting another. Within one attempt Kubernetes retries failed pods with
-exponential backoff up to ``backoffLimit``; a new attempt starts only when the spec changes after a failure.
+exponential backoff up to ``backoffLimit``; a new attempt starts when the spec changes after a failure, or when a
+Job succeeded but its result is gone (see ``ResultLost``).
 The command line comes from ``quantizer_job.contract.build_args`` and the outcome from ``contract.parse_result``
 applied to the container's termination message; nothing here spells a quantizer flag or result key.
+
+The termination message lives only as long as the pod. When a Job succeeds while the operator is down and its pod
+is removed before it returns (a node scaled away, pod garbage collection), the result is gone but the artifact was
+published: its ``manifest.json`` on the volume is the durable result. The operator cannot mount tenant volumes, so
+it reads that manifest through the quantizer: the next attempt finds the artifact published and returns at once
+with ``AlreadyPublished`` and the manifest's figures (``quantizer_job.cli.Job.run``), no second quantization.
 """
 
 from __future__ import annotations
@@ -67,8 +74,9 @@ def _config_map_volume(volume: str, source: DataSource | None) -> dict[str, Any]
 
 
 def build_job(
-    owner: names.Owner, spec: RerankModelSpec, artifact_id: str, attempt: int, claim: str
+    owner: names.Owner, spec: RerankModelSpec, artifact_id: str, attempt: int, claim: str, recovers: int = 0
 ) -> dict[str, Any]:
+    """``recovers``: attempts in a row (this one included) started because a finished Job's result was lost."""
     q = spec.quantization
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
@@ -115,6 +123,7 @@ def build_job(
             annotations={
                 names.ANNOTATION_ATTEMPT: str(attempt),
                 names.ANNOTATION_SPEC_GENERATION: str(owner.generation),
+                **({names.ANNOTATION_RECOVERS: str(recovers)} if recovers else {}),
             },
         ),
         "spec": {
@@ -179,6 +188,14 @@ def spec_generation_of(job: Mapping[str, Any]) -> int:
     return _int_annotation(job, names.ANNOTATION_SPEC_GENERATION)
 
 
+def recovers_of(job: Mapping[str, Any]) -> int:
+    return _int_annotation(job, names.ANNOTATION_RECOVERS)
+
+
+#: Reason of a Job that succeeded but whose result can no longer be read (pod gone, or a message that is no result).
+RESULT_LOST = "ResultLost"
+
+
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for cond in job.get("status", {}).get("conditions") or ():
         if cond.get("type") == kind and cond.get("status") == "True":
@@ -232,8 +249,9 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
                     return JobOutcome("Succeeded", parsed.reason, parsed.message, parsed)
                 if isinstance(parsed, contract.JobResult):
                     return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
-                return JobOutcome("Failed", "ResultUnreadable", f"the Job succeeded but left no result: {parsed[:300]!r}")
-        return JobOutcome("Failed", "ResultUnreadable", "the Job succeeded but no pod termination message was found")
+                return JobOutcome("Succeeded", RESULT_LOST,
+                                  f"the Job succeeded but its pod left no readable result: {parsed[:300]!r}")
+        return JobOutcome("Succeeded", RESULT_LOST, "the Job succeeded but its pod, and with it the result, is gone")
     if failed:
         return _failure(failed, pods_newest)
     for pod in pods_newest:

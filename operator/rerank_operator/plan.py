@@ -4,8 +4,10 @@ The artifact decision comes first because everything else follows from it:
 - the desired artifact id is the content hash of the spec (``artifact.artifact_id``);
 - if it is already the served one (``status.artifact.id``), nothing is built;
 - else the newest Job for it decides: none -> create attempt 1; running -> wait; succeeded -> publish (the pools
-  switch to it in this same plan); failed -> stay failed, unless the spec changed since that Job started (a fix
-  retries at once, as attempt n+1). Deleting a failed Job by hand also retries.
+  switch to it in this same plan); succeeded but its result lost with its pod -> attempt n+1, which finds the
+  artifact published on the volume and returns its manifest at once (at most ``MAX_RESULT_RECOVERIES`` in a row);
+  failed -> stay failed, unless the spec changed since that Job started (a fix retries at once, as attempt n+1).
+  Deleting a failed Job by hand also retries.
 Jobs for artifacts that are neither desired nor served are deleted (a superseded build is wasted work); the pools
 keep serving the served artifact until the desired one is published.
 Objects that already match (``drift.needs_apply``) are left out, so a reconcile with nothing to change plans no
@@ -24,6 +26,9 @@ from .observed import Obj, Observed, ObjectRef, ref_of
 from .spec import RerankModelSpec
 
 PendingState = Literal["Creating", "Running", "Failed"]
+#: Attempts in a row that may be started to recover a finished Job's lost result; beyond, the model reports
+#: ResultLost as a failure (a message that is never a result would otherwise start Jobs forever).
+MAX_RESULT_RECOVERIES = 3
 DEFAULT_DEPLOYMENT_REPLICAS = 1  # what the API server gives a Deployment created without replicas
 
 
@@ -118,6 +123,16 @@ def decide_artifact(
     name = latest["metadata"]["name"]
     if out.state == "Succeeded" and out.result is not None:
         return ArtifactDecision(desired, artifact_record(out.result, desired, now), published=True), None
+    if out.state == "Succeeded":  # the result died with the pod: the manifest on the volume is read by a new attempt
+        recovers = job.recovers_of(latest) + 1
+        if recovers <= MAX_RESULT_RECOVERIES:
+            new = job.build_job(owner, spec, desired, attempt + 1, claim, recovers=recovers)
+            return ArtifactDecision(desired, served, pending=Pending(
+                desired, new["metadata"]["name"], attempt + 1, "Creating", "RecoveringResult",
+                f"{out.message} ({name}): attempt {attempt + 1} reads the published artifact's manifest")), new
+        return ArtifactDecision(desired, served, pending=Pending(
+            desired, name, attempt, "Failed", out.reason,
+            f"{out.message}; {MAX_RESULT_RECOVERIES} attempts in a row could not recover it")), None
     if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(

@@ -125,7 +125,8 @@ def waiting_pod(reason: str, message: str) -> dict[str, Any]:
 @pytest.mark.parametrize("job_obj,pods,state,reason", [
     (running(), [], "Running", "Quantizing"),
     (finish(JOB, ok=True), [job_pod(JOB, 0, published("a" * 16))], "Succeeded", "Published"),
-    (finish(JOB, ok=True), [job_pod(JOB, 0, "")], "Failed", "ResultUnreadable"),
+    (finish(JOB, ok=True), [job_pod(JOB, 0, "")], "Succeeded", "ResultLost"),
+    (finish(JOB, ok=True), [], "Succeeded", "ResultLost"),  # the pod is gone: the result was only in it
     (finish(JOB, ok=False), [job_pod(JOB, 1, refused("QualityGateFailed", "spearman 0.91 < 0.99"))],
      "Failed", "QualityGateFailed"),
     (finish(JOB, ok=False), [job_pod(JOB, 1, refused("ModelNotFound", "401 gated"))], "Failed", "ModelNotFound"),

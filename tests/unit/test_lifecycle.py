@@ -209,3 +209,53 @@ def test_quantization_disabled_serves_the_source_at_once() -> None:
     life.settle()
     assert life.cond("ModelReady") == ("True", "QuantizationDisabled") and life.cond("Ready") == ("True", "Serving")
     assert "artifact" not in life.status
+
+
+def test_one_event_per_publication_and_per_failure() -> None:
+    life = Life(model())
+    life.step()
+    artifact_id = artifact.artifact_id(spec_of(life.body))
+    assert artifact_id
+    life.finish_job(True, published(artifact_id))
+    life.settle()
+    assert [e.reason for e in life.events].count("ArtifactPublished") == 1
+
+    life.events.clear()
+    life.step(model(revision("feedfacecafe"), generation(2)))
+    life.finish_job(False, refused("QualityGateFailed", "spearman 0.91 < 0.99"))
+    life.settle()
+    assert life.cond("Degraded") == ("True", "QualityGateFailed")  # two conditions changed: one fact, one event
+    assert [e.reason for e in life.events].count("QualityGateFailed") == 1
+
+
+def test_a_result_lost_with_its_pod_is_recovered_by_the_next_attempt() -> None:
+    """The Job succeeded, then its pod was removed before the operator read it: attempt 2 (which finds the artifact
+    published and returns AlreadyPublished) recovers it instead of leaving the model failed."""
+    life = Life(model())
+    life.step()
+    artifact_id = artifact.artifact_id(spec_of(life.body))
+    assert artifact_id
+    [first] = life.jobs()
+    life.world.objects[("Job", first["metadata"]["name"])] = finish(first, True)  # no pod left
+    plan = life.step()
+    [second] = [j for j in plan.create]
+    assert second["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == "2"
+    assert second["spec"]["template"]["spec"]["containers"][0]["args"] == \
+        first["spec"]["template"]["spec"]["containers"][0]["args"]  # the same artifact id: the fast path applies
+    assert life.cond("ModelReady") == ("False", "RecoveringResult")
+    life.finish_job(True, published(artifact_id))
+    life.settle()
+    assert life.status["artifact"]["id"] == artifact_id and life.cond("Ready") == ("True", "Serving")
+
+
+def test_result_recovery_gives_up_after_a_few_attempts_in_a_row() -> None:
+    life = Life(model())
+    life.step()
+    for attempt in range(1, plans.MAX_RESULT_RECOVERIES + 2):
+        [latest] = [j for j in life.jobs() if "conditions" not in j.get("status", {})]
+        assert latest["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == str(attempt)
+        life.world.objects[("Job", latest["metadata"]["name"])] = finish(latest, True)
+        life.step()
+    assert life.cond("ModelReady") == ("False", "ResultLost")
+    assert life.status["pendingArtifact"]["state"] == "Failed"
+    assert life.step().create == ()  # given up: no more Jobs until the spec changes

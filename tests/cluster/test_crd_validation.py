@@ -96,7 +96,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "unknown target isa": (spec(quantization={"target": "avx9"}), "Unsupported value: \"avx9\""),
     "too many retries": (spec(quantization={"backoffLimit": 50}), "spec.quantization.backoffLimit"),
     "extra args repeating --model-id": (spec(pools__cpu={"tei": {"extraArgs": ["--model-id=/other"]}}),
-                                        "tei.extraArgs: flag --model-id is not allowed"),
+                                        "flag --model-id is not allowed in tei.extraArgs"),
     "a tenant-chosen prometheus url": (spec(autoscaling={"metrics": {"source": "prometheus",
                                                                      "prometheus": {"url": "http://169.254.169.254"}}}),
                                        "autoscaling.metrics.prometheus is not accepted"),
@@ -104,8 +104,8 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
                                                    quantization={"enabled": False}),
                                               "with quantization disabled the CPU pool serves the model as it is"),
     "name too long": (name("r" * 51), "metadata.name must be at most 50 characters"),
-    "name with a dot": (name("bge.m3"), "metadata.name must start with a letter"),
-    "name starting with a digit": (name("3bge"), "metadata.name must start with a letter"),
+    "name with a dot": (name("bge.m3"), "metadata.name bge.m3 must start with a letter"),
+    "name starting with a digit": (name("3bge"), "metadata.name 3bge must start with a letter"),
 }
 
 

@@ -74,3 +74,17 @@ def image(value: str) -> bool:
 def operator_type(value: str) -> bool:
     """An ONNX operator type such as MatMul."""
     return len(value) <= 64 and bool(_OPERATOR_TYPE.fullmatch(value))
+
+
+_QUALIFIED = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def resource_name(value: str) -> bool:
+    """A resource a container may request: cpu, memory, ephemeral-storage, hugepages-<size>, or a qualified name."""
+    return value in ("cpu", "memory", "ephemeral-storage") or value.startswith("hugepages-") or bool(
+        _QUALIFIED.fullmatch(value))
+
+
+def extended_resource(value: str) -> bool:
+    """A device-plugin resource such as nvidia.com/gpu, which Kubernetes never overcommits (request == limit)."""
+    return "/" in value and not value.startswith("kubernetes.io/")

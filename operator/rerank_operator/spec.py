@@ -365,11 +365,19 @@ def _resources(section: Mapping[str, Any], path: str) -> dict[str, Any]:
             if amount < 0:
                 raise SpecError(f"{path}.{kind}.{name} {raw} must not be negative")
             parsed[kind][str(name)] = amount
+    for kind, values in parsed.items():
+        for name in values:
+            if not shapes.resource_name(name):
+                raise SpecError(f"{path}.{kind}.{name} names a resource a container cannot request: use cpu, memory, "
+                                "ephemeral-storage, hugepages-<size> or a qualified name such as nvidia.com/gpu")
     for name, amount in parsed["requests"].items():
         limit = parsed["limits"].get(name)
         if limit is not None and amount > limit:
             raise SpecError(f"{path}.requests.{name} {section['requests'][name]} is above "
                             f"{path}.limits.{name} {section['limits'][name]}")
+        if shapes.extended_resource(name) and limit != amount:
+            raise SpecError(f"{path}.requests.{name} {section['requests'][name]}: extended resources such as GPUs "
+                            f"cannot be overcommitted: set the same value in {path}.limits (or only limits)")
     return {k: dict(v) for k, v in section.items()}
 
 

@@ -378,7 +378,10 @@ def _resources(section: Mapping[str, Any], path: str) -> dict[str, Any]:
         if shapes.extended_resource(name) and limit != amount:
             raise SpecError(f"{path}.requests.{name} {section['requests'][name]}: extended resources such as GPUs "
                             f"cannot be overcommitted: set the same value in {path}.limits (or only limits)")
-    return {k: dict(v) for k, v in section.items()}
+    unknown = [str(k) for k in section if k not in ("requests", "limits")]
+    if unknown:
+        raise SpecError(f"{path} has {', '.join(unknown)}: only requests and limits are read")
+    return {kind: dict(section[kind]) for kind in ("requests", "limits") if section.get(kind)}
 
 
 def _quantization(section: Mapping[str, Any]) -> Quantization:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rerank_operator import tenancy
+from rerank_operator import spec as specs, tenancy
 from tenancy_helpers import at, model_spec, rclass
 
 GPU_NODES = {"pool": "gpu"}
@@ -123,3 +123,18 @@ def test_select_class(class_name: str | None, classes: list[dict[str, Any]], exp
 ])
 def test_uses_class(model: dict[str, Any], changed: dict[str, Any], expected: bool) -> None:
     assert tenancy.uses_class(model, changed, [A, B, C]) is expected
+
+
+@pytest.mark.parametrize(("tenant_min", "expected_max"), [(1, 4), (4, 4), (6, 6)])
+def test_a_default_maximum_never_falls_below_the_models_minimum(tenant_min: int, expected_max: int) -> None:
+    """A class's defaultMaxReplicas (4 here) below the model's own minReplicas would make the effective spec
+    contradict itself (minReplicas > maxReplicas); the default gives way to the minimum instead."""
+    spec = tenancy.resolve(model_spec(at("pools.cpu.minReplicas", tenant_min)), CS)
+    assert spec["pools"]["cpu"]["maxReplicas"] == expected_max
+    parsed = specs.parse(spec)
+    assert parsed.cpu.min_replicas <= parsed.cpu.max_replicas == expected_max
+
+
+def test_without_a_class_the_built_in_maximum_gives_way_too() -> None:
+    parsed = specs.parse({"model": {"id": "a/b"}, "pools": {"cpu": {"minReplicas": 7}, "gpu": {"minReplicas": 3}}})
+    assert (parsed.cpu.max_replicas, parsed.gpu.max_replicas) == (7, 3)

@@ -110,3 +110,12 @@ def test_parse_quantity(value: str | int, expected: Decimal) -> None:
 def test_parse_quantity_refuses_garbage(bad: str) -> None:
     with pytest.raises(ValueError):
         tenancy.parse_quantity(bad)
+
+
+def test_a_metrics_source_the_class_does_not_allow_is_reported() -> None:
+    direct_only = {**CLASS, "metrics": {"allowedSources": ["direct"]}}
+    found = tenancy.violations(tenancy.resolve(model_spec(KEY, at("autoscaling.metrics.source", "prometheus")),
+                                               direct_only), direct_only, "standard")
+    assert found == ["autoscaling.metrics.source prometheus is not allowed by RerankClass standard: "
+                     "metrics.allowedSources is [direct]"]
+    assert tenancy.violations(effective(at("autoscaling.metrics.source", "prometheus")), CLASS, "standard") == []

@@ -1,0 +1,76 @@
+"""spec.parse, fed arbitrary JSON, fails only with its own SpecError (never a TypeError, KeyError, ... that would
+crash a reconcile with an unhelpful traceback instead of an InvalidSpec condition naming the field)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rerank_operator import spec as specs
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**63) | st.floats(allow_nan=True)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=25,
+)
+
+VALID: dict[str, Any] = {
+    "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6", "tokenSecretRef": {"name": "hf", "key": "token"}},
+    "quantization": {"qualityGate": {"minSpearman": 0.99}, "resources": {"requests": {"cpu": "2"}}},
+    "storage": {"size": "20Gi", "accessModes": ["ReadWriteOnce"]},
+    "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4, "tei": {"extraArgs": ["--tokenization-workers=2"]},
+                      "resources": {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}},
+                      "nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "k", "operator": "Exists"}]},
+              "gpu": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
+    "routing": {"policy": "fixed", "weights": {"gpu": 50, "cpu": 50},
+                "gateway": {"parentRefs": [{"name": "edge", "namespace": "gw"}], "hostnames": ["a.example.com"]}},
+    "autoscaling": {"enabled": True, "intervalSeconds": 15, "replicaManagement": "operator"},
+}
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            found += _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += _paths(v, prefix + (i,))
+    return found
+
+
+PATHS = _paths(VALID)
+
+
+def _parses_or_refuses(spec: Any) -> None:
+    try:
+        specs.parse(spec)
+    except specs.SpecError:
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JSON)
+def test_arbitrary_json(value: Any) -> None:
+    _parses_or_refuses(value)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(PATHS), JSON)
+def test_a_valid_spec_with_one_part_replaced_by_arbitrary_json(path: tuple[Any, ...], value: Any) -> None:
+    """Deep fields are reached only from an otherwise valid spec: replace one node of it with anything."""
+    spec = copy.deepcopy(VALID)
+    node: Any = spec
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    _parses_or_refuses(spec)
+
+
+def test_the_valid_base_parses() -> None:
+    parsed = specs.parse(VALID)
+    assert parsed.cpu.tei.extra_args == ("--tokenization-workers=2",) and parsed.gpu.enabled

@@ -139,7 +139,11 @@ def decide_artifact(
             desired, new["metadata"]["name"], attempt + 1, "Creating", "Quantizing",
             f"the spec changed after {name} failed ({out.reason}): retrying")), new
     state: PendingState = "Failed" if out.state == "Failed" else "Running"
-    return ArtifactDecision(desired, served, pending=Pending(desired, name, attempt, state, out.reason, out.message)), None
+    reason, message = out.reason, out.message
+    if out.state == "Running" and out.reason == "Quantizing" and job.recovers_of(latest):
+        reason, message = "RecoveringResult", ("the result of an earlier attempt was lost with its pod: this attempt "
+                                               "reads the published artifact's manifest")
+    return ArtifactDecision(desired, served, pending=Pending(desired, name, attempt, state, reason, message)), None
 
 
 def _obsolete_jobs(observed: Observed, decision: ArtifactDecision) -> list[ObjectRef]:

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from rerank_devcluster.cluster import Cluster
-from rrm_harness import (Env, Identity, Kube, OperatorProcess, cleanup, eventually, operator_identity,  # noqa: F401
+from rrm_harness import (Env, Identity, Kube, OperatorProcess, cleanup, eventually, operator_identity, published,  # noqa: F401
                          rrm_env, static_pv)
 
 pytestmark = pytest.mark.cluster
@@ -109,3 +109,46 @@ def test_httproute_carries_the_policy_weights(rrm_env: Env, gateway_api_installe
     env.kube.patch_spec(ns, "bge-m3", {"routing": {"gateway": None}})
     eventually(lambda: not client.CustomObjectsApi(env.kube.api).list_namespaced_custom_object(
         "gateway.networking.k8s.io", "v1", ns, "httproutes")["items"], 30, "the HTTPRoute to be removed")
+
+
+def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(rrm_env: Env) -> None:
+    """The Job succeeds while the operator is down and its pod is removed before the operator returns (a node scaled
+    away, pod garbage collection): the result lived only in the pod's termination message. The operator starts the
+    next attempt of the same artifact, which finds it published on the volume and answers at once with the
+    manifest's figures (AlreadyPublished; tests/quantizer/test_gate_and_publish.py shows the real quantizer does so
+    without exporting again); the model converges to Ready instead of failing for good."""
+    from quantizer_job import contract
+
+    env, ns = rrm_env, rrm_env.namespace
+    env.kube.create_model(env.model())
+    first = env.running_quantizer()
+    artifact_id = first["metadata"]["labels"]["rerank.io/artifact"]
+    first_job = env.kube.jobs(ns)[0]
+    env.operator.kill()
+    env.cluster.finish_pod(ns, first["metadata"]["name"], 0, published(artifact_id))
+    eventually(lambda: any(c["type"] == "Complete" and c["status"] == "True"
+                           for c in (env.kube.jobs(ns)[0]["status"].get("conditions") or [])), 60, "the Job to complete")
+    env.cluster.kubectl_run("delete", "pod", "-n", ns, first["metadata"]["name"], "--grace-period=0", "--force")
+    eventually(lambda: not env.kube.pods(ns, "app.kubernetes.io/component=quantizer"), 30, "the pod to be gone")
+    env.operator.start()
+
+    second = env.running_quantizer(artifact_id)
+    assert second["metadata"]["labels"]["job-name"].endswith("-2")  # attempt 2 of the same artifact
+    [second_job] = [j for j in env.kube.jobs(ns) if j["metadata"]["name"] == second["metadata"]["labels"]["job-name"]]
+    container = second_job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == first_job["spec"]["template"]["spec"]["containers"][0]["args"]
+    cond = env.kube.condition(ns, "bge-m3", "ModelReady")
+    assert (cond["status"], cond["reason"]) == ("False", "RecoveringResult"), cond
+    already = contract.JobResult(ok=True, reason="AlreadyPublished", message=f"artifact {artifact_id} already published",
+                                 artifact_id=artifact_id, path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
+                                 manifest_sha256="cd" * 32, size_bytes=580_123_456,
+                                 quality={"spearman": 0.994}, speed={"speedup": 2.88}).to_message()
+    env.finish_quantizer(ok=True, message=already, artifact_id=artifact_id)
+    env.kube.wait_condition(ns, "bge-m3", "Ready", "True", "Serving")
+    status = env.kube.model(ns, "bge-m3")["status"]  # type: ignore[index]
+    assert status["artifact"]["id"] == artifact_id and status["artifact"]["quality"] == {"spearman": 0.994}
+    assert "pendingArtifact" not in status or not status["pendingArtifact"]
+    eventually(lambda: [j["metadata"]["name"] for j in env.kube.jobs(ns)] == [second_job["metadata"]["name"]], 30,
+               "the recovered attempt 1 to be cleaned up")
+    events = env.cluster.kubectl_run("get", "events", "-n", ns, "-o", "json").stdout
+    assert events.count('"reason": "ArtifactPublished"') == 1  # one event per fact

@@ -297,3 +297,18 @@ def test_argocd_example_values_are_valid(helm: str, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(app["spec"]["source"]["helm"]["valuesObject"]))
     assert only(render(helm, "-f", str(values)), "Deployment")
+
+
+def test_the_platforms_prometheus_reaches_the_operator(helm: str) -> None:
+    """The one place a Prometheus server is chosen for models without a class server (never a RerankModel)."""
+    def operator_args(*sets: str) -> list[str]:
+        [dep] = [d for d in render(helm, *sets) if d["kind"] == "Deployment"]
+        return list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert not [a for a in operator_args() if a.startswith("--prometheus")]
+    args = operator_args("--set", "prometheus.url=http://prometheus.monitoring:9090",
+                         "--set-string", "prometheus.gpuMemoryUsedQuery=sum(used$selector)")
+    assert "--prometheus-url=http://prometheus.monitoring:9090" in args
+    assert "--prometheus-gpu-memory-used-query=sum(used$selector)" in args
+    refused = run_helm(helm, "template", "rr", str(CHART), "--set", "prometheus.url=file:///etc/passwd", check=False)
+    assert refused.returncode != 0 and "prometheus" in refused.stderr

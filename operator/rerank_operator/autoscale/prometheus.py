@@ -30,6 +30,10 @@ class QueryError(RuntimeError):
     """Prometheus did not answer, or answered with an error."""
 
 
+#: Replaced in the GPU-memory queries by the pool's selector (``build_selector``).
+SELECTOR_PLACEHOLDER = "$selector"
+
+
 def build_selector(namespace: str, pod_names: Iterable[str]) -> str:
     """`{namespace="ns",pod=~"p1|p2"}` with regex metacharacters in names escaped."""
     pods = "|".join(re.escape(name) for name in sorted(pod_names)) or "$^"  # matches nothing
@@ -102,7 +106,7 @@ class PrometheusSource:
             return PoolSignals(ready_replicas=ready)
         try:
             values = {key: self.query(promql) for key, promql in queries(selector, self.window).items()}
-            memory = self._gpu_memory() if pool == "gpu" else None
+            memory = self._gpu_memory(selector) if pool == "gpu" else None
         except QueryError as exc:
             return PoolSignals(ready_replicas=ready, error=str(exc)[:300])
         scraped = int(values["scraped"] or 0)
@@ -122,10 +126,14 @@ class PrometheusSource:
             **zero_if_absent,
         )
 
-    def _gpu_memory(self) -> float | None:
+    def _gpu_memory(self, selector: str) -> float | None:
+        """The platform's GPU-memory PromQL (class or operator setting, one for many models): ``$selector`` in it
+        becomes this pool's ``{namespace="...",pod=~"..."}``, so one query serves every model."""
         if not (self.gpu_memory_used_query and self.gpu_memory_total_query):
             return None
-        return self.query(f"max(({self.gpu_memory_used_query}) / ({self.gpu_memory_total_query}))")
+        used = self.gpu_memory_used_query.replace(SELECTOR_PLACEHOLDER, selector)
+        total = self.gpu_memory_total_query.replace(SELECTOR_PLACEHOLDER, selector)
+        return self.query(f"max(({used}) / ({total}))")
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -141,3 +141,14 @@ def test_prometheus_source_reports_an_unreachable_server():
 
     gpu = PrometheusSource("http://prom:9090", get=get).collect({"gpu": "{}"}, {"gpu": 1}).gpu
     assert gpu.error and "connection refused" in gpu.error
+
+
+def test_platform_gpu_memory_queries_get_each_pools_selector():
+    """The GPU-memory PromQL is the platform's (one per class or operator), so ``$selector`` makes it per model."""
+    get, asked = fake_api({"count(up": 1, "max((sum(used{": 0.5})
+    source = PrometheusSource("http://prom:9090", get=get, gpu_memory_used_query="sum(used$selector)",
+                              gpu_memory_total_query="sum(total$selector)")
+    gpu = source.collect({"gpu": '{namespace="a",pod=~"m-gpu-1"}'}, {"gpu": 1}).gpu
+    assert gpu.gpu_memory_fraction == 0.5
+    [memory] = [q for q in asked if "used" in q]
+    assert 'sum(used{namespace="a",pod=~"m-gpu-1"})' in memory and 'sum(total{namespace="a",pod=~"m-gpu-1"})' in memory

@@ -90,8 +90,11 @@ class PoolsView:
         return None if dep is None else int(dep.get("spec", {}).get("replicas", 1))
 
     def ready_pods(self, pool: names.PoolName) -> list[Obj]:
-        """Pods of ``pool`` that are Ready and have an address (what can be scraped)."""
+        """Pods of ``pool`` that are Ready and have an address (what can be scraped). Never a pod on the host's
+        network: the operator's pods never are, and a look-alike pod a tenant labels so would make the operator
+        scrape a node address (tenants cannot choose where the operator sends requests)."""
         return [p for p in self.pods
                 if p["metadata"].get("labels", {}).get(names.LABEL_POOL) == pool and p.get("status", {}).get("podIP")
+                and not (p.get("spec") or {}).get("hostNetwork")
                 and any(c.get("type") == "Ready" and c.get("status") == "True"
                         for c in p.get("status", {}).get("conditions") or ())]

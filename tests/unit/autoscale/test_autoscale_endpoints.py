@@ -41,3 +41,17 @@ def test_operator_flags_reach_the_autoscaler() -> None:
     assert endpoints.operator_default(env) == PrometheusSettings(url="http://p.monitoring:9090",
                                                                  gpu_memory_used_query="sum(used)")
     assert endpoints.operator_default({}) == PrometheusSettings()
+
+
+def test_the_direct_source_never_scrapes_a_pod_on_the_host_network() -> None:
+    """A look-alike pod a tenant labels as a pool pod, on the host's network, would point the operator at a node
+    address: only pod-network addresses are scraped."""
+    from rerank_operator.observed import PoolsView
+
+    def pod(name: str, ip: str, host_network: bool = False) -> dict:
+        return {"metadata": {"name": name, "labels": {"rerank.io/pool": "cpu"}},
+                "spec": {"hostNetwork": True} if host_network else {},
+                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    view = PoolsView(pods=(pod("m-cpu-1", "10.1.0.7"), pod("m-cpu-evil", "192.168.0.10", host_network=True)))
+    assert [p["metadata"]["name"] for p in view.ready_pods("cpu")] == ["m-cpu-1"]

@@ -1,4 +1,10 @@
-"""Typed, defaulted view of a RerankModel's spec.
+"""Typed, defaulted view of a RerankModel's spec, and the operator's own check of it.
+
+``parse`` refuses, with a ``SpecError`` naming the field and the offending value, what crds/rerankmodel.yaml refuses
+at apply time and what would reach a command line or a child object unsafely (TEI flags outside
+``tei_flags.ALLOWED``, revisions and hub ids that read as flags or paths, negative quantities, requests above
+limits, ...): defence in depth, because an object stored before a rule existed is never validated again. Fed any
+JSON it raises nothing but ``SpecError`` (tests/unit/test_spec_parse_property.py).
 
 The API server applies the CRD's defaults before the operator sees an object, but unit tests build specs by hand
 and old objects may predate a field, so every default is repeated here; ``tests/unit/test_spec.py`` checks that
@@ -283,8 +289,8 @@ def _choice(parent: Mapping[str, Any], key: str, path: str, default: str, allowe
     value = parent.get(key, default)
     if value is None:
         value = default
-    if value not in allowed:
-        raise SpecError(f"{path} must be one of {', '.join(allowed)}, got {_show(value)}")
+    if isinstance(value, bool) or value not in allowed:  # True == 1: a boolean is never an allowed number
+        raise SpecError(f"{path} must be one of {', '.join(map(str, allowed))}, got {_show(value)}")
     return value
 
 

@@ -150,6 +150,7 @@ class Cluster:
             f"--client-ca-file={certs.ca_crt}",
             # How the apiserver authenticates to a real kubelet (logs, exec); kwok ignores it.
             f"--kubelet-client-certificate={certs.admin_crt}", f"--kubelet-client-key={certs.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-account-key-file={certs.sa_pub}", f"--service-account-signing-key-file={certs.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}",

@@ -62,6 +62,9 @@ state = "{root}/state"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{sandbox_image}"
   stream_server_address = "127.0.0.1"
+  # Never below containerd's own oom_score_adj: these machines deny CAP_SYS_RESOURCE even to root, so the -998
+  # the CRI plugin asks for a sandbox fails in runc ("failed to update /proc/self/oom_score_adj").
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -104,6 +107,7 @@ def kubelet_config(*, root: Path, ca: Path, port: int, healthz_port: int, runtim
         "registerNode": True,
         "registerWithTaints": [TAINT],
         "failSwapOn": False,
+        "oomScoreAdj": 0,  # the default -999 needs CAP_SYS_RESOURCE, which root lacks on these machines
         "makeIPTablesUtilChains": False,
         "serializeImagePulls": False,
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,

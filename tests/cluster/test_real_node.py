@@ -15,7 +15,6 @@ Select with ``-m node``; the tier runs in the default suite (./hack/test).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -101,6 +100,7 @@ def local_pv(name: str, storage_class: str, path: Path, nodes: list[str]) -> dic
 
 class NodeEnv(Env):
     volume: Path
+    image: str  # the quantizer image imported into the real node's containerd
 
     def model_body(self, name: str, quantization: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
@@ -108,7 +108,7 @@ class NodeEnv(Env):
             "metadata": {"name": name, "namespace": self.namespace},
             "spec": {
                 "model": {"path": MODEL_DIR},
-                "quantization": {"backoffLimit": 0, "timeBudgetSeconds": 300,
+                "quantization": {"image": self.image, "backoffLimit": 0, "timeBudgetSeconds": 300,
                                  # a random tiny model: INT8 noise reorders more than on a trained reranker
                                  "qualityGate": {"minSpearman": 0.95, "minTopKAgreement": 0.8},
                                  **(quantization or {})},
@@ -151,6 +151,7 @@ def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealN
     operator = OperatorProcess(cluster, operator_identity, [ns]).start()
     env = NodeEnv(cluster, Kube(cluster, kube), ns, ns, operator)
     env.volume = volume
+    env.image = real_node.images.quantizer_image
     try:
         yield env
     finally:

@@ -35,17 +35,19 @@ pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.slow]
 NAMESPACE_LABEL = "rerank.io/quantize-on-real-node"
 MODEL_DIR = "sources/tiny-bert"
 RUN_AS = 65532
+CLAIM = "models"
 
 
 def quantizer_placement_policy() -> list[dict[str, Any]]:
     """Quantizer pods in labelled namespaces get the real node's nodeSelector and toleration at admission."""
     name = "rerank-quantizer-on-real-node"
     selector = json.dumps(realnode.node_selector())
-    toleration = realnode.toleration()
+    toleration = json.dumps(realnode.toleration())
+    # JSONPatch, not ApplyConfiguration: nodeSelector and tolerations are atomic, which apply may not mutate.
     expression = (
-        f"Object{{spec: Object.spec{{nodeSelector: {selector}, tolerations: [Object.spec.tolerations{{"
-        f"key: '{toleration['key']}', operator: '{toleration['operator']}', value: '{toleration['value']}', "
-        f"effect: '{toleration['effect']}'}}]}}}}"
+        f"[JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {selector}}}, "
+        f"has(object.spec.tolerations) ? JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: {toleration}}} "
+        f": JSONPatch{{op: 'add', path: '/spec/tolerations', value: [{toleration}]}}]"
     )
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
@@ -57,7 +59,7 @@ def quantizer_placement_policy() -> list[dict[str, Any]]:
                                   "has(object.metadata.labels) && "
                                   "object.metadata.labels[?'app.kubernetes.io/component'].orValue('') == 'quantizer'"}],
              "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-             "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": expression}}],
+             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
          }},
         {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicyBinding",
          "metadata": {"name": name},
@@ -112,7 +114,7 @@ class NodeEnv(Env):
                                  # a random tiny model: INT8 noise reorders more than on a trained reranker
                                  "qualityGate": {"minSpearman": 0.95, "minTopKAgreement": 0.8},
                                  **(quantization or {})},
-                "storage": {"storageClassName": self.storage_class, "size": "1Gi"},
+                "storage": {"existingClaim": CLAIM},
                 "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 2},
                           "gpu": {"minReplicas": 1, "maxReplicas": 1,
                                   "resources": {"limits": {"nvidia.com/gpu": 1}}}},
@@ -147,7 +149,10 @@ def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealN
                what="the namespace's default ServiceAccount")
     volume = prepared_volume(tmp_path_factory.mktemp("node-volume") / "v")
     nodes = [realnode.NAME, *(n for n in ("kwok-cpu-0", "kwok-cpu-1", "kwok-gpu-0"))]
-    _kubectl_apply(cluster, [local_pv(f"pv-{ns}", ns, volume, nodes)])
+    _kubectl_apply(cluster, [local_pv(f"pv-{ns}", ns, volume, nodes), {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": ns},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": ns, "volumeName": f"pv-{ns}",
+                 "resources": {"requests": {"storage": "1Gi"}}}}])
     operator = OperatorProcess(cluster, operator_identity, [ns]).start()
     env = NodeEnv(cluster, Kube(cluster, kube), ns, ns, operator)
     env.volume = volume

@@ -249,14 +249,27 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
     return JobOutcome("Running", "Quantizing", "the quantization Job is running")
 
 
+def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) -> JobOutcome:
+    """The kubelet's OOMKilled, whatever the quantizer said: the kernel killed a process of the container (on cgroup
+    v1 often only the export child, so the parent survives and reports ExportFailed), and the fix is the limit."""
+    said = f"{parsed.reason}: {parsed.message}" if isinstance(parsed, contract.JobResult) else parsed[-300:]
+    return JobOutcome("Failed", "OOMKilled",
+                      f"the quantizer ran out of its memory limit (exit code {term.get('exitCode')}"
+                      + (f"; it reported {said}" if said else "")
+                      + "): raise spec.quantization.resources.limits.memory")
+
+
 def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
-    """The Job's own reason (its result message) if a pod left one; else the deadline; else the container's."""
+    """Out of memory if the kubelet says so; else the Job's own reason (its result message) if a pod left one; else
+    the deadline; else the container's."""
     crashed: JobOutcome | None = None
     for pod in pods_newest:
         term = _terminated(pod)
         if not term or term.get("exitCode") == 0:
             continue
         parsed = _from_message(term)
+        if term.get("reason") == "OOMKilled":
+            return _out_of_memory(term, parsed)
         if isinstance(parsed, contract.JobResult):
             return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
         if crashed is None:

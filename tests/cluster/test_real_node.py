@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes import client
 
-from quantizer_job import contract
+from quantizer_job import contract, publish
 from rerank_devcluster import realnode
 from rerank_devcluster.cluster import Cluster
 from rrm_harness import (Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually,  # noqa: F401
@@ -190,7 +190,7 @@ def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: 
     assert (onnx.stat().st_uid, onnx.stat().st_gid) == (RUN_AS, RUN_AS)
     assert env.volume.stat().st_gid == RUN_AS  # fsGroup: the kubelet gave the volume to the pod's group
     assert (artifact / contract.MANIFEST_FILE).is_file()
-    assert not list((env.volume / contract.ARTIFACTS_DIR).glob(".*")), "a staging directory was left behind"
+    assert not list((env.volume / contract.ARTIFACTS_DIR).glob(f"{publish.TMP_PREFIX}*")), "a staging dir was left"
 
     # The operator read the kubelet's termination message; the pools (kwok nodes) serve the artifact.
     env.kube.wait_condition(ns, "tiny", "Ready", "True", "Serving", timeout=90)
@@ -213,8 +213,9 @@ def test_memory_limit_kills_the_quantizer_with_oomkilled(node_env: NodeEnv) -> N
     pod = env.terminated_quantizer("oom")
     term = quantizer_status(pod)["state"]["terminated"]
     assert term["reason"] == "OOMKilled", term
-    cond = env.kube.wait_condition(ns, "oom", "ModelReady", "False", timeout=60)
-    assert "OOMKilled" in f"{cond.get('reason')} {cond.get('message')}", cond
+    cond = eventually(lambda: (c := env.kube.condition(ns, "oom", "ModelReady")).get("reason") not in
+                      (None, "Quantizing", "JobPending") and c, 60, "the quantization to be reported failed")
+    assert cond["status"] == "False" and cond["reason"] == "OOMKilled", cond
     assert env.kube.deployment(ns, "oom-cpu") is None
 
 

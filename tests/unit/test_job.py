@@ -146,6 +146,24 @@ def test_outcome_of_deadline_names_the_deadline() -> None:
     assert out.reason == "DeadlineExceeded" and "deadline" in out.message
 
 
+def oom_killed(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"
+    return pod
+
+
+@pytest.mark.parametrize("exit_code,message", [
+    # cgroup v1 (seen on the node tier): the kernel kills the torch export child; the parent reports it and exits 12.
+    (contract.EXIT_CODES["ExportFailed"], refused("ExportFailed", "export child killed by signal 9 (out of memory?)")),
+    (137, ""),  # the whole container killed: no result, no log tail
+])
+def test_oom_killed_names_the_memory_limit_whatever_the_quantizer_reported(exit_code: int, message: str) -> None:
+    out = job.outcome(finish(JOB, ok=False), [oom_killed(job_pod(JOB, exit_code, message))])
+    assert (out.state, out.reason) == ("Failed", "OOMKilled")
+    assert "resources.limits.memory" in out.message and f"exit code {exit_code}" in out.message
+    retrying = job.outcome(running({"failed": 1}), [oom_killed(job_pod(JOB, exit_code, message))])
+    assert retrying.reason == "Retrying" and "OOMKilled" in retrying.message
+
+
 def test_outcome_reads_the_newest_pod() -> None:
     old = job_pod(JOB, 1, refused("ExportFailed", "first try"), created="2025-01-01T00:00:00Z")
     new = job_pod(JOB, 1, refused("QualityGateFailed", "second try"), created="2025-01-01T00:05:00Z")

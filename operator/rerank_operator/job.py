@@ -260,8 +260,13 @@ def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) ->
 
 
 def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
-    """Out of memory if the kubelet says so; else the Job's own reason (its result message) if a pod left one; else
-    the deadline; else the container's."""
+    """The deadline if the Job hit it; else out of memory if the kubelet says so; else the Job's own reason (its
+    result message) if a pod left one; else the container's; else the Job's."""
+    job_reason = failed.get("reason") or "JobFailed"
+    if job_reason == "DeadlineExceeded":
+        # The kubelet stops the running quantizer with SIGTERM, and it writes an InternalError "terminated" result on
+        # the way out: a consequence of the deadline, not the cause.
+        return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job ran past its deadline")
     crashed: JobOutcome | None = None
     for pod in pods_newest:
         term = _terminated(pod)
@@ -278,7 +283,6 @@ def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]
                 container_reason = "QuantizerCrashed"
             detail = f"exit code {term.get('exitCode')}" + (f": {parsed[-500:]}" if parsed else "")
             crashed = JobOutcome("Failed", container_reason, detail)
-    job_reason = failed.get("reason") or "JobFailed"
-    if crashed is not None and job_reason != "DeadlineExceeded":
+    if crashed is not None:
         return crashed
     return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")

@@ -144,6 +144,9 @@ def test_outcome_of_deadline_names_the_deadline() -> None:
                                                "message": "Job was active longer than specified deadline"}]}}
     out = job.outcome(failed, [job_pod(JOB, 143, "terminated")])
     assert out.reason == "DeadlineExceeded" and "deadline" in out.message
+    # What the real quantizer leaves when the kubelet stops it at the deadline: SIGTERM -> an InternalError result.
+    stopped = job_pod(JOB, contract.EXIT_CODES["InternalError"], refused("InternalError", "terminated (SIGTERM)"))
+    assert job.outcome(failed, [stopped]).reason == "DeadlineExceeded"
 
 
 def oom_killed(pod: dict[str, Any]) -> dict[str, Any]:

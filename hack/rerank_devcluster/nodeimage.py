@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import shutil
 import subprocess
 import sysconfig
 import tarfile
@@ -150,7 +149,3 @@ def ensure_images(package: Path | None = None) -> NodeImages:
             if old != archive:
                 old.unlink(missing_ok=True)
     return NodeImages(pause=pause, quantizer=archive, quantizer_image=image)
-
-
-def remove_rootfs_cache() -> None:
-    shutil.rmtree(rootfs_dir(), ignore_errors=True)

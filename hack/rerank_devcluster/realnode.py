@@ -65,6 +65,8 @@ state = "{root}/state"
   # Never below containerd's own oom_score_adj: these machines deny CAP_SYS_RESOURCE even to root, so the -998
   # the CRI plugin asks for a sandbox fails in runc ("failed to update /proc/self/oom_score_adj").
   restrict_oom_score_adj = true
+  # Pod network namespaces under the node's own state dir (not /run/netns), so teardown finds and removes them.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -205,6 +205,26 @@ def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: 
             assert p["spec"]["nodeName"].startswith("kwok-"), p["spec"]["nodeName"]
     print(f"\nNODE TIER: real quantization Job to Serving in {time.monotonic() - started:.1f}s")
 
+    # A spec change that asks for a new artifact: a second real Job, then the pools roll to it; the first stays.
+    env.kube.patch_spec(ns, "tiny", {"quantization": {"timeBudgetSeconds": 240}})
+    second = eventually(lambda: next((p for p in env.quantizer_pods("tiny")
+                                      if p["metadata"]["labels"]["rerank.io/artifact"] != aid), None),
+                        60, "the second quantizer pod")
+    new = second["metadata"]["labels"]["rerank.io/artifact"]
+
+    def rolled() -> bool:
+        deps = [env.kube.deployment(ns, f"tiny-{pool}") for pool in ("cpu", "gpu")]
+        ready = env.kube.condition(ns, "tiny", "Ready")
+        return ready.get("status") == "True" and all(
+            d is not None and d["spec"]["template"]["metadata"]["annotations"]["rerank.io/artifact"] == new
+            and d["status"].get("updatedReplicas") == 1 and d["status"].get("readyReplicas") == 1 for d in deps)
+    eventually(rolled, 240, f"the pools to roll to artifact {new}", every=1)
+    second = next(p for p in env.quantizer_pods("tiny") if p["metadata"]["labels"]["rerank.io/artifact"] == new)
+    assert second["spec"]["nodeName"] == realnode.NAME
+    assert quantizer_status(second)["state"]["terminated"]["exitCode"] == 0
+    assert (env.volume / contract.ARTIFACTS_DIR / new / contract.CPU_SUBDIR / "model.onnx").is_file()
+    assert onnx.is_file(), "the artifact the pools served before was touched"
+
 
 def test_memory_limit_kills_the_quantizer_with_oomkilled(node_env: NodeEnv) -> None:
     env, ns = node_env, node_env.namespace

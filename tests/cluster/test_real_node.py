@@ -264,7 +264,7 @@ def test_permanent_failure_exit_code_ends_the_job_through_pod_failure_policy(nod
 def test_active_deadline_ends_a_quantizer_that_runs_too_long(node_env: NodeEnv) -> None:
     env, ns = node_env, node_env.namespace
     # A CPU quota far too small for the work: the kernel throttles the quantizer past its deadline.
-    env.kube.create_model(env.model_body("slow", {"activeDeadlineSeconds": 60,
+    env.kube.create_model(env.model_body("slow", {"activeDeadlineSeconds": 61, "timeBudgetSeconds": 60,
                                                   "resources": {"requests": {"cpu": "10m"}, "limits": {"cpu": "10m"}}}))
     pod = eventually(lambda: next((p for p in env.quantizer_pods("slow") if p["status"].get("phase") == "Running"),
                                   None), 120, "the slow quantizer to run", every=1)

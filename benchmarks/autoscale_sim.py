@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from rerank_operator.autoscale import exposition  # noqa: E402
 from rerank_operator.autoscale import policy as autoscale_policy  # noqa: E402
+from rerank_operator.autoscale import routing  # noqa: E402
 from rerank_operator.autoscale.config import AutoscalingSpec  # noqa: E402
 from rerank_operator.autoscale.history import History  # noqa: E402
 from rerank_operator.autoscale.signals import PoolSignals, Signals  # noqa: E402
@@ -227,10 +228,12 @@ class RunSpec:
     make: Callable[[], Controller]
     realism: Realism = field(default_factory=Realism)
     phase: int = 0    # tick offset within the scrape period (0: right after the scrape, like the direct source)
+    period: int = SCRAPE_S  # scrape and tick period (the policy's intervalSeconds; Prometheus' scrape interval)
 
 
 def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: PoolModel, slo: float,
-             seed: int) -> list[dict[str, Any]]:
+             seed: int, record: list[np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """Run every controller over the same trace; `record`, if given, receives each second's violations."""
     k = len(runs)
     models = (gpu, cpu)
     mu = np.array([gpu.throughput, cpu.throughput])
@@ -301,7 +304,10 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         at_slo = np.where(slo < start, 1.0, rho * np.exp(-decay * np.maximum(slo - start, 0.0)))
         at_slo = np.where(down, 1.0, at_slo)
         late = (arrivals * at_slo).sum(axis=1)
-        violations += (late > TAIL * max(rate, 1e-9)) | (rejected.sum(axis=1) > TAIL * max(rate, 1e-9))
+        violated = (late > TAIL * max(rate, 1e-9)) | (rejected.sum(axis=1) > TAIL * max(rate, 1e-9))
+        violations += violated
+        if record is not None:
+            record.append(violated)
         rejected_total += rejected.sum(axis=1)
         admitted = arrivals - rejected
         gap = TEI_BUCKETS - start[..., None]
@@ -312,16 +318,18 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         counters[2] += rejected
         replica_seconds += total
         # Scrapes, then the controllers whose tick it is, then the actions whose delay has passed.
-        if now % SCRAPE_S == 0:
+        if now % 5 == 0:
             queue = backlog + ready * rho * rho / (1 - rho)
             for i in range(k):
+                if now % runs[i].period:
+                    continue
                 for p in (0, 1):
                     failed[i][p] = rngs[i].random() < runs[i].realism.scrape_failure
                     if not failed[i][p]:
                         scrapes[i][p].append(Scrape(now, int(ready[i, p]), counters[0, i, p], counters[1, i, p],
                                                     counters[2, i, p], queue[i, p], buckets[i, p].copy()))
         for i, run_spec in enumerate(runs):
-            if now % SCRAPE_S == run_spec.phase and now > 0:
+            if now % run_spec.period == run_spec.phase and now > 0:
                 view = View(now, [int(ready[i, 0]), int(ready[i, 1])], [len(starting[i][0]), len(starting[i][1])],
                             list(intent[i]), intent_share[i], scrapes[i], failed[i])
                 action = controllers[i](view)
@@ -359,13 +367,13 @@ def _split_stats(shares: list[int]) -> dict[str, Any]:
 # Controllers
 
 
-def policy_controller(spec: AutoscalingSpec) -> Controller:
+def policy_controller(spec: AutoscalingSpec, tuning: routing.Tuning = routing.Tuning()) -> Controller:
     memory = {"history": History()}
 
     def control(view: View) -> Action:
         signals = Signals(gpu=view.direct(0), cpu=view.direct(1))
         current = autoscale_policy.Current(view.intent[0], view.intent[1], round(view.cpu_share * 100))
-        decision = autoscale_policy.decide(spec, signals, current, memory["history"], float(view.now))
+        decision = autoscale_policy.decide(spec, signals, current, memory["history"], float(view.now), tuning)
         memory["history"] = decision.history
         return decision.gpu_replicas, decision.cpu_replicas, decision.cpu_percent / 100
 
@@ -518,11 +526,11 @@ def cap_spill_controller(gpu: PoolModel, cpu: PoolModel, slo: float, f: float = 
 
 BASELINES: dict[str, dict[str, Any]] = {
     # name: default tuning factor, sweep for cost-matching
-    "hpa_rps": {"f": 0.7, "sweep": (0.55, 0.65, 0.75, 0.85, 0.95)},
-    "hpa_queue": {"f": 2.0, "sweep": (0.5, 1.0, 2.0, 4.0, 8.0)},
-    "keda": {"f": 0.7, "sweep": (0.55, 0.65, 0.75, 0.85, 0.95)},
-    "fixed_cpu": {"f": 0.7, "sweep": (0.55, 0.65, 0.75, 0.85, 0.95)},
-    "cap_spill": {"f": 0.8, "sweep": (0.6, 0.7, 0.8, 0.9, 1.0)},
+    "hpa_rps": {"f": 0.7, "sweep": (0.4, 0.5, 0.6, 0.8, 0.9)},
+    "hpa_queue": {"f": 2.0, "sweep": (0.25, 0.5, 1.0, 4.0)},
+    "keda": {"f": 0.7, "sweep": (0.4, 0.5, 0.6, 0.8, 0.9)},
+    "fixed_cpu": {"f": 0.7, "sweep": (0.4, 0.5, 0.6, 0.8, 0.9)},
+    "cap_spill": {"f": 0.8, "sweep": (0.5, 0.6, 0.7, 0.9, 1.0)},
 }
 
 
@@ -548,13 +556,18 @@ def policy_spec(gpu: PoolModel, cpu: PoolModel, extra: dict[str, Any] | None = N
 
 
 def runs_for(variant: str, realism: Realism, gpu: PoolModel, cpu: PoolModel, slo: float, spec: AutoscalingSpec,
-             sweep: bool, ablations: dict[str, AutoscalingSpec]) -> list[RunSpec]:
-    runs = [RunSpec(f"{variant}|policy", lambda: policy_controller(spec), realism)]
-    runs += [RunSpec(f"{variant}|ablation:{name}", (lambda s=s: policy_controller(s)), realism)
-             for name, s in ablations.items()]
+             sweep: bool, ablations: dict[str, tuple[AutoscalingSpec, routing.Tuning]],
+             baselines: Sequence[str]) -> list[RunSpec]:
+    runs = [RunSpec(f"{variant}|policy", lambda: policy_controller(spec), realism,
+                    period=int(spec.interval_seconds))]
+    runs += [RunSpec(f"{variant}|ablation:{name}", (lambda s=s, t=t: policy_controller(s, t)), realism,
+                     period=int(s.interval_seconds))
+             for name, (s, t) in ablations.items()]
     runs.append(RunSpec(f"{variant}|hpa_util@0.7", make_baseline("hpa_util", gpu, cpu, slo, 0.7), realism,
                         phase=BASELINE_LAG_S))
     for name, tuning in BASELINES.items():
+        if name not in baselines:
+            continue
         factors = tuning["sweep"] if sweep else (tuning["f"],)
         factors = sorted(set(factors) | {tuning["f"]})
         for f in factors:
@@ -564,15 +577,23 @@ def runs_for(variant: str, realism: Realism, gpu: PoolModel, cpu: PoolModel, slo
 
 
 def cost_matched(points: list[tuple[float, float, float]], cost: float) -> dict[str, Any]:
-    """Violations a baseline would have at `cost`: linear interpolation over its sweep (f, cost, violations)."""
-    ordered = sorted((c, v, f) for f, c, v in points)
-    if cost <= ordered[0][0]:
-        c, v, f = ordered[0]
-        return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": cost < c}
-    if cost >= ordered[-1][0]:
-        c, v, f = ordered[-1]
+    """Violations a baseline would have at `cost`: linear interpolation along its sweep's Pareto frontier.
+
+    `points` are (tuning factor, cost, violations). Settings that cost more and violate more than another are
+    dominated and dropped (a team would never pick them); outside the swept costs the nearest end is reported,
+    flagged `extrapolated`.
+    """
+    frontier: list[tuple[float, float, float]] = []
+    for c, v, f in sorted((c, v, f) for f, c, v in points):
+        if not frontier or v < frontier[-1][1]:
+            frontier.append((c, v, f))
+    if cost <= frontier[0][0] or len(frontier) == 1:
+        c, v, f = frontier[0] if cost <= frontier[0][0] else frontier[-1]
+        return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": abs(cost - c) > 1e-9}
+    if cost >= frontier[-1][0]:
+        c, v, f = frontier[-1]
         return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": cost > c}
-    for (c0, v0, f0), (c1, v1, f1) in zip(ordered, ordered[1:]):
+    for (c0, v0, f0), (c1, v1, f1) in zip(frontier, frontier[1:]):
         if c0 <= cost <= c1:
             w = 0.0 if c1 == c0 else (cost - c0) / (c1 - c0)
             return {"violation_s": round(v0 + w * (v1 - v0), 1), "cost_usd": round(cost, 3),
@@ -614,9 +635,28 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
         }
     strongest = min(baselines, key=lambda n: (baselines[n]["cost_matched"] or baselines[n]["default"])
                     ["violation_s"]) if baselines else None
+    ablations = {}
+    for label, entry in pooled.items():
+        if label.startswith("ablation:"):
+            best = _best_matched(pooled, entry["cost_usd"])
+            ablations[label.split(":", 1)[1]] = {**entry, "vs_best_cost_matched": best}
     return {"policy": policy, "hpa_util": pooled.get("hpa_util@0.7"), "baselines": baselines,
-            "strongest_baseline": strongest,
-            "ablations": {label.split(":", 1)[1]: e for label, e in pooled.items() if label.startswith("ablation:")}}
+            "strongest_baseline": strongest, "policy_vs_best_cost_matched": _best_matched(pooled, policy["cost_usd"]),
+            "ablations": ablations}
+
+
+def _best_matched(pooled: dict[str, dict[str, float]], cost: float) -> dict[str, Any] | None:
+    """The baseline with the fewest violations once cost-matched to `cost`, and the candidate's ratio to it."""
+    best = None
+    for name in BASELINES:
+        points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
+                  if label.startswith(f"{name}@")]
+        if len(points) < 2:
+            continue
+        matched = cost_matched(points, cost)
+        if best is None or matched["violation_s"] < best["violation_s"]:
+            best = {"baseline": name, **matched}
+    return best
 
 
 def _ratio(a: float, b: float) -> float:
@@ -634,8 +674,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", type=str, default="diurnal,ramp,flat,square10,square30,overload")
     parser.add_argument("--variants", type=str, default="nominal,delay10,cpu90",
                         help="nominal (CPU start-up 40 s), delay10 (10 s actuation delay), cpu90 (90 s CPU start-up)")
+    parser.add_argument("--baselines", type=str, default=",".join(BASELINES), help="which baselines to run")
     parser.add_argument("--no-sweep", action="store_true", help="baselines at their default target only")
-    parser.add_argument("--ablations", action="store_true", help="also run the policy's ablations")
+    parser.add_argument("--ablations", nargs="?", const="builtin", default=None, metavar="JSON",
+                        help="also run the policy's ablations (or {name: spec.autoscaling overrides} given here)")
     parser.add_argument("--scrape-failure", type=float, default=0.05)
     parser.add_argument("--slo-ms", type=float, default=500)
     parser.add_argument("--gpu-rps", type=float, default=120, help="one GPU FP16 replica's throughput")
@@ -656,8 +698,11 @@ def main(argv: list[str] | None = None) -> None:
     gpu = PoolModel("gpu", args.gpu_rps, 0.05, args.gpu_startup_s, 1, args.gpu_max, args.gpu_price)
     cpu = PoolModel("cpu", args.cpu_rps, 0.12, 40.0, 1, args.cpu_max, args.cpu_price)
     spec = policy_spec(gpu, cpu, args.autoscaling)
-    ablations = {name: policy_spec(gpu, cpu, {**(args.autoscaling or {}), **extra})
-                 for name, extra in ABLATIONS.items()} if args.ablations else {}
+    chosen_ablations = ABLATIONS if args.ablations == "builtin" else json.loads(args.ablations or "{}")
+    ablations = {name: (policy_spec(gpu, cpu, _merge(args.autoscaling or {},
+                                                      {k: v for k, v in extra.items() if k != "tuning"})),
+                        routing.Tuning(**extra.get("tuning", {})))
+                 for name, extra in chosen_ablations.items()}
     variants = {"nominal": Realism(scrape_failure=args.scrape_failure),
                 "delay10": Realism(scrape_failure=args.scrape_failure, delay_s=10),
                 "cpu90": Realism(scrape_failure=args.scrape_failure, cpu_startup_s=90.0)}
@@ -686,7 +731,7 @@ def main(argv: list[str] | None = None) -> None:
         runs: list[RunSpec] = []
         for variant in chosen:
             runs += runs_for(variant, variants[variant], gpu, cpu, slo, spec, not args.no_sweep,
-                             ablations if variant == "nominal" else {})
+                             ablations if variant == "nominal" else {}, args.baselines.split(","))
         for row in simulate(rates, runs, gpu, cpu, slo, seed):
             rows.append({"shape": shape, "seed": seed, **row})
         print(f"{shape} seed {seed}: {time.monotonic() - started:.0f}s", file=sys.stderr)
@@ -715,6 +760,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         Path(args.out).write_text(text)
     print(text)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
 
 
 def _seeds(text: str) -> list[int]:

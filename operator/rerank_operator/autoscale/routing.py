@@ -1,18 +1,22 @@
 """The traffic split: what share of requests the CPU pool gets, per routing policy.
 
-gpu-first spills fast and recovers gradually:
+gpu-first spills only what the GPU cannot serve, and recovers gradually:
 - spill while the GPU is saturated and cannot absorb more now: over its targets and either at its max or still
-  waiting for replicas it asked for, or its memory is at the watermark. Each tick moves at least stepPercent and,
-  once the GPU's capacity is learned, straight to the GPU's measured excess (the share its ready replicas cannot
-  serve within target) plus what lets it work off its queue beyond target within one interval. The CPU pool is
-  sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step (`Split.surge`);
-- never give the CPU pool more than its ready replicas can serve (85% of their learned capacity; 100% while the
-  GPU works off a queue), once that capacity is known (before, one step shows it); when both pools are over
-  target, hold, or shrink the CPU share to that capacity;
-- recover (-recoverStepPercent) once the GPU would stay under its targets after taking the step back, and not
-  sooner than the scale-down cooldown after the last spill (the hysteresis that prevents flapping) unless the GPU
-  has every replica it asked for ready and a capacity learned at saturation, so the projection is measured.
+  waiting for replicas it asked for, or its memory is at the watermark. Once the GPU's per-replica capacity is
+  learned (`load.learn_capacity`; a lower bound will do, it only makes the spill generous), the CPU share goes
+  straight to the GPU's measured excess, the share its ready replicas cannot serve within target, plus what lets
+  it work off its queue beyond target within one interval; no fixed step. Before that, one stepPercent at a time.
+  The CPU pool is sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step
+  (`Split.surge`);
+- never give the CPU pool more than its ready replicas can serve within its target, once that capacity is known
+  (before, one step shows it): the first spill onto a small CPU pool is what it can take now, the rest follows as
+  its replicas become ready; when both pools are over target, hold, or shrink the CPU share to that capacity;
+- shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU
+  still cannot serve at the sizing utilization: the split settles where it is needed instead of swinging to 0 and
+  back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
+  asked for ready and a capacity learned at saturation, so the projection is measured.
 Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
+`Tuning` switches parts off for the simulator's ablation only; production always uses the defaults.
 """
 
 from __future__ import annotations
@@ -27,6 +31,17 @@ from .signals import Signals
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Parts of gpu-first spillover, all on in production; benchmarks/autoscale_sim.py turns them off one at a time
+    to measure what each buys (the ablation)."""
+
+    exact_spill: bool = True   # spill the GPU's measured excess (not stepPercent steps) once any capacity is learned
+    drain: bool = True         # add what works off the GPU's queue beyond target within one interval
+    damping: bool = True       # shift back no lower than the share the GPU still cannot serve
+    surge: bool = True         # the CPU pool may grow to the excess in one step (spillover.surgeMaxStep)
 
 
 @dataclass(frozen=True)
@@ -50,7 +65,7 @@ class GpuState:
 
 
 def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-          history: History, now: float) -> Split:
+          history: History, now: float, tuning: Tuning = Tuning()) -> Split:
     policy = effective_policy(spec)
     gpu_ready, cpu_ready = signals.gpu.ready_replicas, signals.cpu.ready_replicas
     if policy == "cpu-only":
@@ -64,7 +79,8 @@ def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuSta
                      "no CPU replica ready: all traffic to GPU" if gpu_ready > 0 else "no replica ready in any pool")
     if policy == "fixed":
         return Split(100 - spec.fixed_gpu_percent, "routing policy fixed")
-    return _gpu_first(spec, signals, min(cpu_percent, spec.spillover.max_cpu_percent), gpu, cpu_load, history, now)
+    return _gpu_first(spec, signals, min(cpu_percent, spec.spillover.max_cpu_percent), gpu, cpu_load, history, now,
+                      tuning)
 
 
 def effective_policy(spec: AutoscalingSpec) -> str:
@@ -77,20 +93,23 @@ def effective_policy(spec: AutoscalingSpec) -> str:
 
 
 def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-               history: History, now: float) -> Split:
+               history: History, now: float, tuning: Tuning) -> Split:
     spill = spec.spillover
     pressure = _gpu_pressure(spec, signals, gpu)
     room = _cpu_room_percent(signals, history)
     if pressure:
-        # At least one step; straight to the GPU's measured excess (plus what works off its queue within a
-        # tick) when that is more. The CPU pool is sized for the excess itself: the queue is gone by the time
-        # new CPU replicas are ready.
-        excess = _gpu_excess_percent(signals, history) if gpu.load.overloaded else None
-        drain = _drain_percent(spec, signals)
-        wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent, (excess or 0) + drain))
+        # Straight to the GPU's measured excess (plus what works off its queue within a tick) once a capacity is
+        # known, one step at a time before. The CPU pool is sized for the excess itself: the queue is gone by the
+        # time new CPU replicas are ready.
+        excess = _gpu_excess_percent(signals, history, tuning) if gpu.load.overloaded else None
+        drain = _drain_percent(spec, signals) if tuning.drain else 0
+        if excess is not None and tuning.exact_spill:
+            wanted = min(spill.max_cpu_percent, excess + drain)
+        else:
+            wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent, (excess or 0) + drain))
         sizing = min(spill.max_cpu_percent, max(cpu_percent, excess) if excess is not None else
                      cpu_percent + spill.step_percent)
-        surge = excess is not None
+        surge = excess is not None and tuning.surge
         if cpu_load.overloaded:
             if room is not None and room < cpu_percent:
                 return Split(room, f"{pressure}, but CPU pool is over target ({cpu_load.why}): "
@@ -100,11 +119,9 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
         if room is None:          # the CPU's capacity is not known yet: one step shows it
             ceiling = min(wanted, cpu_percent + spill.step_percent)
         else:                     # straight to what the ready CPU replicas serve within target
-            if drain > 0:         # the GPU works off a queue: the CPU may run at its target, not below
-                room = _cpu_room_percent(signals, history, utilization=1.0) or room
             ceiling = min(wanted, max(room, cpu_percent))
         if cpu_percent >= ceiling:
-            return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% until the CPU pool grows",
+            return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% (wanted {wanted}%)",
                          sizing, surge)
         return Split(ceiling, f"{pressure}: spilling to CPU ({cpu_percent}% -> {ceiling}% of {wanted}% wanted)",
                      sizing, surge)
@@ -113,16 +130,26 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now)
     if blocker:
         return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
-    return Split(max(cpu_percent - spill.recover_step_percent, 0), "GPU has headroom: shifting back")
+    after = max(cpu_percent - spill.recover_step_percent, 0)
+    need = _gpu_excess_percent(signals, history, tuning, UTILIZATION) if tuning.damping else None
+    if need is not None and need > after and not cpu_load.overloaded:
+        if need >= cpu_percent:
+            return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: the GPU's ready replicas serve "
+                                      f"{100 - need}% within {UTILIZATION:.0%} of their capacity")
+        return Split(need, f"GPU has headroom: shifting back to the {need}% its ready replicas cannot serve")
+    return Split(after, "GPU has headroom: shifting back")
 
 
-def _gpu_excess_percent(signals: Signals, history: History) -> int | None:
-    """Share of all traffic beyond what the ready GPU replicas serve within target; None if unknown."""
+def _gpu_excess_percent(signals: Signals, history: History, tuning: Tuning,
+                        utilization: float = 1.0) -> int | None:
+    """Share of all traffic beyond what the ready GPU replicas serve within target (at `utilization` of their
+    learned capacity); None if unknown. A capacity seen only below target is a lower bound: with it the excess is
+    an upper bound, which errs on the side of the SLO (and the CPU pool's room caps it anyway)."""
     capacity = history.gpu.capacity
     total = signals.total_request_rate
-    if not capacity or not history.gpu.capacity_from_saturation or total <= 0:
+    if not capacity or total <= 0 or not (history.gpu.capacity_from_saturation or tuning.exact_spill):
         return None
-    served = signals.gpu.ready_replicas * capacity * UTILIZATION
+    served = signals.gpu.ready_replicas * capacity * utilization
     return int(max(0.0, min(100.0, math.ceil(max(-1.0, min(1.0, 1 - served / total)) * 100))))
 
 
@@ -137,7 +164,7 @@ def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
     return math.ceil(min(100.0, 100 * beyond / spec.interval_seconds / total))
 
 
-def _cpu_room_percent(signals: Signals, history: History, utilization: float = UTILIZATION) -> int | None:
+def _cpu_room_percent(signals: Signals, history: History, utilization: float = 1.0) -> int | None:
     """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known."""
     capacity = history.cpu.capacity
     total = signals.total_request_rate

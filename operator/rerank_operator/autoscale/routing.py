@@ -127,11 +127,13 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
                      sizing, surge)
     if cpu_percent <= 0:
         return Split(0, "GPU has headroom")
-    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now)
+    # With a capacity measured at saturation, the share the GPU cannot serve replaces the one-step projection.
+    need = (_gpu_excess_percent(signals, history, tuning, UTILIZATION)
+            if tuning.damping and history.gpu.capacity_from_saturation else None)
+    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now, project=need is None)
     if blocker:
         return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
     after = max(cpu_percent - spill.recover_step_percent, 0)
-    need = _gpu_excess_percent(signals, history, tuning, UTILIZATION) if tuning.damping else None
     if need is not None and need > after and not cpu_load.overloaded:
         if need >= cpu_percent:
             return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: the GPU's ready replicas serve "
@@ -150,7 +152,7 @@ def _gpu_excess_percent(signals: Signals, history: History, tuning: Tuning,
     if not capacity or total <= 0 or not (history.gpu.capacity_from_saturation or tuning.exact_spill):
         return None
     served = signals.gpu.ready_replicas * capacity * utilization
-    return int(max(0.0, min(100.0, math.ceil(max(-1.0, min(1.0, 1 - served / total)) * 100))))
+    return int(max(0.0, min(100.0, math.ceil(round(max(-1.0, min(1.0, 1 - served / total)) * 100, 6)))))
 
 
 def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
@@ -188,7 +190,7 @@ def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str
 
 
 def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-                      history: History, now: float) -> str | None:
+                      history: History, now: float, project: bool = True) -> str | None:
     memory = signals.gpu.gpu_memory_fraction
     if memory is not None and memory >= spec.targets.gpu_memory_watermark - MEMORY_HYSTERESIS:
         return f"GPU memory {memory:.0%} within {MEMORY_HYSTERESIS:.0%} of the watermark"
@@ -203,7 +205,7 @@ def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int,
         return f"last spill {now - history.last_spill:.0f}s ago (< {hold:.0f}s)"
     gpu_percent = 100 - cpu_percent
     after = gpu_percent + min(spec.spillover.recover_step_percent, cpu_percent)
-    projected = _projected_gpu_ratio(signals, gpu, history, gpu_percent, after)
+    projected = _projected_gpu_ratio(signals, gpu, history, gpu_percent, after) if project else None
     if projected is not None and projected > (UTILIZATION if history.gpu.capacity_from_saturation else
                                               RECOVER_RATIO) and not cpu_in_trouble:
         return f"GPU would be at {projected:.0%} of its capacity after the step"

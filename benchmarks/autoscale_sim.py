@@ -244,7 +244,10 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     backlog = np.zeros((k, 2))
     share = np.zeros(k)
     counters = np.zeros((3, k, 2))               # requests, success, failure
-    buckets = np.zeros((k, 2, TEI_BUCKETS.size))
+    # Bounds below the fastest pool's base latency never hold an observation: they stay 0, only the rest is computed.
+    low = int(np.searchsorted(TEI_BUCKETS, min(gpu.base_latency, cpu.base_latency)))
+    active = TEI_BUCKETS[low:]
+    buckets = np.zeros((k, 2, active.size))
     violations = np.zeros(k)
     rejected_total = np.zeros(k)
     replica_seconds = np.zeros((k, 2))
@@ -259,6 +262,12 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     failed = [[False, False] for _ in range(k)]
     shares_seen: list[list[int]] = [[] for _ in range(k)]
     next_event = math.inf
+    # Which runs scrape and tick at each second of the 15 s cycle (periods divide 15); bounds (period 1) read
+    # the trace, not scrapes.
+    assert all(15 % r.period == 0 for r in runs)
+    tick_at = [[i for i, r in enumerate(runs) if s % r.period == r.phase % r.period] for s in range(15)]
+    scrape_at = [[i for i, r in enumerate(runs) if r.period > 1 and s % r.period == 0] for s in range(15)]
+    waiting: set[int] = set()
     total = np.array([[gpu.min_replicas, cpu.min_replicas]] * k, dtype=float)
 
     def apply(i: int, action: Action, now: int) -> None:
@@ -313,7 +322,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             record.append(violated)
         rejected_total += rejected.sum(axis=1)
         admitted = arrivals - rejected
-        gap = TEI_BUCKETS - start[..., None]
+        gap = active - start[..., None]
         tails = np.where(gap < 0, 1.0, rho[..., None] * np.exp(-decay[..., None] * np.maximum(gap, 0.0)))
         buckets += admitted[..., None] * (1.0 - tails)
         counters[0] += arrivals
@@ -321,27 +330,29 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         counters[2] += rejected
         replica_seconds += total
         # Scrapes, then the controllers whose tick it is, then the actions whose delay has passed.
-        if now % 5 == 0:
+        if scrape_at[now % 15]:
             queue = backlog + ready * rho * rho / (1 - rho)
-            for i in range(k):
-                if now % runs[i].period:
-                    continue
+            for i in scrape_at[now % 15]:
                 for p in (0, 1):
                     failed[i][p] = rngs[i].random() < runs[i].realism.scrape_failure
                     if not failed[i][p]:
                         scrapes[i][p].append(Scrape(now, int(ready[i, p]), counters[0, i, p], counters[1, i, p],
-                                                    counters[2, i, p], queue[i, p], buckets[i, p].copy()))
-        for i, run_spec in enumerate(runs):
-            if now % run_spec.period == run_spec.phase and now > 0:
-                view = View(now, [int(ready[i, 0]), int(ready[i, 1])], [len(starting[i][0]), len(starting[i][1])],
-                            list(intent[i]), intent_share[i], scrapes[i], failed[i], rates)
-                action = controllers[i](view)
-                intent[i] = [action[0], action[1]]
-                intent_share[i] = action[2]
-                shares_seen[i].append(round(action[2] * 100))
-                pending[i].append((now + run_spec.realism.delay_s, action))
+                                                    counters[2, i, p], queue[i, p],
+                                                    np.concatenate([np.zeros(low), buckets[i, p]])))
+        for i in tick_at[now % 15] if now > 0 else ():
+            view = View(now, [int(ready[i, 0]), int(ready[i, 1])], [len(starting[i][0]), len(starting[i][1])],
+                        list(intent[i]), intent_share[i], scrapes[i], failed[i], rates)
+            action = controllers[i](view)
+            intent[i] = [action[0], action[1]]
+            intent_share[i] = action[2]
+            shares_seen[i].append(round(action[2] * 100))
+            pending[i].append((now + runs[i].realism.delay_s, action))
+            waiting.add(i)
+        for i in list(waiting):
             while pending[i] and pending[i][0][0] <= now:
                 apply(i, pending[i].popleft()[1], now)
+            if not pending[i]:
+                waiting.discard(i)
 
     results = []
     for i, run_spec in enumerate(runs):
@@ -724,6 +735,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_drain": {"tuning": {"drain": False}},
     "no_damping": {"tuning": {"damping": False}},
     "no_surge": {"tuning": {"surge": False}},
+    "no_probe": {"tuning": {"probe": False}},
     "interval_15s": {"intervalSeconds": 15},
     "crd_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }

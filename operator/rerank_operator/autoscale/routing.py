@@ -8,9 +8,11 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   it work off its queue beyond target within one interval; no fixed step. Before that, one stepPercent at a time.
   The CPU pool is sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step
   (`Split.surge`);
-- never give the CPU pool more than its ready replicas can serve within its target, once that capacity is known
-  (before, one step shows it): the first spill onto a small CPU pool is what it can take now, the rest follows as
-  its replicas become ready; when both pools are over target, hold, or shrink the CPU share to that capacity;
+- never give the CPU pool more than its ready replicas can serve within its target, once that capacity is known:
+  the first spill onto a small CPU pool is what it can take now, the rest follows as its replicas become ready.
+  Before it is measured, what the CPU replicas served within target is a lower bound to go to, and beyond it the
+  share probes upwards (1%, then doubling per tick, at most stepPercent more), never one blind step onto a single
+  replica; when both pools are over target, hold, or shrink the CPU share to that capacity;
 - shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU
   still cannot serve at the sizing utilization: the split settles where it is needed instead of swinging to 0 and
   back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
@@ -42,6 +44,7 @@ class Tuning:
     drain: bool = True         # add what works off the GPU's queue beyond target within one interval
     damping: bool = True       # shift back no lower than the share the GPU still cannot serve
     surge: bool = True         # the CPU pool may grow to the excess in one step (spillover.surgeMaxStep)
+    probe: bool = True         # before the CPU's capacity is measured, double its share per tick from 1%
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,13 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
                                    f"keeping only what its ready replicas can serve", sizing, surge)
             return Split(cpu_percent, f"{pressure}, but CPU pool is over target too ({cpu_load.why}): "
                                       f"holding split", sizing, surge)
-        if room is None:          # the CPU's capacity is not known yet: one step shows it
-            ceiling = min(wanted, cpu_percent + spill.step_percent)
+        if room is None:
+            # The CPU's capacity is not measured at saturation yet. What its ready replicas served within target
+            # is a lower bound: go to it, or else probe, doubling the share each tick (at least 1%, at most one
+            # stepPercent more), so a single CPU replica is never flooded with a step it cannot serve.
+            lower = _cpu_room_percent(signals, history, measured=False) or 0
+            probe = max(1, 2 * cpu_percent) if tuning.probe else cpu_percent + spill.step_percent
+            ceiling = min(wanted, max(lower, probe), cpu_percent + spill.step_percent)
         else:                     # straight to what the ready CPU replicas serve within target
             ceiling = min(wanted, max(room, cpu_percent))
         if cpu_percent >= ceiling:
@@ -166,11 +174,13 @@ def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
     return math.ceil(min(100.0, 100 * beyond / spec.interval_seconds / total))
 
 
-def _cpu_room_percent(signals: Signals, history: History, utilization: float = 1.0) -> int | None:
-    """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known."""
+def _cpu_room_percent(signals: Signals, history: History, utilization: float = 1.0,
+                      measured: bool = True) -> int | None:
+    """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known
+    (`measured`: at saturation; otherwise a lower bound will do)."""
     capacity = history.cpu.capacity
     total = signals.total_request_rate
-    if not capacity or not history.cpu.capacity_from_saturation or total <= 0:
+    if not capacity or (measured and not history.cpu.capacity_from_saturation) or total <= 0:
         return None
     return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity * utilization / total)))
 

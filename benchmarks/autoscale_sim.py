@@ -231,6 +231,7 @@ class RunSpec:
     realism: Realism = field(default_factory=Realism)
     phase: int = 0    # tick offset within the scrape period (0: right after the scrape, like the direct source)
     period: int = SCRAPE_S  # scrape and tick period (the policy's intervalSeconds; Prometheus' scrape interval)
+    histogram: bool = False  # it reads te_request_duration (only the policy does: the others cost less without)
 
 
 def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: PoolModel, slo: float,
@@ -247,7 +248,9 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     # Bounds below the fastest pool's base latency never hold an observation: they stay 0, only the rest is computed.
     low = int(np.searchsorted(TEI_BUCKETS, min(gpu.base_latency, cpu.base_latency)))
     active = TEI_BUCKETS[low:]
-    buckets = np.zeros((k, 2, active.size))
+    hist_runs = np.array([i for i, r in enumerate(runs) if r.histogram], dtype=int)
+    hist_row = {int(i): row for row, i in enumerate(hist_runs)}
+    buckets = np.zeros((hist_runs.size, 2, active.size))
     violations = np.zeros(k)
     rejected_total = np.zeros(k)
     replica_seconds = np.zeros((k, 2))
@@ -268,6 +271,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     tick_at = [[i for i, r in enumerate(runs) if s % r.period == r.phase % r.period] for s in range(15)]
     scrape_at = [[i for i, r in enumerate(runs) if r.period > 1 and s % r.period == 0] for s in range(15)]
     waiting: set[int] = set()
+    last_action: list[Action | None] = [None] * k
     total = np.array([[gpu.min_replicas, cpu.min_replicas]] * k, dtype=float)
 
     def apply(i: int, action: Action, now: int) -> None:
@@ -322,9 +326,11 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             record.append(violated)
         rejected_total += rejected.sum(axis=1)
         admitted = arrivals - rejected
-        gap = active - start[..., None]
-        tails = np.where(gap < 0, 1.0, rho[..., None] * np.exp(-decay[..., None] * np.maximum(gap, 0.0)))
-        buckets += admitted[..., None] * (1.0 - tails)
+        if hist_runs.size:
+            h_start, h_rho, h_decay = start[hist_runs], rho[hist_runs], decay[hist_runs]
+            gap = active - h_start[..., None]
+            tails = np.where(gap < 0, 1.0, h_rho[..., None] * np.exp(-h_decay[..., None] * np.maximum(gap, 0.0)))
+            buckets += admitted[hist_runs][..., None] * (1.0 - tails)
         counters[0] += arrivals
         counters[1] += completed
         counters[2] += rejected
@@ -338,7 +344,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
                     if not failed[i][p]:
                         scrapes[i][p].append(Scrape(now, int(ready[i, p]), counters[0, i, p], counters[1, i, p],
                                                     counters[2, i, p], queue[i, p],
-                                                    np.concatenate([np.zeros(low), buckets[i, p]])))
+                                                    np.concatenate([np.zeros(low), buckets[hist_row[i], p]])
+                                                    if i in hist_row else np.zeros(0)))
         for i in tick_at[now % 15] if now > 0 else ():
             view = View(now, [int(ready[i, 0]), int(ready[i, 1])], [len(starting[i][0]), len(starting[i][1])],
                         list(intent[i]), intent_share[i], scrapes[i], failed[i], rates)
@@ -346,8 +353,10 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             intent[i] = [action[0], action[1]]
             intent_share[i] = action[2]
             shares_seen[i].append(round(action[2] * 100))
-            pending[i].append((now + runs[i].realism.delay_s, action))
-            waiting.add(i)
+            if action != last_action[i]:
+                last_action[i] = action
+                pending[i].append((now + runs[i].realism.delay_s, action))
+                waiting.add(i)
         for i in list(waiting):
             while pending[i] and pending[i][0][0] <= now:
                 apply(i, pending[i].popleft()[1], now)
@@ -418,12 +427,15 @@ class Hpa:
             else:
                 recs.append(math.ceil(ratio * ready))
         rec = max(self.model.min_replicas, min(self.model.max_replicas, max(recs)))
+        # The window's highest recommendation: a deque kept decreasing, so its head is the maximum.
+        while self.recommendations and self.recommendations[-1][1] <= rec:
+            self.recommendations.pop()
         self.recommendations.append((now, rec))
-        while self.recommendations and now - self.recommendations[0][0] > self.window:
+        while now - self.recommendations[0][0] > self.window:
             self.recommendations.popleft()
         if rec > current:
             return min(rec, max(current * 2, current + 4))
-        return min(current, max(r for _, r in self.recommendations))
+        return min(current, self.recommendations[0][1])
 
 
 def _per_pod(value: float | None, ready: int) -> float | None:
@@ -610,9 +622,9 @@ def runs_for(variant: str, realism: Realism, gpu: PoolModel, cpu: PoolModel, slo
              sweep: bool, ablations: dict[str, tuple[AutoscalingSpec, routing.Tuning]],
              baselines: Sequence[str], bounds: bool = False) -> list[RunSpec]:
     runs = [RunSpec(f"{variant}|policy", lambda: policy_controller(spec), realism,
-                    period=int(spec.interval_seconds))]
+                    period=int(spec.interval_seconds), histogram=True)]
     runs += [RunSpec(f"{variant}|ablation:{name}", (lambda s=s, t=t: policy_controller(s, t)), realism,
-                     period=int(s.interval_seconds))
+                     period=int(s.interval_seconds), histogram=True)
              for name, (s, t) in ablations.items()]
     runs.append(RunSpec(f"{variant}|hpa_util@0.7", make_baseline("hpa_util", gpu, cpu, slo, 0.7), realism,
                         phase=BASELINE_LAG_S))

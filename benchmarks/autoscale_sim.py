@@ -21,11 +21,21 @@ Baselines (each with a tuning factor that cost-matching sweeps):
 - keda: request-rate and queue triggers, 15 s polling, no scale-down stabilization window;
 - fixed_cpu: a fixed CPU share of the traffic, each pool with its own request-rate HPA;
 - cap_spill: a capacity-aware spill rule given each pod's true capacity at the SLO (an oracle the policy lacks).
-Traffic shapes: diurnal + spikes (per seed), slow ramp 50 -> 650 -> 50 rps over 6 h, flat with noise, square waves
-of 10 and 30 min periods, and an overload above what all GPUs can serve. All traces carry Poisson-like noise.
+Bounds (--bounds, not baselines): `oracle` knows the true rate every second and each pod's true capacity but not
+the future; `foresight` also sees the next 3 minutes (more than a GPU's start-up), the perfect-foresight figure.
+Cost-matching: each baseline's sweep is reduced to its Pareto frontier (cost up, violations down) and interpolated
+at the policy's cost; a cost outside the swept range takes the nearest end and is flagged `extrapolated`.
+Traffic shapes: diurnal + spikes (per seed; seeds 9-12 are held out of any tuning and reported apart), slow ramp
+50 -> 650 -> 50 rps over 6 h, flat with noise, square waves of 10 and 30 min periods, and an overload above what all
+GPUs can serve. All traces carry Poisson-like noise. Variants: nominal (CPU start-up 40 s), delay10 (10 s between
+decision and effect), cpu90 (CPU start-up 90 s); start-ups have +0-30% jitter in all.
+The policy runs with TUNED_SPEC (below); --ablations adds the policy with each part switched off (ABLATIONS).
 
-Run: python benchmarks/autoscale_sim.py            (full: 12 seeds, all shapes, variants; prints JSON)
-     python benchmarks/autoscale_sim.py --quick    (2 seeds of 6 h, nominal variant only)
+Run: python benchmarks/autoscale_sim.py --ablations --bounds   (full: 12 seeds, all shapes and variants; JSON)
+     python benchmarks/autoscale_sim.py --quick                 (2 seeds of 6 h, nominal variant only)
+The JSON has `rows` (one per shape, seed, variant and controller) and `summary` (pooled per shape, per diurnal
+seed, tuning seeds 1-8 and held-out seeds 9-12, per variant: the policy, each baseline at its default and
+cost-matched, the strongest baseline, the bounds, the ablations).
 """
 
 from __future__ import annotations

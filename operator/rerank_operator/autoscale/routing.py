@@ -14,8 +14,8 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   share probes upwards (1%, then doubling per tick, at most stepPercent more), never one blind step onto a single
   replica; when both pools are over target, hold, or shrink the CPU share to that capacity;
 - shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU
-  still cannot serve at the sizing utilization: the split settles where it is needed instead of swinging to 0 and
-  back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
+  still cannot serve at the sizing utilization (at its full capacity when the CPU pool is over target too): the
+  split settles where it is needed instead of swinging to 0 and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
   asked for ready and a capacity learned at saturation, so the projection is measured.
 Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
 `Tuning` switches parts off for the simulator's ablation only; production always uses the defaults.
@@ -142,7 +142,11 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     if blocker:
         return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
     after = max(cpu_percent - spill.recover_step_percent, 0)
-    if need is not None and need > after and not cpu_load.overloaded:
+    if need is not None and cpu_load.overloaded:
+        # Both pools short: give back to the GPU what it can serve at its full capacity, no more, or the next
+        # tick spills it again (the swing the damping is for).
+        need = _gpu_excess_percent(signals, history, tuning)
+    if need is not None and need > after:
         if need >= cpu_percent:
             return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: the GPU's ready replicas serve "
                                       f"{100 - need}% within {UTILIZATION:.0%} of their capacity")

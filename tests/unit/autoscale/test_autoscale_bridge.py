@@ -253,3 +253,37 @@ def test_learned_more_load_never_means_fewer_gpu_replicas_or_less_spill(ready, r
     high = outcome(p95_low + p95_extra, queue_low + queue_extra)
     assert high[0] >= low[0]
     assert high[1] >= low[1]
+
+
+def _plant(demand: float, share: int, gpu_ready: int, cpu_ready: int, gpu_cap: float, cpu_cap: float,
+           now: float) -> Signals:
+    """A fluid stand-in for the service: each pool serves up to ready x capacity within target (p95 100 ms,
+    no queue); beyond it p95 is 4x its target and the queue holds the excess of one 15 s interval."""
+    def one(arrivals: float, ready: int, capacity: float, target_ms: float) -> PoolSignals:
+        excess = max(0.0, arrivals - ready * capacity)
+        return PoolSignals(ready_replicas=ready, scraped_replicas=ready, request_rate=arrivals,
+                           success_rate=arrivals - excess, failure_rate=0.0, queue_size=15 * excess,
+                           latency_p95_ms=100.0 if excess <= 0 else 4 * target_ms, sampled_at=now)
+    cpu_rate = demand * share / 100
+    return Signals(one(demand - cpu_rate, gpu_ready, gpu_cap, 250.0), one(cpu_rate, cpu_ready, cpu_cap, 500.0))
+
+
+@settings(settings.get_profile("autoscale-bridge"))
+@given(st.floats(100, 900), st.floats(60, 150), st.floats(2, 12), st.integers(1, 6))
+def test_closed_loop_split_settles_without_swinging(demand, gpu_cap, cpu_cap, gpus):
+    # The GPU pool is pinned at its max (it cannot grow), the CPU pool's replicas are ready at once. Whatever the
+    # capacities, the CPU share settles after at most two reversals (the probe of a CPU capacity not yet measured
+    # may overshoot once and come back): no 50 -> 100 -> 50 -> 0 swings.
+    pinned = spec(gpu=(gpus, gpus), cpu=(1, 40))
+    current, history, shares = Current(gpus, 1, 0), History(), []
+    for tick in range(80):
+        now = NOW + 15 * tick
+        signals = _plant(demand, current.cpu_percent, gpus, current.cpu_replicas, gpu_cap, cpu_cap, now)
+        decision = decide(pinned, signals, current, history, now)
+        current, history = Current(decision.gpu_replicas, decision.cpu_replicas, decision.cpu_percent), \
+            decision.history
+        shares.append(decision.cpu_percent)
+    moves = [b - a for a, b in zip(shares, shares[1:]) if b != a]
+    reversals = sum(1 for a, b in zip(moves, moves[1:]) if (a > 0) != (b > 0))
+    assert reversals <= 2, shares
+    assert len(set(shares[-10:])) == 1, shares

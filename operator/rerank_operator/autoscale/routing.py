@@ -13,9 +13,9 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   Before it is measured, what the CPU replicas served within target is a lower bound to go to, and beyond it the
   share probes upwards (1%, then doubling per tick, at most stepPercent more), never one blind step onto a single
   replica; when both pools are over target, hold, or shrink the CPU share to that capacity;
-- shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU
-  still cannot serve at the sizing utilization (at its full capacity when the CPU pool is over target too): the
-  split settles where it is needed instead of swinging to 0 and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
+- shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU's
+  ready replicas still cannot serve within target: the split settles where it is needed instead of swinging to 0
+  and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
   asked for ready and a capacity learned at saturation, so the projection is measured.
 Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
 `Tuning` switches parts off for the simulator's ablation only; production always uses the defaults.
@@ -33,6 +33,7 @@ from .signals import Signals
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
+SETTLE_UTILIZATION = 0.95    # shifting back stops where the GPU's ready replicas run at 95% of their capacity
 
 
 @dataclass(frozen=True)
@@ -136,20 +137,17 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     if cpu_percent <= 0:
         return Split(0, "GPU has headroom")
     # With a capacity measured at saturation, the share the GPU cannot serve replaces the one-step projection.
-    need = (_gpu_excess_percent(signals, history, tuning, UTILIZATION)
+    need = (_gpu_excess_percent(signals, history, tuning, SETTLE_UTILIZATION)
             if tuning.damping and history.gpu.capacity_from_saturation else None)
     blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now, project=need is None)
     if blocker:
         return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
     after = max(cpu_percent - spill.recover_step_percent, 0)
-    if need is not None and cpu_load.overloaded:
-        # Both pools short: give back to the GPU what it can serve at its full capacity, no more, or the next
-        # tick spills it again (the swing the damping is for).
-        need = _gpu_excess_percent(signals, history, tuning)
     if need is not None and need > after:
+        # Give back to the GPU what it can serve within target, no more, or the next tick spills it again.
         if need >= cpu_percent:
             return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: the GPU's ready replicas serve "
-                                      f"{100 - need}% within {UTILIZATION:.0%} of their capacity")
+                                      f"{100 - need}% within target")
         return Split(need, f"GPU has headroom: shifting back to the {need}% its ready replicas cannot serve")
     return Split(after, "GPU has headroom: shifting back")
 

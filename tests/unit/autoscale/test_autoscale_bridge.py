@@ -79,15 +79,15 @@ def test_a_lower_bound_capacity_is_enough_to_spill_the_excess():
 
 
 def test_shifting_back_stops_at_the_share_the_gpu_still_cannot_serve():
-    # 4 GPU replicas x 100 x 85% = 340 of 400 rps: the GPU cannot serve 15% at its sizing utilization. From 30%
-    # the recover step (10) goes to 20; from 20 it stops at 15 instead of 10; at 15 it holds (no swing to 0).
+    # 4 GPU replicas x 100 x 95% (SETTLE_UTILIZATION) = 380 of 460 rps: the GPU cannot serve 17.4% -> 18%. From
+    # 30% the recover step (10) goes to 20; from 20 it stops at 18 instead of 10; at 18 it holds (no swing to 0).
     history = replace(LEARNED, last_spill=NOW - 600)
     shares = []
-    for start in (30, 20, 15):
-        signals = Signals(pool(4, rate=400 * (100 - start) / 100, p95=120),
-                          pool(20, rate=400 * start / 100, p95=200))
+    for start in (30, 20, 18):
+        signals = Signals(pool(4, rate=460 * (100 - start) / 100, p95=120),
+                          pool(20, rate=460 * start / 100, p95=200))
         shares.append(run(signals, Current(4, 20, start), history).cpu_percent)
-    assert shares == [20, 15, 15]
+    assert shares == [20, 18, 18]
 
 
 def test_the_surge_still_waits_for_the_scale_up_cooldown():

@@ -185,7 +185,8 @@ class View:
     cpu_share: float            # share last asked for (the route's weight)
     scrapes: list[deque]        # per pool, recent successful scrapes, oldest first
     failed: list[bool]          # the latest scrape of each pool failed
-    trace: np.ndarray | None = None  # the true arrival rate per second: for the oracle bound only
+    trace: np.ndarray | None = None  # the true arrival rate per second: for the bounds only
+    backlog: tuple[float, float] = (0.0, 0.0)  # the true requests waiting per pool: for the bounds only
 
     def direct(self, pool: int) -> PoolSignals:
         """Signals as the direct source computes them at a tick right after its scrape."""
@@ -358,7 +359,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
                                                     if i in hist_row else np.zeros(0)))
         for i in tick_at[now % 15] if now > 0 else ():
             view = View(now, [int(ready[i, 0]), int(ready[i, 1])], [len(starting[i][0]), len(starting[i][1])],
-                        list(intent[i]), intent_share[i], scrapes[i], failed[i], rates)
+                        list(intent[i]), intent_share[i], scrapes[i], failed[i], rates,
+                        (float(backlog[i, 0]), float(backlog[i, 1])))
             action = controllers[i](view)
             intent[i] = [action[0], action[1]]
             intent_share[i] = action[2]
@@ -558,12 +560,14 @@ def cap_spill_controller(gpu: PoolModel, cpu: PoolModel, slo: float, f: float = 
 
 def oracle_controller(gpu: PoolModel, cpu: PoolModel, slo: float, f: float = 0.85,
                       lookahead_s: int = 0) -> Controller:
-    """The bound: every second, the true arrival rate (and with `lookahead_s`, the coming peak) and each pod's true
-    capacity at the SLO; sizes the GPU for demand at utilization f, spills exactly what the ready GPUs cannot
-    serve, as far as the ready CPU pods can take it, sizes the CPU pool for that spill, and releases both after
-    120 s. With lookahead 0 it is what a reactive controller could do at best: only start-up times hurt it."""
+    """The bound: every second, the true arrival rate and GPU backlog (and with `lookahead_s`, the coming peak) and
+    each pod's true capacity at the SLO; sizes the GPU for demand at utilization f, spills what the ready GPUs
+    cannot serve plus what works off their backlog within 5 s, as far as the ready CPU pods can take it, sizes
+    the CPU pool for the excess, and releases both after 120 s. With lookahead 0 it stands for a reactive
+    controller with perfect, instant information: only start-up times hurt it."""
     gpu_cap, cpu_cap = gpu.capacity_at(slo), cpu.capacity_at(slo)
     recs: tuple[deque, deque] = (deque(), deque())
+    MARGIN = 0.9  # noqa: N806 - pools run at 90% of their capacity at the SLO: the M/M/1 tail is steep there
 
     def held(p: int, now: int, want: int) -> int:
         recs[p].append((now, want))
@@ -577,11 +581,13 @@ def oracle_controller(gpu: PoolModel, cpu: PoolModel, slo: float, f: float = 0.8
         demand = float(view.trace[max(0, now - 4):now + 1].mean())
         peak = float(view.trace[now:now + lookahead_s + 1].max()) if lookahead_s else demand
         gpu_want = held(0, now, max(gpu.min_replicas, math.ceil(max(demand, peak) / (f * gpu_cap))))
-        excess = max(0.0, demand - view.ready[0] * gpu_cap)
-        future = max(0.0, peak - (view.ready[0] + view.starting[0]) * gpu_cap) if lookahead_s else excess
-        cpu_want = held(1, now, max(cpu.min_replicas, math.ceil(max(excess, future) / cpu_cap)))
-        share = 1.0 if view.ready[0] <= 0 else (min(excess, view.ready[1] * cpu_cap) / demand if demand > 0 else 0)
-        return gpu_want, cpu_want, share
+        excess = max(0.0, demand - view.ready[0] * gpu_cap * MARGIN)
+        future = max(0.0, peak - (view.ready[0] + view.starting[0]) * gpu_cap * MARGIN) if lookahead_s else excess
+        cpu_want = held(1, now, max(cpu.min_replicas, math.ceil(max(excess, future) / (cpu_cap * MARGIN))))
+        drain = view.backlog[0] / 5.0          # work off the GPU's backlog within 5 s, as far as the CPU can
+        share = 1.0 if view.ready[0] <= 0 else (
+            min(excess + drain, view.ready[1] * cpu_cap * MARGIN) / demand if demand > 0 else 0.0)
+        return gpu_want, cpu_want, min(share, 1.0)
 
     return control
 

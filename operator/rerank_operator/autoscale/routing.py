@@ -5,7 +5,7 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   waiting for replicas it asked for, or its memory is at the watermark. Once the GPU's per-replica capacity is
   learned (`load.learn_capacity`; a lower bound will do, it only makes the spill generous), the CPU share goes
   straight to the GPU's measured excess, the share its ready replicas cannot serve within target, plus what lets
-  it work off its queue beyond target within one interval; no fixed step. Before that, one stepPercent at a time.
+  it work off its queue beyond target within one interval; no fixed step. Before that, stepPercent at a time.
   The CPU pool is sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step
   (`Split.surge`);
 - never give the CPU pool more than its ready replicas can serve within its target, once that capacity is known:
@@ -176,15 +176,14 @@ def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
     return math.ceil(min(100.0, 100 * beyond / spec.interval_seconds / total))
 
 
-def _cpu_room_percent(signals: Signals, history: History, utilization: float = 1.0,
-                      measured: bool = True) -> int | None:
+def _cpu_room_percent(signals: Signals, history: History, measured: bool = True) -> int | None:
     """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known
     (`measured`: at saturation; otherwise a lower bound will do)."""
     capacity = history.cpu.capacity
     total = signals.total_request_rate
     if not capacity or (measured and not history.cpu.capacity_from_saturation) or total <= 0:
         return None
-    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity * utilization / total)))
+    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity / total)))
 
 
 def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str | None:

@@ -66,8 +66,11 @@ class Decision:
         return {"time": now_iso, "reason": self.reason, "held": self.held}
 
 
-def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float) -> Decision:
-    """Desired replicas per pool, CPU traffic share, and why. See the module docstring for the order."""
+def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
+           tuning: routing.Tuning = routing.Tuning()) -> Decision:
+    """Desired replicas per pool, CPU traffic share, and why. See the module docstring for the order.
+
+    `tuning` is for the simulator's ablation only (production uses the defaults)."""
     if not spec.enabled:
         return _static(spec, signals, current, history, "autoscaling disabled")
     stale = [f"{pool} metrics: {why}" for pool in ("gpu", "cpu")
@@ -90,7 +93,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes)
 
     gpu_state = routing.GpuState(gpu_load, gpu_replicas, spec.gpu.max_replicas)
-    split = routing.route(spec, signals, current.cpu_percent, gpu_state, cpu_load, history, now)
+    split = routing.route(spec, signals, current.cpu_percent, gpu_state, cpu_load, history, now, tuning)
     if split.cpu_percent > current.cpu_percent:
         history = replace(history, last_spill=now)
     elif split.cpu_percent < current.cpu_percent:

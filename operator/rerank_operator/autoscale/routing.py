@@ -1,18 +1,24 @@
 """The traffic split: what share of requests the CPU pool gets, per routing policy.
 
-gpu-first spills fast and recovers gradually:
+gpu-first spills only what the GPU cannot serve, and recovers gradually:
 - spill while the GPU is saturated and cannot absorb more now: over its targets and either at its max or still
-  waiting for replicas it asked for, or its memory is at the watermark. Each tick moves at least stepPercent and,
-  once the GPU's capacity is learned, straight to the GPU's measured excess (the share its ready replicas cannot
-  serve within target) plus what lets it work off its queue beyond target within one interval. The CPU pool is
-  sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step (`Split.surge`);
-- never give the CPU pool more than its ready replicas can serve (85% of their learned capacity; 100% while the
-  GPU works off a queue), once that capacity is known (before, one step shows it); when both pools are over
-  target, hold, or shrink the CPU share to that capacity;
-- recover (-recoverStepPercent) once the GPU would stay under its targets after taking the step back, and not
-  sooner than the scale-down cooldown after the last spill (the hysteresis that prevents flapping) unless the GPU
-  has every replica it asked for ready and a capacity learned at saturation, so the projection is measured.
+  waiting for replicas it asked for, or its memory is at the watermark. Once the GPU's per-replica capacity is
+  learned (`load.learn_capacity`; a lower bound will do, it only makes the spill generous), the CPU share goes
+  straight to the GPU's measured excess, the share its ready replicas cannot serve within target, plus what lets
+  it work off its queue beyond target within one interval; no fixed step. Before that, stepPercent at a time.
+  The CPU pool is sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step
+  (`Split.surge`);
+- never give the CPU pool more than its ready replicas can serve within its target, once that capacity is known:
+  the first spill onto a small CPU pool is what it can take now, the rest follows as its replicas become ready.
+  Before it is measured, what the CPU replicas served within target is a lower bound to go to, and beyond it the
+  share probes upwards (1%, then doubling per tick, at most stepPercent more), never one blind step onto a single
+  replica; when both pools are over target, hold, or shrink the CPU share to that capacity;
+- shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU's
+  ready replicas still cannot serve within target: the split settles where it is needed instead of swinging to 0
+  and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
+  asked for ready and a capacity learned at saturation, so the projection is measured.
 Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
+`Tuning` switches parts off for the simulator's ablation only; production always uses the defaults.
 """
 
 from __future__ import annotations
@@ -27,6 +33,19 @@ from .signals import Signals
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
+SETTLE_UTILIZATION = 0.95    # shifting back stops where the GPU's ready replicas run at 95% of their capacity
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Parts of gpu-first spillover, all on in production; benchmarks/autoscale_sim.py turns them off one at a time
+    to measure what each buys (the ablation)."""
+
+    exact_spill: bool = True   # spill the GPU's measured excess (not stepPercent steps) once any capacity is learned
+    drain: bool = True         # add what works off the GPU's queue beyond target within one interval
+    damping: bool = True       # shift back no lower than the share the GPU still cannot serve
+    surge: bool = True         # the CPU pool may grow to the excess in one step (spillover.surgeMaxStep)
+    probe: bool = True         # before the CPU's capacity is measured, double its share per tick from 1%
 
 
 @dataclass(frozen=True)
@@ -50,7 +69,7 @@ class GpuState:
 
 
 def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-          history: History, now: float) -> Split:
+          history: History, now: float, tuning: Tuning = Tuning()) -> Split:
     policy = effective_policy(spec)
     gpu_ready, cpu_ready = signals.gpu.ready_replicas, signals.cpu.ready_replicas
     if policy == "cpu-only":
@@ -64,7 +83,8 @@ def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuSta
                      "no CPU replica ready: all traffic to GPU" if gpu_ready > 0 else "no replica ready in any pool")
     if policy == "fixed":
         return Split(100 - spec.fixed_gpu_percent, "routing policy fixed")
-    return _gpu_first(spec, signals, min(cpu_percent, spec.spillover.max_cpu_percent), gpu, cpu_load, history, now)
+    return _gpu_first(spec, signals, min(cpu_percent, spec.spillover.max_cpu_percent), gpu, cpu_load, history, now,
+                      tuning)
 
 
 def effective_policy(spec: AutoscalingSpec) -> str:
@@ -77,53 +97,72 @@ def effective_policy(spec: AutoscalingSpec) -> str:
 
 
 def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-               history: History, now: float) -> Split:
+               history: History, now: float, tuning: Tuning) -> Split:
     spill = spec.spillover
     pressure = _gpu_pressure(spec, signals, gpu)
     room = _cpu_room_percent(signals, history)
     if pressure:
-        # At least one step; straight to the GPU's measured excess (plus what works off its queue within a
-        # tick) when that is more. The CPU pool is sized for the excess itself: the queue is gone by the time
-        # new CPU replicas are ready.
-        excess = _gpu_excess_percent(signals, history) if gpu.load.overloaded else None
-        drain = _drain_percent(spec, signals)
-        wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent, (excess or 0) + drain))
+        # Straight to the GPU's measured excess (plus what works off its queue within a tick) once a capacity is
+        # known, one step at a time before. The CPU pool is sized for the excess itself: the queue is gone by the
+        # time new CPU replicas are ready.
+        excess = _gpu_excess_percent(signals, history, tuning) if gpu.load.overloaded else None
+        drain = _drain_percent(spec, signals) if tuning.drain else 0
+        if excess is not None and tuning.exact_spill:
+            wanted = min(spill.max_cpu_percent, excess + drain)
+        else:
+            wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent, (excess or 0) + drain))
         sizing = min(spill.max_cpu_percent, max(cpu_percent, excess) if excess is not None else
                      cpu_percent + spill.step_percent)
-        surge = excess is not None
+        surge = excess is not None and tuning.surge
         if cpu_load.overloaded:
             if room is not None and room < cpu_percent:
                 return Split(room, f"{pressure}, but CPU pool is over target ({cpu_load.why}): "
                                    f"keeping only what its ready replicas can serve", sizing, surge)
             return Split(cpu_percent, f"{pressure}, but CPU pool is over target too ({cpu_load.why}): "
                                       f"holding split", sizing, surge)
-        if room is None:          # the CPU's capacity is not known yet: one step shows it
-            ceiling = min(wanted, cpu_percent + spill.step_percent)
+        if room is None:
+            # The CPU's capacity is not measured at saturation yet. What its ready replicas served within target
+            # is a lower bound: go to it, or else probe, doubling the share each tick (at least 1%, at most one
+            # stepPercent more), so a single CPU replica is never flooded with a step it cannot serve.
+            lower = _cpu_room_percent(signals, history, measured=False) or 0
+            probe = max(1, 2 * cpu_percent) if tuning.probe else cpu_percent + spill.step_percent
+            ceiling = min(wanted, max(lower, probe), cpu_percent + spill.step_percent)
         else:                     # straight to what the ready CPU replicas serve within target
-            if drain > 0:         # the GPU works off a queue: the CPU may run at its target, not below
-                room = _cpu_room_percent(signals, history, utilization=1.0) or room
             ceiling = min(wanted, max(room, cpu_percent))
         if cpu_percent >= ceiling:
-            return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% until the CPU pool grows",
+            return Split(cpu_percent, f"{pressure}; CPU share held at {cpu_percent}% (wanted {wanted}%)",
                          sizing, surge)
         return Split(ceiling, f"{pressure}: spilling to CPU ({cpu_percent}% -> {ceiling}% of {wanted}% wanted)",
                      sizing, surge)
     if cpu_percent <= 0:
         return Split(0, "GPU has headroom")
-    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now)
+    # With a capacity measured at saturation, the share the GPU cannot serve replaces the one-step projection.
+    need = (_gpu_excess_percent(signals, history, tuning, SETTLE_UTILIZATION)
+            if tuning.damping and history.gpu.capacity_from_saturation else None)
+    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now, project=need is None)
     if blocker:
         return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
-    return Split(max(cpu_percent - spill.recover_step_percent, 0), "GPU has headroom: shifting back")
+    after = max(cpu_percent - spill.recover_step_percent, 0)
+    if need is not None and need > after:
+        # Give back to the GPU what it can serve within target, no more, or the next tick spills it again.
+        if need >= cpu_percent:
+            return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: the GPU's ready replicas serve "
+                                      f"{100 - need}% within target")
+        return Split(need, f"GPU has headroom: shifting back to the {need}% its ready replicas cannot serve")
+    return Split(after, "GPU has headroom: shifting back")
 
 
-def _gpu_excess_percent(signals: Signals, history: History) -> int | None:
-    """Share of all traffic beyond what the ready GPU replicas serve within target; None if unknown."""
+def _gpu_excess_percent(signals: Signals, history: History, tuning: Tuning,
+                        utilization: float = 1.0) -> int | None:
+    """Share of all traffic beyond what the ready GPU replicas serve within target (at `utilization` of their
+    learned capacity); None if unknown. A capacity seen only below target is a lower bound: with it the excess is
+    an upper bound, which errs on the side of the SLO (and the CPU pool's room caps it anyway)."""
     capacity = history.gpu.capacity
     total = signals.total_request_rate
-    if not capacity or not history.gpu.capacity_from_saturation or total <= 0:
+    if not capacity or total <= 0 or not (history.gpu.capacity_from_saturation or tuning.exact_spill):
         return None
-    served = signals.gpu.ready_replicas * capacity * UTILIZATION
-    return int(max(0.0, min(100.0, math.ceil(max(-1.0, min(1.0, 1 - served / total)) * 100))))
+    served = signals.gpu.ready_replicas * capacity * utilization
+    return int(max(0.0, min(100.0, math.ceil(round(max(-1.0, min(1.0, 1 - served / total)) * 100, 6)))))
 
 
 def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
@@ -137,13 +176,14 @@ def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:
     return math.ceil(min(100.0, 100 * beyond / spec.interval_seconds / total))
 
 
-def _cpu_room_percent(signals: Signals, history: History, utilization: float = UTILIZATION) -> int | None:
-    """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known."""
+def _cpu_room_percent(signals: Signals, history: History, measured: bool = True) -> int | None:
+    """Share of all traffic the ready CPU replicas can serve within target; None before the capacity is known
+    (`measured`: at saturation; otherwise a lower bound will do)."""
     capacity = history.cpu.capacity
     total = signals.total_request_rate
-    if not capacity or not history.cpu.capacity_from_saturation or total <= 0:
+    if not capacity or (measured and not history.cpu.capacity_from_saturation) or total <= 0:
         return None
-    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity * utilization / total)))
+    return int(max(0.0, min(100.0, 100 * signals.cpu.ready_replicas * capacity / total)))
 
 
 def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str | None:
@@ -161,7 +201,7 @@ def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str
 
 
 def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-                      history: History, now: float) -> str | None:
+                      history: History, now: float, project: bool = True) -> str | None:
     memory = signals.gpu.gpu_memory_fraction
     if memory is not None and memory >= spec.targets.gpu_memory_watermark - MEMORY_HYSTERESIS:
         return f"GPU memory {memory:.0%} within {MEMORY_HYSTERESIS:.0%} of the watermark"
@@ -176,7 +216,7 @@ def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int,
         return f"last spill {now - history.last_spill:.0f}s ago (< {hold:.0f}s)"
     gpu_percent = 100 - cpu_percent
     after = gpu_percent + min(spec.spillover.recover_step_percent, cpu_percent)
-    projected = _projected_gpu_ratio(signals, gpu, history, gpu_percent, after)
+    projected = _projected_gpu_ratio(signals, gpu, history, gpu_percent, after) if project else None
     if projected is not None and projected > (UTILIZATION if history.gpu.capacity_from_saturation else
                                               RECOVER_RATIO) and not cpu_in_trouble:
         return f"GPU would be at {projected:.0%} of its capacity after the step"

@@ -30,7 +30,7 @@ def test_calm_gpu_keeps_everything_and_all_traffic_on_gpu():
 def test_overloaded_gpu_below_max_scales_up_by_at_most_max_step_and_spills_meanwhile():
     decision = run(Signals(HOT_GPU, CALM_CPU), Current(2, 1, 0), gpu=(1, 10))
     assert decision.gpu_replicas == 2 + 2          # scaleUp.maxStep default 2
-    assert decision.cpu_percent == 25              # spillover.stepPercent default 25: GPU waits for replicas
+    assert decision.cpu_percent == 1               # GPU waits for replicas; the CPU's capacity is unknown: probe 1%
     reasons = {e.reason for e in decision.events}
     assert {"ScaledUp", "TrafficShifted"} <= reasons
 
@@ -42,6 +42,26 @@ def test_overloaded_gpu_at_max_spills_one_step_and_stays_at_max():
     assert "max replicas" in decision.reason
 
 
+def test_before_the_cpu_capacity_is_measured_the_share_probes_upwards():
+    # GPU at max and over target; the CPU pool's capacity is unknown. Each tick doubles the share (1 -> 2 -> 4 ...)
+    # while the CPU stays under target, never more than one stepPercent (25) at once.
+    hot = pool(4, rate=800, p95=600, queue=30)
+    shares = [1]
+    for _ in range(6):
+        cpu = pool(1, rate=800 * shares[-1] / 100, p95=200)
+        shares.append(run(Signals(hot, cpu), Current(4, 1, shares[-1]), gpu=(1, 4)).cpu_percent)
+    assert shares == [1, 2, 4, 8, 16, 32, 57]
+
+
+def test_a_cpu_capacity_seen_below_target_is_a_floor_for_the_first_spill():
+    # 2 CPU replicas once served 30 rps each within target (a lower bound, not measured at saturation): 60 of
+    # 800 rps = 7.5% -> 7% is taken at once instead of the 1% probe.
+    history = History(cpu=PoolHistory(capacity=30.0, capacity_from_saturation=False))
+    decision = run(Signals(pool(4, rate=800, p95=600, queue=30), pool(2, rate=0, p95=None)), Current(4, 2, 0),
+                   history, gpu=(1, 4))
+    assert decision.cpu_percent == 7
+
+
 def test_spill_never_exceeds_max_cpu_percent():
     decision = run(Signals(pool(4, rate=800, p95=600, queue=30), CALM_CPU), Current(4, 1, 30), gpu=(1, 4),
                    spillover={"maxCpuPercent": 40})
@@ -50,7 +70,7 @@ def test_spill_never_exceeds_max_cpu_percent():
 
 def test_gpu_memory_above_watermark_spills_even_with_low_latency():
     decision = run(Signals(replace(CALM_GPU, gpu_memory_fraction=0.95), CALM_CPU), Current(2, 1, 0))
-    assert decision.cpu_percent == 25
+    assert decision.cpu_percent == 1               # the CPU's capacity is unknown: a probe first
     assert "memory" in decision.reason
 
 
@@ -126,7 +146,7 @@ def test_external_replica_management_only_shifts_traffic():
     decision = run(Signals(pool(4, rate=800, p95=600, queue=30), CALM_CPU), Current(4, 1, 0), gpu=(1, 4),
                    replicaManagement="external")
     assert (decision.gpu_replicas, decision.cpu_replicas) == (4, 1)
-    assert decision.cpu_percent == 25
+    assert decision.cpu_percent == 1
 
 
 def test_scale_down_waits_for_the_stabilization_window_then_steps():

@@ -157,7 +157,7 @@ def main() -> None:
     a = ap.parse_args()
     threads = isa.cpu_budget()
     out: dict = {"fixture": a.fixture, "threads": threads, "target": isa.detect_local_target()}
-    fx = trained_fixture.make_fixture(a.fixture, minutes=3.0, threads=threads, force=False)
+    fx = trained_fixture.make_fixture(a.fixture, threads=threads)
     groups = [(p["query"], p["texts"]) for p in map(json.loads, Path(fx["eval_jsonl"]).read_text().splitlines())]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

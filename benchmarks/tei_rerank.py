@@ -268,7 +268,7 @@ def dir_bytes(d: Path) -> int:
 
 def run(fixture: str, variants: list[str], router: str | None, clients: int, rounds: int, queries: int,
         threads: int, work: Path) -> dict:
-    fx = trained_fixture.make_fixture(fixture, minutes=3.0, threads=threads, force=False)
+    fx = trained_fixture.make_fixture(fixture, threads=threads)
     groups = [(p["query"], p["texts"]) for p in map(json.loads, Path(fx["eval_jsonl"]).read_text().splitlines())]
     groups = groups[:queries]
     dirs, notes = prepare(fx, work, variants, threads)

@@ -92,11 +92,11 @@ def prepare(fx: dict, work: Path, variants: list[str], threads: int) -> tuple[di
             t0 = time.monotonic()
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             res = json.loads(proc.stdout.strip().splitlines()[-1])
-            if not res.get("ok"):
-                raise SystemExit(f"rerank-quantize failed: {res}")
-            dirs["auto"] = vol / "artifacts" / "bench" / "cpu-int8"
-            notes["auto"] = {"job_seconds": round(time.monotonic() - t0, 1), "chosen": res["recipe"].get("name"),
-                             "job_quality": res.get("quality"), "tried": res["recipe"].get("tried")}
+            notes["auto"] = {"job_seconds": round(time.monotonic() - t0, 1), "job_reason": res.get("reason"),
+                             "chosen": res["recipe"].get("name"), "job_quality": res.get("quality"),
+                             "tried": res["recipe"].get("tried")}
+            if res.get("ok"):
+                dirs["auto"] = vol / "artifacts" / "bench" / "cpu-int8"
             continue
         r = recipes[v]
         out = work / "q" / v / "model.onnx"
@@ -302,6 +302,9 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
                    "rounds_pairs_per_s": [round(r["pairs_per_s"], 2) for r in rs], **notes.get(v, {})}
     enc_lens = textenc.token_lengths(textenc.load_tokenizer(str(dirs["fp32"] / "tokenizer.json"), 512),
                                      [(q, t) for q, ts in groups for t in ts])
+    for v, n in notes.items():
+        if v not in rows:
+            rows[v] = {"not_served": "the Job published nothing", **n}
     return {"fixture": fixture, "harness": RouterServer.harness if router else FallbackServer.harness,
             "router": router, "clients": clients, "rounds": rounds, "threads": threads, "queries": len(groups),
             "pairs": len(keys), "median_tokens": int(np.median(enc_lens)),

@@ -251,12 +251,16 @@ def torch_fp32(model_dir: Path, groups, threads: int) -> dict:
     out = []
     with torch.inference_mode():
         b = tok([pairs[0][0]], [pairs[0][1]], return_tensors="pt")
+        if model.config.type_vocab_size <= 1:
+            b.pop("token_type_ids", None)
         model(**b)
         t0 = time.perf_counter()
         for i in range(0, len(pairs), TEI_MAX_BATCH):
             chunk = pairs[i:i + TEI_MAX_BATCH]
             b = tok([p[0] for p in chunk], [p[1] for p in chunk], padding=True, truncation="longest_first",
                     max_length=512, return_tensors="pt")
+            if model.config.type_vocab_size <= 1:  # XLM-R family: no segment embeddings
+                b.pop("token_type_ids", None)
             out.append(model(**b).logits[:, 0].numpy())
         total = time.perf_counter() - t0
     return {"scores": np.concatenate(out).astype(np.float64), "pairs_per_s": len(pairs) / total}

@@ -257,11 +257,16 @@ class Job:
                 break
             t_c = time.monotonic()
             try:
+                with stage("optimize", self.timings, level=recipe.optimization_level, recipe=recipe.name) as rec:
+                    opt_path = Q.optimized_for(recipe, fp32, work, heads, hidden, optimized)
+                    rec.update(bytes=_model_bytes(opt_path),
+                               fusions=getattr(Q.optimize, "last_stats", {}) if recipe.optimization_level else {})
+                    trim_memory()
                 cand_path = work / f"int8-{i}" / "model.onnx"
                 with stage("quantize", self.timings, recipe=recipe.to_dict()) as rec:
                     Q.build_int8(fp32, cand_path, recipe, work, heads, hidden, calib_feeds, exp["input_names"],
                                  cache=optimized)
-                    rec.update(bytes=_model_bytes(cand_path), fusions=getattr(Q.optimize, "last_stats", {}))
+                    rec.update(bytes=_model_bytes(cand_path))
                     trim_memory()
                 with stage("verify", self.timings, model="int8", recipe=recipe.name) as rec:
                     got = self._score(cand_path, batches, inverse, failure_reason="QuantizationFailed")

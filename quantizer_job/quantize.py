@@ -261,7 +261,7 @@ def quantize_embeddings(path: Path) -> dict:
         if t is None or len(t.dims) != 2 or t.dims[0] < MIN_EMBEDDING_ROWS or axis != 0 or t.data_type != 1:
             new_nodes.append(node)
             continue
-        w = numpy_helper.to_array(t).astype(np.float32)
+        w = numpy_helper.to_array(t).astype(np.float32, copy=False)
         scale = np.maximum(np.abs(w).max(axis=1, keepdims=True), 1e-12) / 127.0
         q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
         base = t.name
@@ -292,12 +292,8 @@ def quantize_embeddings(path: Path) -> dict:
     return {"tables": done}
 
 
-def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int, hidden_size: int,
-               calib_feeds: Sequence[dict[str, np.ndarray]] = (), input_names: Iterable[str] = (),
-               cache: dict | None = None) -> Path:
-    """The whole recipe: transformer fusions (shared through ``cache`` between recipes that need the same graph),
-    INT8 quantization, then the embedding table. Used by the Job and by the benchmarks alike."""
-    cache = {} if cache is None else cache
+def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden_size: int, cache: dict) -> Path:
+    """The graph ``recipe`` quantizes: the fused graph it asks for, made once per distinct fusion setting."""
     lvl = recipe.optimization_level
     eln = recipe.embeddings != "int8"
     key = (lvl, eln, recipe.fast_gelu) if lvl > 0 else (0,)
@@ -305,7 +301,15 @@ def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int
         name = f"opt{lvl}{'' if eln else '-noeln'}{'-fastgelu' if recipe.fast_gelu else ''}"
         cache[key] = optimize(fp32, work / name / "model.onnx", lvl, num_heads, hidden_size, embed_layer_norm=eln,
                               fast_gelu=recipe.fast_gelu)
-    src = cache[key]
+    return cache[key]
+
+
+def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int, hidden_size: int,
+               calib_feeds: Sequence[dict[str, np.ndarray]] = (), input_names: Iterable[str] = (),
+               cache: dict | None = None) -> Path:
+    """The whole recipe: transformer fusions (shared through ``cache`` between recipes that need the same graph),
+    INT8 quantization, then the embedding table. Used by the Job and by the benchmarks alike."""
+    src = optimized_for(recipe, fp32, work, num_heads, hidden_size, {} if cache is None else cache)
     if recipe.mode == "static":
         quantize_static(src, dst, recipe, calib_feeds, input_names)
     else:

@@ -235,7 +235,7 @@ class Job:
             unfused = []
             for r in candidates:
                 ops = tuple(o for o in r.operators if o != "Attention") or ("MatMul",)  # no fused Attention nodes
-                r2 = Q.replace(r, optimization_level=0, operators=ops,
+                r2 = Q.replace(r, optimization_level=0, operators=ops, fast_gelu=False,
                                name=r.name if r.optimization_level == 0 else r.name + "-unfused")
                 if all(Q.replace(u, name="") != Q.replace(r2, name="") for u in unfused):
                     unfused.append(r2)

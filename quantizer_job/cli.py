@@ -29,6 +29,9 @@ MANIFEST_VERSION = 1
 #: Pairs whose PyTorch logits the export child computes, to prove the ONNX graph matches the model.
 EXPORT_CHECK_PAIRS = 6
 #: Models whose FP32 ONNX is larger than this skip the offline transformer fusions (memory; see _build).
+#: Share of the time budget the default evaluation set may take for the FP32 reference (see _default_eval_size).
+EVAL_BUDGET_SHARE = 0.04
+MIN_DEFAULT_EVAL_PAIRS = 74
 FUSION_MAX_BYTES = int(os.environ.get("RERANK_QUANTIZE_FUSION_MAX_BYTES", str(1 << 30)))
 
 
@@ -161,7 +164,7 @@ class Job:
 
         # Evaluation (and calibration) pairs: bad input fails before any heavy work.
         try:
-            eval_pairs = evaldata.load_jsonl(req.eval_pairs) if req.eval_pairs else evaldata.builtin_pairs()
+            eval_pairs = evaldata.load_jsonl(req.eval_pairs) if req.eval_pairs else evaldata.default_pairs()
             calib_pairs = evaldata.load_jsonl(req.calibration_pairs, min_pairs=1) if req.calibration_pairs else []
         except evaldata.EvalDataError as exc:
             raise JobError("InvalidInput", str(exc)) from None
@@ -181,6 +184,14 @@ class Job:
         tok_json = Path(exp["tokenizer_json"])
         pad_id = layout.pad_token_id(cfg, tok_json)
         tok = textenc.load_tokenizer(str(tok_json), max_len)
+        from . import verify
+
+        fp32_sess = verify.make_session(fp32, self.threads)
+        if not req.eval_pairs:
+            n = self._default_eval_size(fp32_sess, tok, pad_id, eval_pairs)
+            if n < len(eval_pairs):
+                log("verify", "eval_set_capped", pairs=n, of=len(eval_pairs), reason="time budget")
+            eval_pairs = eval_pairs[:n]
         pairs = [(p.query, p.text) for p in eval_pairs]
         groups = [p.query for p in eval_pairs]
         # Batches of pairs of similar length (TEI batches whatever arrives; sorting only removes padding waste from
@@ -191,10 +202,9 @@ class Job:
         batches = textenc.make_batches(tok, [pairs[i] for i in order], pad_id, batch_size=8)
 
         # -- FP32 reference (part of verify) -----------------------------------------------------------------------
-        from . import verify
-
         with stage("verify", self.timings, model="fp32", pairs=len(pairs)) as rec:
-            ref = self._score(fp32, batches, inverse, failure_reason="ExportFailed")
+            ref = self._score(fp32, batches, inverse, failure_reason="ExportFailed", sess=fp32_sess)
+            del fp32_sess
             if not np.all(np.isfinite(ref.scores)):
                 raise JobError("ExportFailed", "the FP32 ONNX model gives non-finite scores")
             torch_ref = np.asarray(exp.get("torch_ref_logits", []), dtype=np.float64)
@@ -205,7 +215,7 @@ class Job:
             rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
 
         calib_feeds = []
-        if req.mode == "static":
+        if calib_pairs and (req.mode == "static" or req.recipe == "auto"):
             lengths = textenc.token_lengths(tok, [(p.query, p.text) for p in calib_pairs])
             chosen = evaldata.balance_by_length(lengths, n=min(len(calib_pairs), 256))
             chosen_pairs = [(calib_pairs[i].query, calib_pairs[i].text) for i in chosen]
@@ -217,14 +227,15 @@ class Job:
         target = isa.detect_local_target() if req.target == "auto" else req.target
         fixed = Q.fixed_recipe(req.mode, target, req.optimization_level, req.per_channel, req.reduce_range,
                                req.operators)
-        candidates = Q.candidate_recipes(target, req.mode) if req.recipe == "auto" else [fixed]
+        candidates = (Q.candidate_recipes(target, req.mode, has_calibration=bool(calib_feeds))
+                      if req.recipe == "auto" else [fixed])
         if _model_bytes(fp32) > FUSION_MAX_BYTES:
             # ORT's Python transformer optimizer holds several copies of the weights (10.5 GiB peak on a 2.2 GB
             # XLM-R large); above this size the serving session's own ORT_ENABLE_ALL fusions have to do.
             unfused = []
             for r in candidates:
                 ops = tuple(o for o in r.operators if o != "Attention") or ("MatMul",)  # no fused Attention nodes
-                r2 = Q.replace(r, optimization_level=0, operators=ops,
+                r2 = Q.replace(r, optimization_level=0, operators=ops, fast_gelu=False,
                                name=r.name if r.optimization_level == 0 else r.name + "-unfused")
                 if all(Q.replace(u, name="") != Q.replace(r2, name="") for u in unfused):
                     unfused.append(r2)
@@ -234,7 +245,8 @@ class Job:
             candidates = unfused
         heads = int(cfg.get("num_attention_heads") or 0)
         hidden = int(cfg["hidden_size"])
-        optimized: dict[int, Path] = {}
+        optimized: dict = {}
+        fp32_bytes = _model_bytes(fp32)
         tried: list[dict] = []
         entries: list[dict] = []
         budget = float(req.time_budget_seconds)
@@ -245,19 +257,15 @@ class Job:
                 break
             t_c = time.monotonic()
             try:
-                lvl = recipe.optimization_level
-                if lvl not in optimized:
-                    with stage("optimize", self.timings, level=lvl, recipe=recipe.name) as rec:
-                        optimized[lvl] = Q.optimize(fp32, work / f"opt{lvl}" / "model.onnx", lvl, heads, hidden)
-                        rec.update(bytes=_model_bytes(optimized[lvl]),
-                                   fusions=getattr(Q.optimize, "last_stats", {}) if lvl else {})
-                        trim_memory()
+                with stage("optimize", self.timings, level=recipe.optimization_level, recipe=recipe.name) as rec:
+                    opt_path = Q.optimized_for(recipe, fp32, work, heads, hidden, optimized)
+                    rec.update(bytes=_model_bytes(opt_path),
+                               fusions=getattr(Q.optimize, "last_stats", {}) if recipe.optimization_level else {})
+                    trim_memory()
                 cand_path = work / f"int8-{i}" / "model.onnx"
                 with stage("quantize", self.timings, recipe=recipe.to_dict()) as rec:
-                    if recipe.mode == "static":
-                        Q.quantize_static(optimized[lvl], cand_path, recipe, calib_feeds, exp["input_names"])
-                    else:
-                        Q.quantize_dynamic(optimized[lvl], cand_path, recipe)
+                    Q.build_int8(fp32, cand_path, recipe, work, heads, hidden, calib_feeds, exp["input_names"],
+                                 cache=optimized)
                     rec.update(bytes=_model_bytes(cand_path))
                     trim_memory()
                 with stage("verify", self.timings, model="int8", recipe=recipe.name) as rec:
@@ -265,13 +273,12 @@ class Job:
                     q = verify.quality(groups, ref.scores, got.scores, req.topk)
                     why = verify.gate(q, req.min_spearman, req.min_topk_agreement)
                     speed = {"fp32_pairs_per_s": ref.pairs_per_s, "int8_pairs_per_s": got.pairs_per_s,
-                             "speedup": got.pairs_per_s / ref.pairs_per_s, "fp32_p50_ms": ref.p50_ms,
+                             "speedup": got.pairs_per_s / ref.pairs_per_s,
+                             "size_ratio": _model_bytes(cand_path) / fp32_bytes, "fp32_p50_ms": ref.p50_ms,
                              "fp32_p95_ms": ref.p95_ms, "int8_p50_ms": got.p50_ms, "int8_p95_ms": got.p95_ms}
                     rec.update(quality=verify.rounded(q), speed=verify.rounded(speed, 3), passed=not why, why=why)
                 entries.append({"recipe": recipe, "path": cand_path, "quality": q, "speed": speed, "why": why})
-                tried.append({"name": recipe.name, "passed": not why, "spearman": round(q["spearman"], 5)
-                              if np.isfinite(q["spearman"]) else None,
-                              "int8_pairs_per_s": round(speed["int8_pairs_per_s"], 2)})
+                tried.append(_tried_entry(recipe.name, q, speed, why))
             except JobError as exc:
                 if req.recipe != "auto":
                     raise
@@ -305,12 +312,26 @@ class Job:
                          speed=verify.rounded(_finite(best["speed"]), 3),
                          recipe={k: v for k, v in recipe_info.items() if k != "extra"})
 
-    def _score(self, model: Path, batches, inverse, *, failure_reason: str):
+    def _default_eval_size(self, sess, tok, pad_id: int, eval_pairs) -> int:
+        """How many of the default pairs to score: all of them (840) when the FP32 model is fast enough to score
+        them in EVAL_BUDGET_SHARE of the time budget, else fewer (never fewer than the built-in 74): a 568M model
+        on 2 cores scores about one pair a second, and the gate has to leave time for quantizing."""
+        probe = textenc.make_batches(tok, [(p.query, p.text) for p in eval_pairs[:24]], pad_id, batch_size=8)
+        names = [i.name for i in sess.get_inputs()]
+        sess.run(["logits"], {k: probe[0][k] for k in names})
+        t0 = time.perf_counter()
+        for b in probe:
+            sess.run(["logits"], {k: b[k] for k in names})
+        pps = 24 / max(1e-6, time.perf_counter() - t0)
+        n = int(pps * EVAL_BUDGET_SHARE * self.req.time_budget_seconds)
+        return max(min(len(eval_pairs), MIN_DEFAULT_EVAL_PAIRS), min(len(eval_pairs), n))
+
+    def _score(self, model: Path, batches, inverse, *, failure_reason: str, sess=None):
         """Score ``batches`` with ``model`` in a session built as TEI builds it, timed; scores come back in input
         order (``inverse`` undoes the length sort). A graph TEI could not serve raises ``failure_reason``."""
         from . import verify
 
-        sess = verify.make_session(model, self.threads)
+        sess = sess if sess is not None else verify.make_session(model, self.threads)
         problems = verify.check_output(sess)
         if problems:
             raise JobError(failure_reason, "; ".join(problems))
@@ -383,6 +404,17 @@ class Job:
             return publish.commit(tmp, req.output_root, req.artifact_id)
         except FileExistsError:
             return None
+
+
+def _tried_entry(name: str, q: dict, speed: dict, why: list[str]) -> dict:
+    """One line of the recipe search for the manifest, the Job result and ``status.artifact.recipe.tried``
+    (compact: the termination message holds at most 4 KB)."""
+    def r(v, nd):
+        return round(float(v), nd) if np.isfinite(v) else None
+
+    return {"name": name, "passed": not why, "spearman": r(q["spearman"], 5), "topk": r(q["topk_agreement"], 4),
+            "int8_pairs_per_s": r(speed["int8_pairs_per_s"], 2), "speedup": r(speed["speedup"], 3),
+            "size_ratio": r(speed["size_ratio"], 3)}
 
 
 def _choose(entries: list[dict]) -> dict | None:

@@ -191,6 +191,21 @@ def builtin_pairs() -> list[Pair]:
     return [Pair(q, t, lab) for q, texts in _BUILTIN for (t, lab) in texts]
 
 
+def default_pairs(seed: int = 0) -> list[Pair]:
+    """The default evaluation set: the built-in pairs first, then every query against every other query's texts
+    (label 0), in a seeded shuffle. 74 pairs cannot tell Spearman 0.99 from 0.995 (the 95 % interval is wider than
+    the difference); the cross pairs (840 in all) narrow it, and their order lets the Job stop where its time budget
+    says (any prefix is a balanced sample)."""
+    base = builtin_pairs()
+    by_query: dict[str, set[str]] = {}
+    for p in base:
+        by_query.setdefault(p.query, set()).add(p.text)
+    texts = list(dict.fromkeys(p.text for p in base))
+    cross = [Pair(q, t, 0.0) for q in by_query for t in texts if t not in by_query[q]]
+    random.Random(seed).shuffle(cross)
+    return base + cross
+
+
 # --- JSONL ------------------------------------------------------------------------------------------------------------
 def parse_jsonl(lines: Iterable[str], source: str = "<input>") -> list[Pair]:
     """Read pairs: one JSON object per line, ``{"query": str, "text": str, "label"?: number}``.

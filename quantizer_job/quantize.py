@@ -34,6 +34,14 @@ class Recipe:
     reduce_range: bool = False
     operators: tuple[str, ...] = ("MatMul",)
     target: str = "avx512_vnni"
+    #: "fp32" keeps the embedding tables as exported; "int8" stores the word-embedding table as int8 with one scale
+    #: per row (see :func:`quantize_embeddings`): the table is half of a MiniLM's bytes and most of an XLM-R's.
+    embeddings: str = "fp32"
+    #: Replace the exact (erf) GELU with ORT's FastGelu (tanh form) during the fusions: the FP32 GELU is ~16 % of
+    #: an INT8 MiniLM's time at TEI's batch shapes (benchmarks/ort_profile.py); the approximation differs by < 1e-3.
+    fast_gelu: bool = False
+    #: Static mode only: activation type, "u8" (U8S8, asymmetric) or "s8" (S8S8, symmetric).
+    activation: str = "u8"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict:
@@ -42,29 +50,43 @@ class Recipe:
         return d
 
 
-def candidate_recipes(target: str, mode: str, explicit: Recipe | None = None) -> list[Recipe]:
+def candidate_recipes(target: str, mode: str, explicit: Recipe | None = None,
+                      has_calibration: bool = False) -> list[Recipe]:
     """The recipes ``--recipe auto`` tries, most promising (fastest expected) first.
 
-    Measured on AVX-512 VNNI (see benchmarks/quantizer_speed.py): fusing attention/GELU/LayerNorm before
-    quantization lets the INT8 graph use QAttention + DynamicQuantizeMatMul and keeps the FP32 glue small;
-    per-channel weights keep Spearman >= 0.995 where per-tensor falls to ~0.98.
+    Measured with trained fixtures on AVX-512 VNNI (benchmarks/tei_rerank.py, benchmarks/ort_profile.py): fusing
+    attention/GELU/LayerNorm before quantization lets the INT8 graph use QAttention + DynamicQuantizeMatMul and
+    keeps the FP32 glue small; per-channel weights keep Spearman >= 0.995 where per-tensor falls to ~0.98; the
+    word-embedding table in INT8 (per-row scales) costs no measurable quality and brings the file to ~0.26x FP32.
+    Static (calibrated) activation scales are tried too when calibration pairs exist.
     """
     rr = REDUCE_RANGE_REQUIRED.get(target, False)
-    base = dict(mode=mode, target=target, reduce_range=rr)
+    base = dict(target=target, reduce_range=rr, embeddings="int8")
+    # Static QDQ needs shape inference through every node, which the com.microsoft fused ops defeat: quantize
+    # the plain graph; the serving session (ORT_ENABLE_ALL) fuses the QDQ pairs into integer kernels.
+    static = [Recipe(name="static-matmul-perchannel-emb8", mode="static", optimization_level=0, per_channel=True,
+                     operators=("MatMul",), **base)]
     if mode == "static":
-        # Static QDQ needs shape inference through every node, which the com.microsoft fused ops defeat: quantize
-        # the plain graph; the serving session (ORT_ENABLE_ALL) fuses the QDQ pairs into QLinear kernels.
-        out = [Recipe(name="static-matmul-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",),
-                      **base),
-               Recipe(name="static-matmul-pertensor", optimization_level=0, per_channel=False, operators=("MatMul",),
-                      **base)]
+        out = static + [Recipe(name="static-matmul-pertensor-emb8", mode="static", optimization_level=0,
+                               per_channel=False, operators=("MatMul",), **base)]
         return out + ([explicit] if explicit is not None and explicit not in out else [])
     out = [
-        Recipe(name="fused-attn-matmul-perchannel", optimization_level=1, per_channel=True,
+        # FastGelu: the FP32 GELU is 11-16 % of the fused INT8 graph's time; the tanh form cuts it by 40 % and
+        # changed no ranking measurably on the trained fixtures (Spearman 0.9881 vs 0.9880).
+        Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
+               operators=("MatMul", "Attention"), fast_gelu=True, **base),
+        Recipe(name="fused-attn-matmul-perchannel-emb8", optimization_level=1, per_channel=True,
                operators=("MatMul", "Attention"), **base),
-        Recipe(name="fused-matmul-perchannel", optimization_level=1, per_channel=True, operators=("MatMul",), **base),
-        Recipe(name="plain-matmul-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",), **base),
+        Recipe(name="fused-matmul-perchannel-emb8", optimization_level=1, per_channel=True, operators=("MatMul",),
+               **base),
+        Recipe(name="plain-matmul-perchannel-emb8", optimization_level=0, per_channel=True, operators=("MatMul",),
+               **base),
+        # The embedding table kept FP32 (0.65x the bytes): where the INT8 table costs the gate its margin.
+        Recipe(name="fused-attn-matmul-perchannel", optimization_level=1, per_channel=True,
+               operators=("MatMul", "Attention"), **{**base, "embeddings": "fp32"}),
     ]
+    if has_calibration:
+        out += static
     if explicit is not None and explicit not in out:
         out.append(explicit)
     return out
@@ -88,8 +110,12 @@ def _model_bytes(path: Path) -> int:
     return total
 
 
-def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int) -> Path:
-    """ORT transformer fusions (Attention, SkipLayerNormalization, BiasGelu, EmbedLayerNormalization)."""
+def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int, embed_layer_norm: bool = True,
+             fast_gelu: bool = False) -> Path:
+    """ORT transformer fusions (Attention, SkipLayerNormalization, BiasGelu, EmbedLayerNormalization).
+
+    ``embed_layer_norm=False`` leaves the embedding lookups as plain Gathers, so the word table can be stored in INT8
+    (the fused EmbedLayerNormalization takes the FP32 table as an input)."""
     if level <= 0:
         return src
     from onnxruntime.transformers.fusion_options import FusionOptions
@@ -98,7 +124,8 @@ def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int)
     dst.parent.mkdir(parents=True, exist_ok=True)
     opts = FusionOptions("bert")
     # Keep graph inputs int64 as TEI feeds them; the fused EmbedLayerNormalization casts internally.
-    opts.enable_embed_layer_norm = True
+    opts.enable_embed_layer_norm = embed_layer_norm
+    opts.enable_gelu_approximation = fast_gelu
     try:
         # Python fusions on the exported graph (opt_level 0 means "no ORT pass first"): ORT's own offline pass
         # would bake CPU-specific layouts into the file, which the serving session re-derives anyway.
@@ -194,12 +221,17 @@ def quantize_static(src: Path, dst: Path, recipe: Recipe, calib_feeds: Sequence[
     dst.parent.mkdir(parents=True, exist_ok=True)
     big = _model_bytes(src) > TWO_GB * 0.9
     reader = _FeedReader(calib_feeds, input_names)
-    extra = {"MatMulConstBOnly": True, "ActivationSymmetric": False, "WeightSymmetric": True,
-             "CalibMaxIntermediateOutputs": 8, "DefaultTensorType": onnx.TensorProto.FLOAT, **recipe.extra}
+    # No CalibMaxIntermediateOutputs: in ONNX Runtime 1.22 the MinMax calibrator *drops* each full chunk of that many
+    # batches without folding it into the ranges, so only the last partial chunk counted (and a multiple of the
+    # chunk size failed with "No data is collected"). The collected outputs are per-tensor ReduceMin/ReduceMax
+    # scalars, so keeping all of them costs nothing.
+    extra = {"MatMulConstBOnly": True, "ActivationSymmetric": recipe.activation == "s8", "WeightSymmetric": True,
+             "DefaultTensorType": onnx.TensorProto.FLOAT, **recipe.extra}
     try:
         ort_quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
                             op_types_to_quantize=list(recipe.operators), per_channel=recipe.per_channel,
-                            reduce_range=recipe.reduce_range, activation_type=QuantType.QUInt8,
+                            reduce_range=recipe.reduce_range,
+                            activation_type=QuantType.QInt8 if recipe.activation == "s8" else QuantType.QUInt8,
                             weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
                             use_external_data_format=big, extra_options=extra)
     except JobError:
@@ -211,12 +243,128 @@ def quantize_static(src: Path, dst: Path, recipe: Recipe, calib_feeds: Sequence[
     return dst
 
 
+#: Tables with at least this many rows count as word embeddings (position / token-type tables stay FP32: small).
+MIN_EMBEDDING_ROWS = 1000
+
+
+def quantize_embeddings(path: Path) -> dict:
+    """Store every large ``Gather`` table (the word embeddings) as int8 with one symmetric scale per row, in place.
+
+    ``Gather(W, ids)`` becomes ``Mul(Cast(Gather(W_int8, ids)), Gather(scale, ids))``: only the looked-up rows are
+    dequantized (a few hundred per batch), so the serving cost is nil, and a per-row scale keeps each token's vector
+    within 0.4 % of its largest component (ORT's own Gather quantization uses one scale for the whole table).
+    Returns what it did, for the log.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    m = onnx.load(str(path))
+    inits = {t.name: t for t in m.graph.initializer}
+    done = []
+    new_nodes = []
+    for node in m.graph.node:
+        t = inits.get(node.input[0]) if node.op_type == "Gather" and node.input else None
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if t is None or len(t.dims) != 2 or t.dims[0] < MIN_EMBEDDING_ROWS or axis != 0 or t.data_type != 1:
+            new_nodes.append(node)
+            continue
+        w = numpy_helper.to_array(t).astype(np.float32, copy=False)
+        scale = np.maximum(np.abs(w).max(axis=1, keepdims=True), 1e-12) / 127.0
+        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        base = t.name
+        m.graph.initializer.remove(t)
+        m.graph.initializer.extend([numpy_helper.from_array(q, base + "_int8"),
+                                    numpy_helper.from_array(scale.astype(np.float32), base + "_row_scale")])
+        ids, out = node.input[1], node.output[0]
+        new_nodes += [
+            helper.make_node("Gather", [base + "_int8", ids], [out + "_q"], name=node.name + "_q", axis=0),
+            helper.make_node("Cast", [out + "_q"], [out + "_qf"], name=node.name + "_cast", to=1),
+            helper.make_node("Gather", [base + "_row_scale", ids], [out + "_s"], name=node.name + "_scale", axis=0),
+            helper.make_node("Mul", [out + "_qf", out + "_s"], [out], name=node.name + "_dq"),
+        ]
+        done.append({"table": base, "rows": int(t.dims[0]), "cols": int(t.dims[1]),
+                     "max_row_error": float(np.abs(q * scale - w).max())})
+    if done:
+        del m.graph.node[:]
+        m.graph.node.extend(new_nodes)
+        big = sum(t.ByteSize() for t in m.graph.initializer) > TWO_GB * 0.9
+        if big:
+            onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=path.name + "_data", size_threshold=1024)
+        else:
+            stale = path.with_name(path.name + "_data")
+            onnx.save_model(m, str(path))
+            stale.unlink(missing_ok=True)
+        _finish_saved_model(path)
+    return {"tables": done}
+
+
+def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden_size: int, cache: dict) -> Path:
+    """The graph ``recipe`` quantizes: the fused graph it asks for, made once per distinct fusion setting."""
+    lvl = recipe.optimization_level
+    eln = recipe.embeddings != "int8"
+    key = (lvl, eln, recipe.fast_gelu) if lvl > 0 else (0,)
+    if key not in cache:
+        name = f"opt{lvl}{'' if eln else '-noeln'}{'-fastgelu' if recipe.fast_gelu else ''}"
+        cache[key] = optimize(fp32, work / name / "model.onnx", lvl, num_heads, hidden_size, embed_layer_norm=eln,
+                              fast_gelu=recipe.fast_gelu)
+    return cache[key]
+
+
+def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int, hidden_size: int,
+               calib_feeds: Sequence[dict[str, np.ndarray]] = (), input_names: Iterable[str] = (),
+               cache: dict | None = None) -> Path:
+    """The whole recipe: transformer fusions (shared through ``cache`` between recipes that need the same graph),
+    INT8 quantization, then the embedding table. Used by the Job and by the benchmarks alike."""
+    src = optimized_for(recipe, fp32, work, num_heads, hidden_size, {} if cache is None else cache)
+    if recipe.mode == "static":
+        quantize_static(src, dst, recipe, calib_feeds, input_names)
+    else:
+        quantize_dynamic(src, dst, recipe)
+    if recipe.embeddings == "int8":
+        quantize_embeddings(dst)
+    return dst
+
+
+def benchmark_recipes(target: str) -> list[Recipe]:
+    """Every recipe the benchmarks compare (the auto search tries a subset: :func:`candidate_recipes`)."""
+    rr = REDUCE_RANGE_REQUIRED.get(target, False)
+    b = dict(target=target, reduce_range=rr)
+    return [
+        # The seeds' recipe: optimum AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False).
+        Recipe("seed-plain-pertensor", optimization_level=0, per_channel=False, operators=("MatMul",), **b),
+        Recipe("plain-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",), **b),
+        Recipe("fused-matmul-perchannel", optimization_level=1, per_channel=True, operators=("MatMul",), **b),
+        Recipe("fused-attn-matmul-perchannel", optimization_level=1, per_channel=True,
+               operators=("MatMul", "Attention"), **b),
+        Recipe("fused-attn-matmul-perchannel-emb8", optimization_level=1, per_channel=True,
+               operators=("MatMul", "Attention"), embeddings="int8", **b),
+        Recipe("fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
+               operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True, **b),
+        Recipe("fused-matmul-perchannel-emb8", optimization_level=1, per_channel=True, operators=("MatMul",),
+               embeddings="int8", **b),
+        Recipe("plain-matmul-rr-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",),
+               target=target, reduce_range=True),
+        Recipe("static-plain-perchannel", mode="static", optimization_level=0, per_channel=True,
+               operators=("MatMul",), **b),
+        Recipe("static-plain-perchannel-s8s8", mode="static", optimization_level=0, per_channel=True,
+               operators=("MatMul",), activation="s8", **b),
+        Recipe("static-plain-perchannel-emb8", mode="static", optimization_level=0, per_channel=True,
+               operators=("MatMul",), embeddings="int8", **b),
+    ]
+
+
 def fixed_recipe(mode: str, target: str, optimization_level: int, per_channel: bool, reduce_range: bool,
                  operators: Sequence[str]) -> Recipe:
+    """``--recipe fixed``. "Gather" among the operators means the word-embedding table (:func:`quantize_embeddings`:
+    per-row int8, which ORT's own per-tensor Gather quantization does not offer)."""
     if mode == "static":
         optimization_level = 0  # see candidate_recipes: static QDQ quantizes the plain graph
+    emb = "int8" if "Gather" in operators else "fp32"
+    ops = tuple(o for o in operators if o != "Gather") or ("MatMul",)
     return Recipe(name="fixed", mode=mode, target=target, optimization_level=optimization_level,
-                  per_channel=per_channel, reduce_range=reduce_range, operators=tuple(operators))
+                  per_channel=per_channel, reduce_range=reduce_range, operators=ops, embeddings=emb)
 
 
-__all__ = ["Recipe", "candidate_recipes", "optimize", "quantize_dynamic", "quantize_static", "fixed_recipe", "replace"]
+__all__ = ["Recipe", "candidate_recipes", "benchmark_recipes", "build_int8", "optimize", "quantize_dynamic",
+           "quantize_embeddings", "quantize_static", "fixed_recipe", "replace"]

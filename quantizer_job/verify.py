@@ -106,8 +106,11 @@ def check_output(sess) -> list[str]:
 
 def quality(groups: Sequence[object], ref: np.ndarray, cand: np.ndarray, k: int) -> dict[str, float]:
     finite = metrics.all_finite(cand)
+    lo, hi = metrics.bootstrap_ci(metrics.spearman, ref, cand) if finite else (float("nan"), float("nan"))
     return {
         "spearman": metrics.spearman(ref, cand) if finite else float("nan"),
+        "spearman_ci95_low": lo,
+        "spearman_ci95_high": hi,
         "topk_agreement": metrics.topk_agreement(groups, ref, cand, k) if finite else float("nan"),
         "max_abs_diff": metrics.max_abs_diff(ref, cand) if finite else float("inf"),
         "finite": 1.0 if finite else 0.0,

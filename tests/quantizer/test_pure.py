@@ -151,3 +151,38 @@ def test_parse_jsonl_and_errors(tmp_path):
             evaldata.parse_jsonl([bad])
     with pytest.raises(evaldata.EvalDataError, match="cannot read"):
         evaldata.load_jsonl(str(tmp_path / "missing.jsonl"))
+
+
+def test_default_set_starts_with_the_builtin_pairs_and_pairs_every_query_with_other_texts():
+    base = evaldata.builtin_pairs()
+    full = evaldata.default_pairs()
+    assert full[: len(base)] == base
+    own = {(p.query, p.text) for p in base}
+    cross = full[len(base):]
+    assert cross and all((p.query, p.text) not in own and p.label == 0.0 for p in cross)
+    assert len({(p.query, p.text) for p in full}) == len(full)  # no pair twice
+    queries = {p.query for p in base}
+    texts = {p.text for p in base}
+    assert len(full) == len({(q, t) for q in queries for t in texts})
+    assert evaldata.default_pairs() == full  # deterministic order (a prefix is what a capped Job scores)
+
+
+# --- bootstrap interval -------------------------------------------------------------------------------------------------
+def test_bootstrap_interval_contains_the_estimate_and_narrows_with_more_pairs():
+    rng = np.random.default_rng(3)
+
+    def width(n):
+        ref = rng.standard_normal(n)
+        cand = ref + 0.1 * rng.standard_normal(n)
+        lo, hi = metrics.bootstrap_ci(metrics.spearman, ref, cand, n_boot=300)
+        assert lo <= metrics.spearman(ref, cand) <= hi
+        return hi - lo
+
+    small, large = width(74), width(1200)
+    assert large < small / 2.5  # ~1/sqrt(n): 74 -> 1200 pairs is 4x narrower
+    assert large < 0.005 < small  # what the default set size is for
+
+
+def test_bootstrap_interval_is_nan_when_the_statistic_never_is_defined():
+    lo, hi = metrics.bootstrap_ci(metrics.spearman, [1.0] * 10, [2.0] * 10, n_boot=20)
+    assert np.isnan(lo) and np.isnan(hi)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
@@ -56,7 +57,7 @@ class WriteError(str):
     status: int
     message: str
 
-    def __new__(cls, text: str, *, ref: str, status: int, message: str) -> "WriteError":
+    def __new__(cls, text: str, *, ref: str, status: int, message: str) -> WriteError:
         obj = super().__new__(cls, text)
         obj.ref, obj.status, obj.message = ref, status, message
         return obj
@@ -102,7 +103,7 @@ class Cluster:
         self._instance = socket.gethostname()
 
     @classmethod
-    def from_environment(cls, user_agent: str) -> "Cluster":
+    def from_environment(cls, user_agent: str) -> Cluster:
         """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
         try:
             kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -173,9 +174,10 @@ class Cluster:
                                                   for r in o["metadata"].get("ownerReferences") or ())]
 
         claim_name = spec.storage.existing_claim or names.pvc_name(owner.name)
-        jobs = mine(self.list_objects("batch/v1", "Job", ns, f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"))
+        quantizer = f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"
+        jobs = mine(self.list_objects("batch/v1", "Job", ns, quantizer))
         job_uids = {j["metadata"]["uid"] for j in jobs}
-        job_pods = [p for p in self.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}") or ()
+        job_pods = [p for p in self.list_objects("v1", "Pod", ns, quantizer) or ()
                     if any(r.get("uid") in job_uids for r in p["metadata"].get("ownerReferences") or ())]
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
                        for d in mine(self.list_objects("apps/v1", "Deployment", ns, selector))}
@@ -231,7 +233,8 @@ class Cluster:
                 done.append(meta["name"])
             except ApiException as exc:
                 hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
-                errors.append(_write_error(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}", kind, meta["name"], exc))
+                message = f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}"
+                errors.append(_write_error(message, kind, meta["name"], exc))
         for obj in plan.create:
             kind, meta = obj["kind"], obj["metadata"]
             try:
@@ -240,7 +243,8 @@ class Cluster:
                 done.append(meta["name"])
             except ApiException as exc:
                 if exc.status != 409:  # already exists: a previous run created it; nothing to do
-                    errors.append(_write_error(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}", kind, meta["name"], exc))
+                    message = f"{kind} {meta['name']}: {exc.status} {_reason(exc)}"
+                    errors.append(_write_error(message, kind, meta["name"], exc))
         self._scale([s for s in plan.scale if not s.exists], done, errors)
         for ref in plan.delete:
             try:
@@ -308,7 +312,7 @@ class Cluster:
 
     def post_event(self, owner: names.Owner, event: Event) -> None:
         """A core/v1 Event on the RerankModel (what ``kubectl describe`` shows). Losing one is not worth a retry."""
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -21,10 +21,12 @@ import json
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from . import classes, conditions, events, metrics, names, status as statuses
+from . import classes, conditions, events, metrics, names
+from . import status as statuses
 from .apply import Cluster, TransientApiError
 from .autoscale import config, direct, endpoints, history, policy, prometheus
 from .autoscale import routing as autoscale_routing
@@ -53,7 +55,7 @@ def model_lock(namespace: str, name: str) -> threading.Lock:
 
 
 def utcnow() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- pure helpers -----------------------------------------------------------------------------------------------------
@@ -68,7 +70,7 @@ def current_cpu_percent(route: Mapping[str, Any] | None, model: str, status: Map
         gpu = weights.get(names.pool_service_name(model, "gpu"), 0)
         cpu = weights.get(names.pool_service_name(model, "cpu"), 0)
         if gpu + cpu > 0:
-            return int(round(100 * cpu / (gpu + cpu)))
+            return round(100 * cpu / (gpu + cpu))
     value = (status.get("traffic") or {}).get("cpuPercent")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -167,7 +169,8 @@ def count(namespace: str, model: str, current: policy.Current, decision: policy.
     for pool in config.POOLS:
         before, after = current.replicas(pool), decision.replicas(pool)
         if after != before:
-            metrics.SCALING_DECISIONS.labels(namespace, model, pool, "ScaledUp" if after > before else "ScaledDown").inc()
+            direction = "ScaledUp" if after > before else "ScaledDown"
+            metrics.SCALING_DECISIONS.labels(namespace, model, pool, direction).inc()
     if any(e.reason == "TrafficShifted" for e in found):
         gained = "cpu" if decision.cpu_percent > current.cpu_percent else "gpu"
         metrics.SCALING_DECISIONS.labels(namespace, model, gained, "TrafficShifted").inc()
@@ -268,7 +271,7 @@ class ModelAutoscaler:
             self.cluster.patch_status(owner, patch)
         return dict((previous.get("autoscaling") or {}).get("lastDecision") or {})
 
-    def _collect(self, auto: config.AutoscalingSpec, view: PoolsView, ready: Mapping[str, int]) -> Signals:
+    def _collect(self, auto: config.AutoscalingSpec, view: PoolsView, ready: Mapping[config.Pool, int]) -> Signals:
         key = (auto.source, auto.prometheus)
         if self.source is None or key != self.source_key:
             self.source_key = key
@@ -284,10 +287,10 @@ class ModelAutoscaler:
         if isinstance(self.source, prometheus.PrometheusSource):
             selectors = {p: prometheus.build_selector(self.namespace, [x["metadata"]["name"] for x in found])
                          for p, found in pods.items()}
-            return self.source.collect(selectors, ready)  # type: ignore[arg-type]
-        targets = [direct.PodTarget(x["metadata"]["name"], p, x["status"]["podIP"], PORT)  # type: ignore[arg-type]
+            return self.source.collect(selectors, ready)
+        targets = [direct.PodTarget(x["metadata"]["name"], p, x["status"]["podIP"], PORT)
                    for p, found in pods.items() for x in found]
-        return self.source.collect(targets, ready)  # type: ignore[arg-type]
+        return self.source.collect(targets, ready)
 
     def _save_history(self, owner: names.Owner) -> None:
         assert self.history is not None
@@ -318,7 +321,7 @@ async def run(loop: ModelAutoscaler, stopped: Any) -> None:
         except TransientApiError as exc:
             log.warning("autoscaler %s/%s: %s", loop.namespace, loop.name, exc)
             delay = 5.0
-        except Exception:  # noqa: BLE001 - one bad tick must not end the model's loop
+        except Exception:
             log.exception("autoscaler %s/%s failed", loop.namespace, loop.name)
             delay = IDLE_POLL_SECONDS
         wait: Awaitable[Any] = stopped.wait(delay)

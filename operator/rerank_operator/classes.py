@@ -24,8 +24,9 @@ from __future__ import annotations
 import copy
 import os
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import conditions, tenancy
 from .conditions import Condition
@@ -262,7 +263,7 @@ def is_quota_error(error: str) -> bool:
 
 
 def quota_block(observed: Observed, errors: Iterable[str]) -> tenancy.QuotaBlock | None:
-    api_errors = {str(getattr(e, "ref")): str(getattr(e, "message")) for e in errors if is_quota_error(e)}
+    api_errors = {str(getattr(e, "ref", "")): str(getattr(e, "message", "")) for e in errors if is_quota_error(e)}
     return tenancy.quota_blocked(replica_sets=observed.replica_sets, jobs=observed.jobs, events=observed.job_events,
                                  api_errors=api_errors)
 

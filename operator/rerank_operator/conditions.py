@@ -7,8 +7,9 @@ tell a stale True from a current one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 Status = Literal["True", "False", "Unknown"]
 

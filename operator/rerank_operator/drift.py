@@ -14,8 +14,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Any, Mapping
+from typing import Any
 
 from . import names
 
@@ -82,7 +83,8 @@ def is_subset(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
             return False
         key = _list_key(desired)
         if key is None:
-            return len(desired) == len(live) and all(is_subset(d, l, path) for d, l in zip(desired, live))
+            return len(desired) == len(live) and all(
+                is_subset(d, item, path) for d, item in zip(desired, live, strict=True))
         by_key = {i.get(key): i for i in live if isinstance(i, Mapping)}
         return all(d[key] in by_key and is_subset(d, by_key[d[key]], path) for d in desired)
     if isinstance(desired, bool) or isinstance(live, bool):

@@ -9,8 +9,9 @@ QualityGateFailed) is posted once. Events were half of the operator's writes in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from . import conditions
 from .plan import Plan
@@ -48,7 +49,8 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
                            or after.get("reason") == "QuotaExceeded"
                            or _cond(new, conditions.DEGRADED).get("status") == "True")
         reason = after["reason"] if kind != conditions.READY else ("Ready" if after["status"] == "True" else "NotReady")
-        events.append(Event("Warning" if failing else "Normal", reason, f"{kind}={after['status']}: {after['message']}"))
+        message = f"{kind}={after['status']}: {after['message']}"
+        events.append(Event("Warning" if failing else "Normal", reason, message))
     return events
 
 

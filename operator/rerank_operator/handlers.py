@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import kopf
+
 from . import autoscaler, classes, names
 from .apply import Cluster
 from .reconcile import Result, reconcile
@@ -112,7 +114,8 @@ _OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.A
 
 def _owner_name(body: kopf.Body) -> str | None:
     for ref in body.get("metadata", {}).get("ownerReferences") or ():
-        if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(f"{names.GROUP}/") and ref.get("controller"):
+        ours = ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(f"{names.GROUP}/")
+        if ours and ref.get("controller"):
             return str(ref["name"])
     return None
 
@@ -125,7 +128,8 @@ def on_child_event(*, body: kopf.Body, namespace: str | None, type: str, **_: An
         try:
             _reconcile(namespace, owner, "child")
         except kopf.TemporaryError as exc:  # event handlers are not retried: the timer will catch up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, exc)
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s",
+                                                namespace, owner, exc)
 
 
 @kopf.on.event(names.GROUP, names.VERSION, "rerankclasses")
@@ -136,7 +140,8 @@ def on_class_event(*, body: kopf.Body, type: str | None, **_: Any) -> None:
         try:
             _reconcile(namespace, owner, "class")
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the model's own timer will catch up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s", namespace, owner, exc)
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s",
+                                                namespace, owner, exc)
 
 
 @kopf.on.probe(id="reconciling")

@@ -16,8 +16,9 @@ with ``AlreadyPublished`` and the manifest's figures (``quantizer_job.cli.Job.ru
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from quantizer_job import contract
 
@@ -258,12 +259,14 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
         waiting = _waiting(pod)
         if waiting:
             return JobOutcome(
-                "Running", "JobPodWaiting", f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
+                "Running", "JobPodWaiting",
+                f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
             )
     failures = job.get("status", {}).get("failed") or 0
     if failures:
         previous = _failure({"reason": "PodFailed", "message": ""}, pods_newest)
-        return JobOutcome("Running", "Retrying", f"attempt failed {failures} time(s), retrying with backoff; last: {previous.reason}: {previous.message}")
+        return JobOutcome("Running", "Retrying", f"attempt failed {failures} time(s), retrying with backoff; "
+                                                 f"last: {previous.reason}: {previous.message}")
     return JobOutcome("Running", "Quantizing", "the quantization Job is running")
 
 

@@ -16,13 +16,14 @@ writes at all.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from quantizer_job import contract
 
 from . import artifact, deployment, drift, job, names, routing, service, storage
-from .observed import Obj, Observed, ObjectRef, ref_of
+from .observed import Obj, ObjectRef, Observed, ref_of
 from .spec import RerankModelSpec
 
 PendingState = Literal["Creating", "Running", "Failed"]
@@ -225,7 +226,8 @@ def compute(
     for pool_name in names.POOLS:
         if spec.pool(pool_name).enabled:
             continue
-        if pool_name in observed.deployments and not observed.deployments[pool_name]["metadata"].get("deletionTimestamp"):
+        live = observed.deployments.get(pool_name)
+        if live is not None and not live["metadata"].get("deletionTimestamp"):
             deletes.append(ref_of({**observed.deployments[pool_name], "apiVersion": "apps/v1", "kind": "Deployment"}))
         svc = names.pool_service_name(owner.name, pool_name)
         if svc in observed.services:
@@ -235,7 +237,8 @@ def compute(
         deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,
                                  names.network_policy_name(owner.name)))
     if route is None and observed.route is not None:
-        deletes.append(ObjectRef("gateway.networking.k8s.io/v1", "HTTPRoute", owner.namespace, names.route_name(owner.name)))
+        deletes.append(ObjectRef("gateway.networking.k8s.io/v1", "HTTPRoute", owner.namespace,
+                                 names.route_name(owner.name)))
     return Plan(
         apply=to_apply,
         create=(new_job,) if new_job else (),

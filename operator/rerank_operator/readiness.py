@@ -8,8 +8,9 @@ keeps clients happy but is not Ready for the new generation, which is what kstat
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from . import deployment
 from .observed import Observed
@@ -43,7 +44,8 @@ def children_applied(f: Facts) -> Verdict | None:
 def storage_available(f: Facts) -> Verdict | None:
     claim = f.observed.claim
     if f.spec.storage.existing_claim and claim is None:
-        return Verdict("ClaimNotFound", f"PersistentVolumeClaim {f.spec.storage.existing_claim} (storage.existingClaim) does not exist")
+        return Verdict("ClaimNotFound", f"PersistentVolumeClaim {f.spec.storage.existing_claim} "
+                                        "(storage.existingClaim) does not exist")
     if claim is not None and claim.get("status", {}).get("phase") == "Lost":
         return Verdict("ClaimLost", f"PersistentVolumeClaim {f.plan.claim} lost its volume")
     return None
@@ -55,7 +57,8 @@ def artifact_published(f: Facts) -> Verdict | None:
         return None
     if pending.state == "Failed":
         return Verdict(pending.reason, f"quantization Job {pending.job} failed: {pending.message}")
-    return Verdict(pending.reason, f"building artifact {pending.id} with Job {pending.job} (attempt {pending.attempts}): {pending.message}")
+    return Verdict(pending.reason, f"building artifact {pending.id} with Job {pending.job} "
+                                   f"(attempt {pending.attempts}): {pending.message}")
 
 
 def _rollout_gap(pool: str, live: Mapping[str, Any] | None, want_artifact: str | None) -> str | None:
@@ -115,4 +118,5 @@ def evaluate(facts: Facts, chain: Sequence[tuple[str, Check]] = CHAIN) -> tuple[
     pools = ", ".join(f"{p.name} {facts.observed.ready(p.name)}" for p in facts.spec.enabled_pools)
     what = f"artifact {served}" if served else facts.spec.model.display
     t = facts.plan.traffic
-    return True, Verdict("Serving", f"serving {what}; ready replicas: {pools}; traffic gpu {t.gpu_percent}% / cpu {t.cpu_percent}%")
+    return True, Verdict("Serving", f"serving {what}; ready replicas: {pools}; "
+                                    f"traffic gpu {t.gpu_percent}% / cpu {t.cpu_percent}%")

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import kopf
 
-from . import classes, events, metrics, names, plan as plans, spec as specs, status as statuses
+from . import classes, events, metrics, names
+from . import plan as plans
+from . import spec as specs
+from . import status as statuses
 from .apply import Cluster, TransientApiError
-from .conditions import Condition, set_conditions, DEGRADED, READY
+from .conditions import DEGRADED, READY, Condition, set_conditions
 
 log = logging.getLogger(__name__)
 
 
 def utcnow() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     observed = cluster.observe(owner, spec)
     timestamp = now()
-    plan = plans.compute(owner, spec, observed, previous, timestamp, network_policy=classes.network_policy(body, tenant))
+    plan = plans.compute(owner, spec, observed, previous, timestamp,
+                         network_policy=classes.network_policy(body, tenant))
     done, errors = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
@@ -110,7 +115,8 @@ def _count_jobs(plan: plans.Plan, done: list[str], previous: Mapping[str, Any], 
     if plan.artifact.published:
         metrics.JOBS.labels("succeeded", "Published").inc()
     old_pending, new_pending = previous.get("pendingArtifact") or {}, new.get("pendingArtifact") or {}
-    if new_pending.get("state") == "Failed" and (old_pending.get("state"), old_pending.get("job")) != ("Failed", new_pending.get("job")):
+    already_failed = (old_pending.get("state"), old_pending.get("job")) == ("Failed", new_pending.get("job"))
+    if new_pending.get("state") == "Failed" and not already_failed:
         metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
 
 

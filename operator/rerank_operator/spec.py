@@ -17,9 +17,10 @@ and quality gate) have no CRD default: the reconcile loop parses the effective s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from . import names, shapes, tei_flags
 from .quantities import parse_quantity
@@ -285,7 +286,7 @@ def _bool(parent: Mapping[str, Any], key: str, path: str, default: bool) -> bool
     return value
 
 
-def _choice(parent: Mapping[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> Any:
+def _choice(parent: Mapping[str, Any], key: str, path: str, default: str | int, allowed: tuple[str | int, ...]) -> Any:
     value = parent.get(key, default)
     if value is None:
         value = default

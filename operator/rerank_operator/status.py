@@ -8,7 +8,8 @@ then no write happens.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import conditions, deployment, readiness
 from .conditions import Condition
@@ -67,7 +68,8 @@ def model_ready(spec: RerankModelSpec, plan: Plan) -> Condition:
         return Condition(conditions.MODEL_READY, "False", pending.reason,
                          f"Job {pending.job} (attempt {pending.attempts}) failed: {pending.message}{still}")
     return Condition(conditions.MODEL_READY, "False", pending.reason,
-                     f"Job {pending.job} (attempt {pending.attempts}) is building artifact {pending.id}: {pending.message}{still}")
+                     f"Job {pending.job} (attempt {pending.attempts}) is building artifact {pending.id}: "
+                     f"{pending.message}{still}")
 
 
 def pools_available(spec: RerankModelSpec, observed: Observed, plan: Plan) -> Condition:

@@ -16,8 +16,9 @@ calls them and unit tests drive them with tables.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import deployment, names, quantities
 
@@ -224,7 +225,8 @@ def _source_violations(model: Obj, cls: Obj, where: str) -> list[str]:
 def _storage_violations(storage: Obj, cls: Obj, where: str) -> list[str]:
     found: list[str] = []
     if storage.get("size") and cls.get("maxSize") and parse_quantity(storage["size"]) > parse_quantity(cls["maxSize"]):
-        found.append(f"storage.size {storage['size']} is above the limit of {where}: storage.maxSize is {cls['maxSize']}")
+        found.append(f"storage.size {storage['size']} is above the limit of {where}: "
+                     f"storage.maxSize is {cls['maxSize']}")
     allowed = list(cls.get("allowedStorageClassNames", ["*"]))
     name = storage.get("storageClassName")
     if name and "*" not in allowed and name not in allowed:
@@ -365,7 +367,8 @@ def quota_blocked(
     """
     for rs in replica_sets:
         for cond in (rs.get("status") or {}).get("conditions") or ():
-            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True" and is_quota_message(cond.get("message")):
+            failing = cond.get("type") == "ReplicaFailure" and cond.get("status") == "True"
+            if failing and is_quota_message(cond.get("message")):
                 return _block(f"ReplicaSet/{rs['metadata']['name']}", cond["message"])
     stuck = {j["metadata"]["name"] for j in jobs if _job_waiting_for_pods(j)}
     for event in sorted(events, key=_event_time, reverse=True):

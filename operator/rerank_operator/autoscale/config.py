@@ -8,8 +8,9 @@ Parsing happens once per timer tick; the policy then only sees these frozen data
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 # Defaults this view shares with the reconcile loop's (spec.py): pool bounds, routing policy, and the three
 # autoscaling knobs both read (``spec.Autoscaling``), defined once there.
@@ -99,7 +100,7 @@ class AutoscalingSpec:
         return self.targets.gpu_latency_p95_ms if pool == "gpu" else self.targets.cpu_latency_p95_ms
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], prometheus: PrometheusSettings | None = None) -> "AutoscalingSpec":
+    def from_spec(cls, spec: Mapping[str, Any], prometheus: PrometheusSettings | None = None) -> AutoscalingSpec:
         """Read `spec.autoscaling`, `spec.routing` and the pools' bounds; raise InvalidAutoscalingSpec if unusable.
 
         A pool section that is absent means the pool is not deployed, except the CPU pool, which is the
@@ -135,7 +136,7 @@ class AutoscalingSpec:
                 max_cpu_percent=int(_number(spill, "maxCpuPercent", 100, minimum=0, maximum=100)),
                 surge_max_step=int(_number(spill, "surgeMaxStep", 32, minimum=1, maximum=1000)),
             ),
-            routing_policy=_choice(routing, "policy", Routing.policy, ROUTING_POLICIES),  # type: ignore[arg-type]
+            routing_policy=_choice(routing, "policy", Routing.policy, ROUTING_POLICIES),
             fixed_gpu_percent=_fixed_gpu_percent(weights),
             gpu=_bounds(_section(pools, "gpu"), "gpu", present_by_default=False, present="gpu" in pools),
             cpu=_bounds(_section(pools, "cpu"), "cpu", present_by_default=True, present="cpu" in pools),
@@ -210,4 +211,4 @@ def _fixed_gpu_percent(weights: Mapping[str, Any]) -> int:
     cpu = _number(weights, "cpu", 0)
     if gpu + cpu <= 0:
         raise InvalidAutoscalingSpec("routing.weights must not both be zero")
-    return int(round(100 * gpu / (gpu + cpu)))
+    return round(100 * gpu / (gpu + cpu))

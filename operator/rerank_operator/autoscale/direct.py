@@ -17,9 +17,9 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 from . import exposition
 from .config import Pool
@@ -57,7 +57,7 @@ class Snapshot:
     queue_duration: exposition.Histogram
 
     @classmethod
-    def from_text(cls, text: str, time_: float, address: str) -> "Snapshot":
+    def from_text(cls, text: str, time_: float, address: str) -> Snapshot:
         samples = exposition.parse(text)
         return cls(
             time=time_,
@@ -74,8 +74,9 @@ class Snapshot:
 
 
 def http_fetch(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - pod IPs, http only
-        return response.read(MAX_BODY_BYTES).decode("utf-8", errors="replace")
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read(MAX_BODY_BYTES)
+        return body.decode("utf-8", errors="replace")
 
 
 def address_overrides() -> dict[str, str]:

@@ -11,7 +11,8 @@ source only ever scrapes the pool pods' own IPs, as the API reports them, at TEI
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .config import InvalidAutoscalingSpec, PrometheusSettings
 

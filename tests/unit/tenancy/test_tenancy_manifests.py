@@ -61,4 +61,4 @@ def test_aggregate_roles_label_into_the_built_in_roles() -> None:
 def test_tenancy_stays_import_light() -> None:
     source = (REPO / "operator" / "rerank_operator" / "tenancy.py").read_text()
     imports = set(re.findall(r"^(?:from|import) ([\w.]+)", source, re.M))
-    assert imports <= {"__future__", "copy", "re", "dataclasses", "decimal", "typing", "."}, imports
+    assert imports <= {"__future__", "collections.abc", "copy", "re", "dataclasses", "decimal", "typing", "."}, imports

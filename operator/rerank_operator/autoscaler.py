@@ -37,9 +37,9 @@ from .observed import PoolsView
 
 log = logging.getLogger(__name__)
 
-METRICS_AVAILABLE = "MetricsAvailable"
-TRAFFIC_ENFORCED = "TrafficEnforced"
-OWNED_CONDITIONS = (METRICS_AVAILABLE, TRAFFIC_ENFORCED)
+METRICS_AVAILABLE = conditions.METRICS_AVAILABLE
+TRAFFIC_ENFORCED = conditions.TRAFFIC_ENFORCED
+OWNED_CONDITIONS = conditions.AUTOSCALER_OWNED
 HISTORY_ANNOTATION = f"autoscaler.{names.GROUP}/history"  # outside kopf's own rerank.io/ keys
 IDLE_POLL_SECONDS = 15.0  # how often a model with autoscaling off (or not deployed yet) is looked at again
 MAX_REASON = 1024
@@ -77,8 +77,8 @@ def current_cpu_percent(route: Mapping[str, Any] | None, model: str, status: Map
 
 def metrics_available(auto: config.AutoscalingSpec, decision: policy.Decision) -> Condition:
     if decision.held:
-        return Condition(METRICS_AVAILABLE, "False", "MetricsStale", decision.reason[:MAX_REASON])
-    return Condition(METRICS_AVAILABLE, "True", "MetricsFresh",
+        return Condition(METRICS_AVAILABLE, "False", conditions.REASON_METRICS_STALE, decision.reason[:MAX_REASON])
+    return Condition(METRICS_AVAILABLE, "True", conditions.REASON_METRICS_FRESH,
                      f"{auto.source} metrics are fresh for every pool with ready replicas")
 
 
@@ -87,21 +87,21 @@ def traffic_enforced(auto: config.AutoscalingSpec, spec: Mapping[str, Any], view
     split = f"gpu {decision.gpu_percent}% / cpu {decision.cpu_percent}%"
     policy_name = autoscale_routing.effective_policy(auto)
     if policy_name in ("cpu-only", "gpu-only"):
-        return Condition(TRAFFIC_ENFORCED, "True", "SinglePool",
+        return Condition(TRAFFIC_ENFORCED, "True", conditions.REASON_SINGLE_POOL,
                          f"one pool takes all traffic ({policy_name}): there is no split to enforce")
     gateway = (spec.get("routing") or {}).get("gateway") or {}
     if not gateway.get("parentRefs"):
-        return Condition(TRAFFIC_ENFORCED, "False", "NoGateway",
+        return Condition(TRAFFIC_ENFORCED, "False", conditions.REASON_NO_GATEWAY,
                          f"no routing.gateway.parentRefs: the split ({split}) cannot be enforced; the model Service "
                          f"spreads requests over the pods of the pools that receive traffic; replicas are still scaled")
     if not view.route_api_available:
-        return Condition(TRAFFIC_ENFORCED, "False", "GatewayAPIMissing",
+        return Condition(TRAFFIC_ENFORCED, "False", conditions.REASON_GATEWAY_API_MISSING,
                          f"routing.gateway is set but the Gateway API (HTTPRoute) is not installed: the split "
                          f"({split}) cannot be enforced; replicas are still scaled")
     if view.route is None:
-        return Condition(TRAFFIC_ENFORCED, "False", "RoutePending",
+        return Condition(TRAFFIC_ENFORCED, "False", conditions.REASON_ROUTE_PENDING,
                          f"HTTPRoute {names.route_name(model)} does not exist yet")
-    return Condition(TRAFFIC_ENFORCED, "True", "HTTPRoute",
+    return Condition(TRAFFIC_ENFORCED, "True", conditions.REASON_HTTP_ROUTE,
                      f"HTTPRoute {names.route_name(model)} carries the split as backend weights ({split})")
 
 
@@ -215,7 +215,7 @@ class ModelAutoscaler:
             auto = config.AutoscalingSpec.from_spec(spec, prometheus=server)
         except config.InvalidAutoscalingSpec as exc:
             self._reset()
-            self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", "InvalidSpec", str(exc))])
+            self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", conditions.REASON_INVALID_SPEC, str(exc))])
             return IDLE_POLL_SECONDS
         if not auto.enabled:
             self._reset()

@@ -1,5 +1,7 @@
 """RerankClasses in the reconcile loop: a model's class, its effective spec, ClassCompliant, quota verdicts. Pure.
 
+The verdicts go into ``status.compute`` (the only status builder) as its ``compliance`` and ``quota`` inputs.
+
 This module wires ``tenancy`` (the pure class, NetworkPolicy and quota functions) into the loop; it does no I/O
 itself: reconcile.py hands it what the API returned, handlers.py hands it the class watch's events.
 
@@ -33,11 +35,6 @@ from .conditions import Condition
 from .observed import Observed
 
 Obj = Mapping[str, Any]
-
-REASON_COMPLIANT = tenancy.REASON_COMPLIANT
-REASON_CLASS_VIOLATION = tenancy.REASON_CLASS_VIOLATION
-REASON_CLASS_NOT_FOUND = tenancy.REASON_CLASS_NOT_FOUND
-REASON_QUOTA_EXCEEDED = tenancy.REASON_QUOTA_EXCEEDED
 
 #: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
 #: so the autoscaler can scrape TEI. ``RERANK_OPERATOR_POD_LABELS=k=v,k=v`` overrides them.
@@ -199,12 +196,13 @@ class Tenancy:
     def condition(self) -> Condition | None:
         """ClassCompliant, or None when no RerankClass exists (built-in defaults, nothing to comply with)."""
         if self.not_found is not None:
-            return Condition(conditions.CLASS_COMPLIANT, "False", REASON_CLASS_NOT_FOUND, self.not_found)
+            return Condition(conditions.CLASS_COMPLIANT, "False", conditions.REASON_CLASS_NOT_FOUND, self.not_found)
         if self.rclass is None:
             return None
         if self.violations:
-            return Condition(conditions.CLASS_COMPLIANT, "False", REASON_CLASS_VIOLATION, "; ".join(self.violations))
-        return Condition(conditions.CLASS_COMPLIANT, "True", REASON_COMPLIANT,
+            return Condition(conditions.CLASS_COMPLIANT, "False", conditions.REASON_CLASS_VIOLATION,
+                             "; ".join(self.violations))
+        return Condition(conditions.CLASS_COMPLIANT, "True", conditions.REASON_COMPLIANT,
                          f"within the limits of RerankClass {self.class_name}")
 
 
@@ -266,48 +264,3 @@ def quota_block(observed: Observed, errors: Iterable[str]) -> tenancy.QuotaBlock
     api_errors = {str(getattr(e, "ref", "")): str(getattr(e, "message", "")) for e in errors if is_quota_error(e)}
     return tenancy.quota_blocked(replica_sets=observed.replica_sets, jobs=observed.jobs, events=observed.job_events,
                                  api_errors=api_errors)
-
-
-# -- status -----------------------------------------------------------------------------------------------------------
-def with_tenancy(status: Mapping[str, Any], previous: Mapping[str, Any], t: Tenancy,
-                 quota: tenancy.QuotaBlock | None, *, generation: int, now: str) -> dict[str, Any]:
-    """``status`` (from status.compute) with ClassCompliant, and QuotaExceeded where a quota blocks a child:
-    PoolsAvailable for a pool's ReplicaSet, ModelReady for the quantization Job or the claim; Ready=False.
-
-    Overridden conditions start from the previous status's, so their lastTransitionTime only moves when their
-    status does (an idle reconcile must produce an empty patch)."""
-    new = copy.deepcopy(dict(status))
-    current = [dict(c) for c in new.get("conditions") or ()]
-    updates: list[Condition] = []
-    compliance = t.condition()
-    if compliance is None:
-        current = [c for c in current if c.get("type") != conditions.CLASS_COMPLIANT]
-    else:
-        updates.append(compliance)
-    if quota is not None:
-        target = conditions.POOLS_AVAILABLE if quota.blocked.startswith("ReplicaSet/") else conditions.MODEL_READY
-        updates += [Condition(target, "False", REASON_QUOTA_EXCEEDED, quota.message),
-                    Condition(conditions.READY, "False", REASON_QUOTA_EXCEEDED, quota.message)]
-        if new.get("phase") == "Ready":
-            new["phase"] = "Progressing"
-    before = {c.get("type"): c for c in previous.get("conditions") or ()}
-    overridden = {u.type for u in updates}
-    current = [dict(before[c.get("type")]) if c.get("type") in overridden and c.get("type") in before else c
-               for c in current]
-    present = {c.get("type") for c in current}
-    current += [dict(before[u.type]) for u in updates if u.type not in present and u.type in before]
-    new["conditions"] = conditions.set_conditions(current, updates, generation=generation, now=now)
-    return new
-
-
-def class_not_found_status(previous: Mapping[str, Any], message: str, *, generation: int, now: str) -> dict[str, Any]:
-    """The whole status of a model whose class does not exist: nothing is applied until it does (children that
-    already run are left alone, so deleting a class by mistake takes nothing down)."""
-    serving = any(int((p or {}).get("readyReplicas") or 0) > 0 for p in (previous.get("pools") or {}).values())
-    conds = conditions.set_conditions(previous.get("conditions") or [], [
-        Condition(conditions.READY, "False", REASON_CLASS_NOT_FOUND, message),
-        Condition(conditions.DEGRADED, "True", REASON_CLASS_NOT_FOUND, message),
-        Condition(conditions.CLASS_COMPLIANT, "False", REASON_CLASS_NOT_FOUND, message),
-    ], generation=generation, now=now)
-    return {**copy.deepcopy(dict(previous)), "observedGeneration": generation,
-            "phase": "Degraded" if serving else "Failed", "conditions": conds}

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from quantizer_job import contract
 
-from . import names, pods
+from . import conditions, names, pods
 from .spec import DataSource, RerankModelSpec
 
 CONTAINER = "quantizer"
@@ -194,7 +194,7 @@ def recovers_of(job: Mapping[str, Any]) -> int:
 
 
 #: Reason of a Job that succeeded but whose result can no longer be read (pod gone, or a message that is no result).
-RESULT_LOST = "ResultLost"
+RESULT_LOST = conditions.REASON_RESULT_LOST
 
 
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -259,15 +259,16 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
         waiting = _waiting(pod)
         if waiting:
             return JobOutcome(
-                "Running", "JobPodWaiting",
+                "Running", conditions.REASON_JOB_POD_WAITING,
                 f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
             )
     failures = job.get("status", {}).get("failed") or 0
     if failures:
         previous = _failure({"reason": "PodFailed", "message": ""}, pods_newest)
-        return JobOutcome("Running", "Retrying", f"attempt failed {failures} time(s), retrying with backoff; "
-                                                 f"last: {previous.reason}: {previous.message}")
-    return JobOutcome("Running", "Quantizing", "the quantization Job is running")
+        return JobOutcome("Running", conditions.REASON_RETRYING,
+                          f"attempt failed {failures} time(s), retrying with backoff; "
+                          f"last: {previous.reason}: {previous.message}")
+    return JobOutcome("Running", conditions.REASON_QUANTIZING, "the quantization Job is running")
 
 
 def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
@@ -283,10 +284,10 @@ def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]
         if crashed is None:
             container_reason = term.get("reason") or "Error"
             if container_reason == "Error":
-                container_reason = "QuantizerCrashed"
+                container_reason = conditions.REASON_QUANTIZER_CRASHED
             detail = f"exit code {term.get('exitCode')}" + (f": {parsed[-500:]}" if parsed else "")
             crashed = JobOutcome("Failed", container_reason, detail)
-    job_reason = failed.get("reason") or "JobFailed"
+    job_reason = failed.get("reason") or conditions.REASON_JOB_FAILED
     if crashed is not None and job_reason != "DeadlineExceeded":
         return crashed
     return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from quantizer_job import contract
 
-from . import artifact, deployment, drift, job, names, routing, service, storage
+from . import artifact, conditions, deployment, drift, job, names, routing, service, storage
 from .observed import Obj, ObjectRef, Observed, ref_of
 from .spec import RerankModelSpec
 
@@ -117,7 +117,8 @@ def decide_artifact(
     if not jobs:
         new = job.build_job(owner, spec, desired, 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(
-            desired, new["metadata"]["name"], 1, "Creating", "Quantizing", "starting the quantization Job")), new
+            desired, new["metadata"]["name"], 1, "Creating", conditions.REASON_QUANTIZING,
+            "starting the quantization Job")), new
     latest = jobs[-1]
     attempt = job.attempt_of(latest)
     out = job.outcome(latest, observed.pods_of(latest))
@@ -129,7 +130,7 @@ def decide_artifact(
         if recovers <= MAX_RESULT_RECOVERIES:
             new = job.build_job(owner, spec, desired, attempt + 1, claim, recovers=recovers)
             return ArtifactDecision(desired, served, pending=Pending(
-                desired, new["metadata"]["name"], attempt + 1, "Creating", "RecoveringResult",
+                desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_RECOVERING_RESULT,
                 f"{out.message} ({name}): attempt {attempt + 1} reads the published artifact's manifest")), new
         return ArtifactDecision(desired, served, pending=Pending(
             desired, name, attempt, "Failed", out.reason,
@@ -137,13 +138,14 @@ def decide_artifact(
     if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(
-            desired, new["metadata"]["name"], attempt + 1, "Creating", "Quantizing",
+            desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_QUANTIZING,
             f"the spec changed after {name} failed ({out.reason}): retrying")), new
     state: PendingState = "Failed" if out.state == "Failed" else "Running"
     reason, message = out.reason, out.message
-    if out.state == "Running" and out.reason == "Quantizing" and job.recovers_of(latest):
-        reason, message = "RecoveringResult", ("the result of an earlier attempt was lost with its pod: this attempt "
-                                               "reads the published artifact's manifest")
+    if out.state == "Running" and out.reason == conditions.REASON_QUANTIZING and job.recovers_of(latest):
+        reason = conditions.REASON_RECOVERING_RESULT
+        message = ("the result of an earlier attempt was lost with its pod: this attempt reads the published "
+                   "artifact's manifest")
     return ArtifactDecision(desired, served, pending=Pending(desired, name, attempt, state, reason, message)), None
 
 

@@ -20,7 +20,7 @@ from . import plan as plans
 from . import spec as specs
 from . import status as statuses
 from .apply import Cluster, TransientApiError
-from .conditions import DEGRADED, READY, Condition, set_conditions
+from .conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,13 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
     tenant = classes.for_model(body, cluster.list_classes)  # the RerankClass and the effective spec (tenancy)
-    if tenant.not_found is not None:
-        _class_not_found(cluster, owner, previous, tenant.not_found, now())
+    if tenant.not_found is not None:  # apply nothing; a class created later re-triggers the model
+        _refuse(cluster, owner, previous, tenant, statuses.Refusal(REASON_CLASS_NOT_FOUND, tenant.not_found), now())
         return False
     try:
         spec = specs.parse(tenant.effective)
-    except specs.SpecError as exc:
-        _refuse(cluster, owner, previous, str(exc), now())
+    except specs.SpecError as exc:  # the CRD's validation should make this unreachable
+        _refuse(cluster, owner, previous, tenant, statuses.Refusal(REASON_INVALID_SPEC, str(exc)), now())
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     observed = cluster.observe(owner, spec)
     timestamp = now()
@@ -87,8 +87,8 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
         log.info("applied %s for %s/%s", kind, namespace, name)
     quota = classes.quota_block(observed, errors)  # a ResourceQuota refusing pods or the claim: QuotaExceeded
     refused = tuple(e for e in errors if not classes.is_quota_error(e))
-    new_status = statuses.compute(owner.generation, spec, observed, plan, previous, timestamp, refused)
-    new_status = classes.with_tenancy(new_status, previous, tenant, quota, generation=owner.generation, now=timestamp)
+    new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
+                                  compliance=tenant.condition(), quota=quota)
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
@@ -120,23 +120,12 @@ def _count_jobs(plan: plans.Plan, done: list[str], previous: Mapping[str, Any], 
         metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
 
 
-def _class_not_found(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:
-    """No RerankClass for the model: say so and apply nothing (a class created later re-triggers it)."""
-    new_status = classes.class_not_found_status(previous, message, generation=owner.generation, now=now)
+def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], tenant: classes.Tenancy,
+            refusal: statuses.Refusal, now: str) -> None:
+    """Record why nothing was applied (children that already run are left alone) and post its transitions."""
+    new_status = statuses.compute(owner.generation, previous, now, refusal, compliance=tenant.condition())
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
     for event in events.transitions(previous, new_status):
         cluster.post_event(owner, event)
-
-
-def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:
-    """Record a spec the operator cannot act on (the CRD's validation should make this unreachable)."""
-    conds = set_conditions(previous.get("conditions") or [], [
-        Condition(READY, "False", "InvalidSpec", message),
-        Condition(DEGRADED, "True", "InvalidSpec", message),
-    ], generation=owner.generation, now=now)
-    patch = statuses.merge_patch(previous, {**previous, "observedGeneration": owner.generation,
-                                            "phase": "Failed", "conditions": conds})
-    if patch:
-        cluster.patch_status(owner, patch)

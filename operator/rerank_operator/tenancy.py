@@ -20,17 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import deployment, names, quantities
+from . import conditions, deployment, names, quantities
 
 DEFAULT_CLASS_ANNOTATION = f"{names.GROUP}/is-default-class"
 CLASS_KIND = "RerankClass"
 CLASS_PLURAL = "rerankclasses"
 
-CLASS_COMPLIANT = "ClassCompliant"  # condition type
-REASON_COMPLIANT = "Compliant"
-REASON_CLASS_VIOLATION = "ClassViolation"
-REASON_CLASS_NOT_FOUND = "ClassNotFound"
-REASON_QUOTA_EXCEEDED = "QuotaExceeded"
 
 POOLS: tuple[str, str] = ("cpu", "gpu")
 
@@ -384,7 +379,7 @@ def quota_blocked(
 
 def _block(blocked: str, message: str) -> QuotaBlock:
     quota = message.split("forbidden: ", 1)[-1].strip()  # "exceeded quota: q, requested: ..., used: ..., limited: ..."
-    return QuotaBlock(reason=REASON_QUOTA_EXCEEDED, message=f"{blocked}: {quota}", blocked=blocked)
+    return QuotaBlock(reason=conditions.REASON_QUOTA_EXCEEDED, message=f"{blocked}: {quota}", blocked=blocked)
 
 
 def _job_waiting_for_pods(job: Obj) -> bool:

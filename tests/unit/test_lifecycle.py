@@ -31,7 +31,7 @@ class Life:
         observed = self.world.observed()
         plan = plans.compute(owner, spec, observed, self.status, NOW)
         self.world.run(plan)
-        new = statuses.compute(owner.generation, spec, observed, plan, self.status, NOW)
+        new = statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
         self.events += events.actions(plan, [o["metadata"]["name"] for o in plan.create]) + events.transitions(self.status, new)
         self.status = new
         self.last = plan
@@ -50,7 +50,7 @@ class Life:
         owner, spec = owner_of(self.body), spec_of(self.body)
         observed = self.world.observed()
         plan = plans.compute(owner, spec, observed, self.status, NOW)
-        return statuses.compute(owner.generation, spec, observed, plan, self.status, NOW)
+        return statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
 
     def cond(self, kind: str) -> tuple[str, str]:
         c = conditions.find(self.status["conditions"], kind)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import classes, conditions, events, metrics, names
+from . import spec as specs
 from . import status as statuses
 from .apply import Cluster, TransientApiError
 from .autoscale import config, direct, endpoints, history, policy, prometheus
@@ -209,11 +210,11 @@ class ModelAutoscaler:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenant.effective
         try:
-            source = (((spec.get("autoscaling") or {}).get("metrics") or {}).get("source")) or "direct"
+            parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
             class_spec = (tenant.rclass or {}).get("spec") if tenant.rclass is not None else None
-            server = endpoints.prometheus_for(str(source), class_spec, endpoints.operator_default())
-            auto = config.AutoscalingSpec.from_spec(spec, prometheus=server)
-        except config.InvalidAutoscalingSpec as exc:
+            server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, endpoints.operator_default())
+            auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
+        except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
             self._reset()
             self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", conditions.REASON_INVALID_SPEC, str(exc))])
             return IDLE_POLL_SECONDS

@@ -2,10 +2,13 @@
 
 Writes are server-side apply with field manager ``rerank-operator`` (so an HPA's replicas or a user's annotations
 are never fought over), create-only for Jobs (their template is immutable), background deletes, and a merge patch
-of the status. Not-found and already-exists are expected outcomes, not errors. Requests the API server refuses for
-a reason retrying will not fix (422, 403, a missing Gateway API) are returned as messages for the status; transient
-failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with backoff.
-Every write request increments ``metrics.API_WRITES``.
+of the status. Not-found and already-exists are expected outcomes, not errors. Writes the API server refuses for
+a reason retrying will not fix (422, 403, a missing Gateway API) are returned as typed ``writes.Refused`` for the
+status; transient failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with
+backoff; any other refusal of a read raises :class:`ApiError` (never the client library's own exception).
+What to read is decided by pure functions (``observed.controlled_by``, ``observed.short_of_replicas``,
+``job.waiting_for_pods``); this module only runs the requests. Every write request increments
+``metrics.API_WRITES``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from . import metrics, names
+from . import job, metrics, names
 from .events import Event
-from .observed import Obj, Observed, PoolsView
+from .observed import Obj, ObjectRef, Observed, PoolsView, controlled_by, ref_of, short_of_replicas
 from .plan import Plan, Scale
 from .spec import RerankModelSpec
+from .writes import Executed, Refused
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +53,17 @@ class TransientApiError(RuntimeError):
     """The API server could not be reached or asked us to come back later."""
 
 
-class WriteError(str):
-    """A refused write as the message the status shows, plus what it was about (``ref`` "Kind/name"), the HTTP
-    status and the API server's own message, so a ResourceQuota's 403 can be told from other refusals."""
+class ApiError(RuntimeError):
+    """A request the API server refused for a reason a retry will not fix: its HTTP status and its own message."""
 
-    ref: str
-    status: int
-    message: str
-
-    def __new__(cls, text: str, *, ref: str, status: int, message: str) -> WriteError:
-        obj = super().__new__(cls, text)
-        obj.ref, obj.status, obj.message = ref, status, message
-        return obj
+    def __init__(self, method: str, path: str, status: int, message: str) -> None:
+        super().__init__(f"{method} {path}: {status} {message}")
+        self.status = status
+        self.message = message
 
 
-def _write_error(text: str, kind: str, name: str, exc: ApiException) -> WriteError:
-    return WriteError(text, ref=f"{kind}/{name}", status=int(exc.status or 0), message=_reason(exc))
+def _refused(ref: ObjectRef, verb: str, exc: ApiError, text: str) -> Refused:
+    return Refused(ref=ref, verb=verb, status=exc.status, message=exc.message, text=text)
 
 
 def _path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -123,14 +122,14 @@ class Cluster:
         except ApiException as exc:
             if exc.status in _TRANSIENT:
                 raise TransientApiError(f"{method} {path}: {exc.status} {_reason(exc)}") from exc
-            raise
+            raise ApiError(method, path, int(exc.status or 0), _reason(exc)) from exc
         except OSError as exc:  # connection refused/reset, DNS: the API server is unreachable
             raise TransientApiError(f"{method} {path}: {exc}") from exc
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         try:
             obj = self._request("GET", _path(api_version, kind, namespace, name))
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -140,7 +139,7 @@ class Cluster:
         """Objects matching ``selector``; None when the API itself is absent (e.g. no Gateway API CRDs)."""
         try:
             result = self._request("GET", _path(api_version, kind, namespace), label_selector=selector)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -159,7 +158,7 @@ class Cluster:
         """Every RerankClass (cluster-scoped); none when their CRD is not installed."""
         try:
             result = self._request("GET", f"/apis/{names.API_VERSION}/rerankclasses")
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return []
             raise
@@ -170,15 +169,14 @@ class Cluster:
         ns, selector = owner.namespace, names.owned_selector(owner.name)
 
         def mine(objs: list[Obj] | None) -> list[Obj]:
-            return [o for o in objs or () if any(r.get("uid") == owner.uid and r.get("controller")
-                                                  for r in o["metadata"].get("ownerReferences") or ())]
+            return [o for o in objs or () if controlled_by(o, owner.uid)]
 
         claim_name = spec.storage.existing_claim or names.pvc_name(owner.name)
         quantizer = f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"
         jobs = mine(self.list_objects("batch/v1", "Job", ns, quantizer))
         job_uids = {j["metadata"]["uid"] for j in jobs}
         job_pods = [p for p in self.list_objects("v1", "Pod", ns, quantizer) or ()
-                    if any(r.get("uid") in job_uids for r in p["metadata"].get("ownerReferences") or ())]
+                    if any(controlled_by(p, uid) for uid in job_uids)]
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
                        for d in mine(self.list_objects("apps/v1", "Deployment", ns, selector))}
         services = {s["metadata"]["name"]: s for s in mine(self.list_objects("v1", "Service", ns, selector))}
@@ -188,15 +186,12 @@ class Cluster:
         # Quota checks (tenancy.quota_blocked) read more only while something is missing: a pool short of ready
         # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
         replica_sets: list[Obj] = []
-        if any(int(d.get("status", {}).get("readyReplicas") or 0) < int(d.get("spec", {}).get("replicas") or 0)
-               for d in deployments.values()):
+        if short_of_replicas(deployments.values()):
             dep_uids = {d["metadata"]["uid"] for d in deployments.values()}
             replica_sets = [r for r in self.list_objects("apps/v1", "ReplicaSet", ns, selector) or ()
-                            if any(o.get("uid") in dep_uids for o in r["metadata"].get("ownerReferences") or ())]
+                            if any(controlled_by(r, uid) for uid in dep_uids)]
         job_events: list[Obj] = []
-        if any(not (j.get("status") or {}).get("active") and not (j.get("status") or {}).get("completionTime")
-               and not any(c.get("type") == "Failed" and c.get("status") == "True"
-                           for c in (j.get("status") or {}).get("conditions") or ()) for j in jobs):
+        if any(job.waiting_for_pods(j) for j in jobs):
             events = self._request("GET", _path("v1", "Event", ns),
                                    field_selector="involvedObject.kind=Job,reason=FailedCreate")
             job_events = [dict(e) for e in events.get("items") or ()]
@@ -215,67 +210,66 @@ class Cluster:
 
     # --- writing ----------------------------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan) -> tuple[list[str], list[str]]:
-        """Run ``plan``; returns (names of objects written, messages of refused writes)."""
-        done: list[str] = []
-        errors: list[str] = []
+    def execute(self, plan: Plan) -> Executed:
+        """Run ``plan``; returns the objects written and the writes refused."""
+        done: list[ObjectRef] = []
+        refused: list[Refused] = []
         # Existing Deployments are scaled before the applies: the scale write takes the field from any manager
         # that owned it (an older manifest that carried replicas), so the apply that omits it cannot reset it.
-        self._scale([s for s in plan.scale if s.exists], done, errors)
+        self._scale([s for s in plan.scale if s.exists], done, refused)
         for obj in plan.apply:
-            kind, meta = obj["kind"], obj["metadata"]
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
                 self._request(
                     "PATCH", _path(obj["apiVersion"], kind, meta["namespace"], meta["name"]),
                     verb="apply", kind=kind, body=json.dumps(obj), content_type="application/apply-patch+yaml",
                     field_manager=names.FIELD_MANAGER, force_conflicts=True,
                 )
-                done.append(meta["name"])
-            except ApiException as exc:
+                done.append(ref)
+            except ApiError as exc:
                 hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
-                message = f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}"
-                errors.append(_write_error(message, kind, meta["name"], exc))
+                refused.append(_refused(ref, "apply", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}{hint}"))
         for obj in plan.create:
-            kind, meta = obj["kind"], obj["metadata"]
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
                 self._request("POST", _path(obj["apiVersion"], kind, meta["namespace"]), verb="create", kind=kind,
                               body=obj, field_manager=names.FIELD_MANAGER)
-                done.append(meta["name"])
-            except ApiException as exc:
+                done.append(ref)
+            except ApiError as exc:
                 if exc.status != 409:  # already exists: a previous run created it; nothing to do
-                    message = f"{kind} {meta['name']}: {exc.status} {_reason(exc)}"
-                    errors.append(_write_error(message, kind, meta["name"], exc))
-        self._scale([s for s in plan.scale if not s.exists], done, errors)
+                    refused.append(_refused(ref, "create", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}"))
+        self._scale([s for s in plan.scale if not s.exists], done, refused)
         for ref in plan.delete:
             try:
                 self._request("DELETE", _path(ref.api_version, ref.kind, ref.namespace, ref.name), verb="delete",
                               kind=ref.kind, propagation_policy="Background")
-                done.append(ref.name)
-            except ApiException as exc:
+                done.append(ref)
+            except ApiError as exc:
                 if exc.status != 404:
-                    errors.append(f"delete {ref}: {exc.status} {_reason(exc)}")
-        return done, errors
+                    refused.append(_refused(ref, "delete", exc, f"delete {ref}: {exc.status} {exc.message}"))
+        return Executed(tuple(done), tuple(refused))
 
-    def _scale(self, scales: list[Scale], done: list[str], errors: list[str]) -> None:
+    def _scale(self, scales: list[Scale], done: list[ObjectRef], refused: list[Refused]) -> None:
         """Replicas through the Deployments' scale subresource (never in the applied manifest)."""
         for s in scales:
+            ref = ObjectRef("apps/v1", "Deployment", s.namespace, s.name)
             try:
                 self._request(
                     "PATCH", _path("apps/v1", "Deployment", s.namespace, s.name, "scale"), verb="scale",
                     kind="Deployment", body={"spec": {"replicas": s.replicas}},
                     content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
                 )
-                done.append(s.name)
-            except ApiException as exc:
-                errors.append(f"scale Deployment {s.name} to {s.replicas}: {exc.status} {_reason(exc)}")
+                done.append(ref)
+            except ApiError as exc:
+                text = f"scale Deployment {s.name} to {s.replicas}: {exc.status} {exc.message}"
+                refused.append(_refused(ref, "scale", exc, text))
 
     def observe_pools(self, owner: names.Owner) -> PoolsView:
         """What the autoscaler needs, in three reads: the pool Deployments, their pods, the HTTPRoute."""
         ns, selector = owner.namespace, names.owned_selector(owner.name)
 
         def mine(obj: Obj) -> bool:
-            return any(r.get("uid") == owner.uid and r.get("controller")
-                       for r in obj["metadata"].get("ownerReferences") or ())
+            return controlled_by(obj, owner.uid)
 
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
                        for d in self.list_objects("apps/v1", "Deployment", ns, selector) or () if mine(d)}
@@ -295,7 +289,7 @@ class Cluster:
                 kind=names.KIND, body={"metadata": {"annotations": dict(annotations)}},
                 content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
                 raise
 
@@ -306,7 +300,7 @@ class Cluster:
                 verb="patch-status", kind=names.KIND, body={"status": patch},
                 content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
                 raise
 
@@ -331,5 +325,5 @@ class Cluster:
         }
         try:
             self._request("POST", _path("v1", "Event", owner.namespace), verb="create", kind="Event", body=body)
-        except (ApiException, TransientApiError) as exc:
+        except (ApiError, TransientApiError) as exc:
             log.warning("could not post event %s on %s/%s: %s", event.reason, owner.namespace, owner.name, exc)

@@ -33,6 +33,7 @@ from typing import Any
 from . import conditions, tenancy
 from .conditions import Condition
 from .observed import Observed
+from .writes import Refused
 
 Obj = Mapping[str, Any]
 
@@ -255,12 +256,13 @@ def network_policy(body: Obj, t: Tenancy, env: Mapping[str, str] | None = None) 
 
 
 # -- quotas -----------------------------------------------------------------------------------------------------------
-def is_quota_error(error: str) -> bool:
-    """A write the API server refused because of a ResourceQuota (``apply.WriteError`` carries status and message)."""
-    return getattr(error, "status", None) == 403 and tenancy.is_quota_message(getattr(error, "message", None))
+def is_quota_error(error: object) -> bool:
+    """A write the API server refused because of a ResourceQuota, whichever verb (``writes.Refused``)."""
+    return isinstance(error, Refused) and error.is_quota
 
 
-def quota_block(observed: Observed, errors: Iterable[str]) -> tenancy.QuotaBlock | None:
-    api_errors = {str(getattr(e, "ref", "")): str(getattr(e, "message", "")) for e in errors if is_quota_error(e)}
+def quota_block(observed: Observed, refused: Iterable[Refused]) -> tenancy.QuotaBlock | None:
+    """The first quota failure: a pool's ReplicaSet, the quantization Job's pod, or a write of ours."""
+    api_errors = {str(r.ref): r.message for r in refused if r.is_quota}
     return tenancy.quota_blocked(replica_sets=observed.replica_sets, jobs=observed.jobs, events=observed.job_events,
                                  api_errors=api_errors)

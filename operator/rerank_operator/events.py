@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import conditions
+from .observed import ObjectRef, ref_of
 from .plan import Plan
 
 EventType = Literal["Normal", "Warning"]
@@ -54,15 +55,15 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
     return events
 
 
-def actions(plan: Plan, done: Sequence[str]) -> list[Event]:
-    """Events for the writes of ``plan`` that ``apply`` reports as done (by object name)."""
+def actions(plan: Plan, done: Sequence[ObjectRef]) -> list[Event]:
+    """Events for the writes of ``plan`` that ``apply`` reports as done."""
     events: list[Event] = []
     for job in plan.create:
         name = job["metadata"]["name"]
-        if name in done:
+        if ref_of(job) in done:
             artifact_id = job["metadata"]["labels"].get("rerank.io/artifact", "")
             events.append(Event("Normal", "QuantizationStarted", f"created Job {name} to build artifact {artifact_id}"))
     for ref in plan.delete:
-        if ref.name in done:
+        if ref in done:
             events.append(Event("Normal", "Deleted", f"deleted {ref.kind} {ref.name}: no longer needed"))
     return events

@@ -291,3 +291,12 @@ def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]
     if crashed is not None and job_reason != "DeadlineExceeded":
         return crashed
     return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")
+
+
+def waiting_for_pods(job: Mapping[str, Any]) -> bool:
+    """Unfinished and without an active pod: the only state in which its FailedCreate Events (a quota refusing
+    its pod) are read and counted."""
+    status = job.get("status") or {}
+    finished = status.get("completionTime") or any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions") or ())
+    return not finished and not status.get("active")

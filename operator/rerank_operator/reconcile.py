@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +21,7 @@ from . import spec as specs
 from . import status as statuses
 from .apply import Cluster, TransientApiError
 from .conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
+from .observed import ObjectRef, ref_of
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +83,19 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
     timestamp = now()
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=classes.network_policy(body, tenant))
-    done, errors = cluster.execute(plan)
+    executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
-    quota = classes.quota_block(observed, errors)  # a ResourceQuota refusing pods or the claim: QuotaExceeded
-    refused = tuple(e for e in errors if not classes.is_quota_error(e))
+    quota = classes.quota_block(observed, executed.refused)  # a ResourceQuota refusing a child: QuotaExceeded
+    refused = tuple(str(r) for r in executed.other_refusals)
     new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
                                   compliance=tenant.condition(), quota=quota)
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
-    for event in events.actions(plan, done) + events.transitions(previous, new_status):
+    for event in events.actions(plan, executed.done) + events.transitions(previous, new_status):
         cluster.post_event(owner, event)
-    _count_jobs(plan, done, previous, new_status)
+    _count_jobs(plan, executed.done, previous, new_status)
     pools = new_status.get("pools") or {}
     metrics.record_model(
         namespace, name,
@@ -103,14 +104,15 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
         replicas={p: int(v.get("desiredReplicas", 0)) for p, v in pools.items()},
     )
     ready = any(c.get("type") == READY and c.get("status") == "True" for c in new_status.get("conditions", ()))
-    if any(classes.is_quota_error(e) for e in errors):  # the claim: retried with backoff until the quota allows it
+    if executed.quota_refusals:  # a write of ours (the claim): retried with backoff until the quota allows it
         raise TransientApiError(f"{quota.message if quota else 'refused by a ResourceQuota'}")
     return ready
 
 
-def _count_jobs(plan: plans.Plan, done: list[str], previous: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _count_jobs(plan: plans.Plan, done: Sequence[ObjectRef], previous: Mapping[str, Any],
+                new: Mapping[str, Any]) -> None:
     for job in plan.create:
-        if job["metadata"]["name"] in done:
+        if ref_of(job) in done:
             metrics.JOBS.labels("created", "").inc()
     if plan.artifact.published:
         metrics.JOBS.labels("succeeded", "Published").inc()

@@ -153,11 +153,12 @@ def _phase(ready: bool, is_degraded: bool, serving: bool, plan: Plan) -> str:
 
 
 def _quota_overrides(quota: QuotaBlock | None) -> list[Condition]:
-    """A quota blocking a child: the condition of that child (PoolsAvailable for a pool's ReplicaSet, ModelReady for
-    the quantization Job or the claim) and Ready say QuotaExceeded with the quota's own message."""
+    """A quota blocking a child: the condition of that child (PoolsAvailable for a pool's ReplicaSet or Deployment,
+    ModelReady for the quantization Job or the claim) and Ready say QuotaExceeded with the quota's own message."""
     if quota is None:
         return []
-    target = conditions.POOLS_AVAILABLE if quota.blocked.startswith("ReplicaSet/") else conditions.MODEL_READY
+    pool = quota.blocked.startswith(("ReplicaSet/", "Deployment/"))
+    target = conditions.POOLS_AVAILABLE if pool else conditions.MODEL_READY
     return [Condition(target, "False", conditions.REASON_QUOTA_EXCEEDED, quota.message),
             Condition(conditions.READY, "False", conditions.REASON_QUOTA_EXCEEDED, quota.message)]
 

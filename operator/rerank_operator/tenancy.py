@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import conditions, deployment, names, quantities
+from . import conditions, deployment, job, names, quantities
 
 DEFAULT_CLASS_ANNOTATION = f"{names.GROUP}/is-default-class"
 CLASS_KIND = "RerankClass"
@@ -365,7 +365,7 @@ def quota_blocked(
             failing = cond.get("type") == "ReplicaFailure" and cond.get("status") == "True"
             if failing and is_quota_message(cond.get("message")):
                 return _block(f"ReplicaSet/{rs['metadata']['name']}", cond["message"])
-    stuck = {j["metadata"]["name"] for j in jobs if _job_waiting_for_pods(j)}
+    stuck = {j["metadata"]["name"] for j in jobs if job.waiting_for_pods(j)}
     for event in sorted(events, key=_event_time, reverse=True):
         involved = event.get("involvedObject") or {}
         if (involved.get("kind") == "Job" and involved.get("name") in stuck
@@ -380,13 +380,6 @@ def quota_blocked(
 def _block(blocked: str, message: str) -> QuotaBlock:
     quota = message.split("forbidden: ", 1)[-1].strip()  # "exceeded quota: q, requested: ..., used: ..., limited: ..."
     return QuotaBlock(reason=conditions.REASON_QUOTA_EXCEEDED, message=f"{blocked}: {quota}", blocked=blocked)
-
-
-def _job_waiting_for_pods(job: Obj) -> bool:
-    status = job.get("status") or {}
-    finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                   for c in status.get("conditions") or ())
-    return not finished and not status.get("active")
 
 
 def _event_time(event: Obj) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rerank_operator import artifact, conditions, deployment, events, names, plan as plans, status as statuses
+from rerank_operator.observed import ref_of
 from rerankmodel_gen import (FakeWorld, finish, generation, job_pod, model, owner_of, published, refused, replicas,
                              revision, set_, spec_of)
 
@@ -32,7 +33,7 @@ class Life:
         plan = plans.compute(owner, spec, observed, self.status, NOW)
         self.world.run(plan)
         new = statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
-        self.events += events.actions(plan, [o["metadata"]["name"] for o in plan.create]) + events.transitions(self.status, new)
+        self.events += events.actions(plan, [ref_of(o) for o in plan.create]) + events.transitions(self.status, new)
         self.status = new
         self.last = plan
         return plan

@@ -9,9 +9,9 @@ import pytest
 
 import rerankmodel_gen
 from rerank_operator import classes, conditions, deployment, drift, names, plan as plans, spec as specs, status as statuses, tenancy
-from rerank_operator.apply import WriteError
 from rerank_operator.conditions import Condition
-from rerank_operator.observed import Observed
+from rerank_operator.observed import ObjectRef, Observed
+from rerank_operator.writes import Executed, Refused
 from tenancy_helpers import at, rclass
 
 NOW, LATER = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z"
@@ -152,13 +152,28 @@ QUOTA_MESSAGE = ('persistentvolumeclaims "bge-models" is forbidden: exceeded quo
 
 
 def test_a_claim_refused_by_a_quota_is_a_quota_block() -> None:
-    refusal = WriteError(f"PersistentVolumeClaim bge-models: 403 {QUOTA_MESSAGE}", ref="PersistentVolumeClaim/bge-models",
-                         status=403, message=QUOTA_MESSAGE)
-    other = WriteError("Service bge: 422 invalid", ref="Service/bge", status=422, message="invalid")
+    refusal = Refused(ObjectRef("v1", "PersistentVolumeClaim", "team-a", "bge-models"), "apply", 403, QUOTA_MESSAGE,
+                      f"PersistentVolumeClaim bge-models: 403 {QUOTA_MESSAGE}")
+    other = Refused(ObjectRef("v1", "Service", "team-a", "bge"), "apply", 422, "invalid", "Service bge: 422 invalid")
     assert classes.is_quota_error(refusal) and not classes.is_quota_error(other) and not classes.is_quota_error("x")
     block = classes.quota_block(Observed(), [other, refusal])
     assert block is not None and block.blocked == "PersistentVolumeClaim/bge-models"
     assert block.message.startswith("PersistentVolumeClaim/bge-models: exceeded quota: storage")
+    executed = Executed(done=(), refused=(other, refusal))
+    assert executed.quota_refusals == (refusal,) and [str(r) for r in executed.other_refusals] == [
+        "Service bge: 422 invalid"]
+
+
+def test_a_quota_refusing_a_scale_write_is_seen_and_blocks_the_pool() -> None:
+    scale = Refused(ObjectRef("apps/v1", "Deployment", "team-a", "bge-cpu"), "scale", 403, QUOTA_MESSAGE,
+                    f"scale Deployment bge-cpu to 9: 403 {QUOTA_MESSAGE}")
+    assert classes.is_quota_error(scale)
+    block = classes.quota_block(Observed(), [scale])
+    assert block is not None and block.blocked == "Deployment/bge-cpu"
+    world, serving = serving_world()
+    status = statuses.compute(1, serving, NOW, world, quota=block)
+    assert cond(status, "PoolsAvailable")["reason"] == "QuotaExceeded"
+    assert cond(status, "ModelReady")["reason"] == "ArtifactPublished"
 
 
 def serving_world() -> tuple[statuses.World, dict[str, Any]]:

@@ -26,9 +26,6 @@ DEFAULT_CLASS_ANNOTATION = f"{names.GROUP}/is-default-class"
 CLASS_KIND = "RerankClass"
 CLASS_PLURAL = "rerankclasses"
 
-
-POOLS: tuple[str, str] = ("cpu", "gpu")
-
 Obj = Mapping[str, Any]
 
 
@@ -77,7 +74,7 @@ def resolve(model_spec: Obj, class_spec: Obj | None) -> dict[str, Any]:
         return spec
     pools = spec.setdefault("pools", {})
     pools.setdefault("cpu", {})  # the CPU pool is enabled unless disabled; an absent GPU pool stays absent
-    for pool in POOLS:
+    for pool in names.POOLS:
         if pool in pools:
             _resolve_pool(pools[pool], _get(class_spec, "pools", pool))
     _resolve_storage(spec.setdefault("storage", {}), class_spec.get("storage") or {})
@@ -131,7 +128,7 @@ def violations(effective_spec: Obj, class_spec: Obj, class_name: str = "of this 
     """Everything in ``effective_spec`` its class does not allow, one message each, worded like the admission policy."""
     found: list[str] = []
     where = f"RerankClass {class_name}"
-    for pool in POOLS:
+    for pool in names.POOLS:
         spec = _get(effective_spec, "pools", pool)
         if spec and spec.get("enabled", pool == "cpu"):
             found += _pool_violations(pool, spec, _get(class_spec, "pools", pool), class_spec, where)

@@ -96,7 +96,9 @@ class OperatorProcess:
     health_port: int = 0
     starts: int = 0
     log: Path = field(default=Path("/dev/null"))
-    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # How the operator is started; test_autoscaling.py uses scrape_redirect.py, which runs the same main().
+    launcher: list[str] = field(default_factory=lambda: ["-m", "rerank_operator.main"])
 
     def start(self) -> "OperatorProcess":
         self.metrics_port, self.health_port = free_port(), free_port()
@@ -104,7 +106,7 @@ class OperatorProcess:
         self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
         env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), "RERANK_WATCH_SERVER_TIMEOUT": "20",
                **self.extra_env}
-        argv = [sys.executable, "-m", "rerank_operator.main", "--log-format", "json",
+        argv = [sys.executable, *self.launcher, "--log-format", "json",
                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                 "--resync-seconds", str(RESYNC_SECONDS)]
         for ns in self.namespaces:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .. import names
 from .. import spec as specs
 from ..spec import (
     DEFAULT_MAX_REPLICAS,
@@ -28,8 +29,8 @@ from ..spec import (
 __all__ = ["POOLS", "AutoscalingSpec", "InvalidAutoscalingSpec", "Pool", "PoolBounds", "PrometheusSettings",
            "Spillover", "StepBehavior", "Targets"]
 
-Pool = Literal["gpu", "cpu"]
-POOLS: tuple[Pool, Pool] = ("gpu", "cpu")
+Pool = names.PoolName  # the pools, defined once (names.py)
+POOLS = names.POOLS
 
 
 class InvalidAutoscalingSpec(ValueError):

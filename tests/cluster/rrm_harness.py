@@ -153,6 +153,30 @@ class OperatorProcess:
     def metric_sum(self, prefix: str) -> float:
         return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
 
+    def resyncs(self, count: int, timeout: float = 60) -> float:
+        """Wait (the shared ``eventually`` loop) until the operator has run ``count`` more reconciles than now, its
+        resync timer's included; returns how many it ran. Replaces sleeping for "a few resync periods"."""
+        start = self.metric_sum("rerank_operator_reconciles_total")
+
+        def more() -> float:
+            return self.metric_sum("rerank_operator_reconciles_total") - start
+
+        eventually(lambda: more() >= count, timeout, f"{count} more reconciles (log {self.log})")
+        return more()
+
+    def settle(self, quiet: float = 1.0, timeout: float = 60) -> None:
+        """Wait until the operator has made no write request for ``quiet`` seconds (its own write counter): the last
+        status and event writes of a transition have landed."""
+        last = {"writes": self.metric_sum("rerank_operator_api_writes_total"), "since": time.monotonic()}
+
+        def quiet_enough() -> bool:
+            writes, now = self.metric_sum("rerank_operator_api_writes_total"), time.monotonic()
+            if writes != last["writes"]:
+                last.update(writes=writes, since=now)
+            return now - last["since"] >= quiet
+
+        eventually(quiet_enough, timeout, f"the operator's writes to settle (log {self.log})", every=0.2)
+
 
 # --- the test's view of the cluster -----------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from .autoscale.signals import Signals
 from .conditions import Condition
 from .deployment import PORT
 from .observed import PoolsView
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +184,12 @@ class ModelAutoscaler:
     """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
 
     def __init__(self, cluster: Cluster, namespace: str, name: str, *,
+                 registry: classes.Registry | None = None, settings: Settings | None = None,
                  after_decision: Callable[[], Any] = lambda: None, fetch: direct.Fetch = direct.http_fetch,
                  clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:
         self.cluster = cluster
+        self.registry = registry or classes.Registry()  # the process's (handlers.py); a fresh one in unit tests
+        self.settings = settings or Settings()
         self.namespace = namespace
         self.name = name
         self.after_decision = after_decision
@@ -205,14 +209,14 @@ class ModelAutoscaler:
         meta = body["metadata"]
         owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
         # The spec as the reconcile loop sees it: the model's, with its RerankClass's defaults filled in.
-        tenant = classes.resolve_model(body, classes.CLASSES.items(self.cluster.list_classes))
+        tenant = classes.resolve_model(body, self.registry.classes.items(self.cluster.list_classes))
         if tenant.not_found is not None:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenant.effective
         try:
             parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
             class_spec = (tenant.rclass or {}).get("spec") if tenant.rclass is not None else None
-            server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, endpoints.operator_default())
+            server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
             auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
         except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
             self._reset()

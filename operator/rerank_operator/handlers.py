@@ -23,10 +23,15 @@ import kopf
 from . import autoscaler, classes, names
 from .apply import Cluster
 from .reconcile import Result, reconcile
+from .settings import Settings
 
 RESYNC_SECONDS = float(os.environ.get("RERANK_RESYNC_SECONDS", "30"))
 WATCH_TIMEOUT = os.environ.get("RERANK_WATCH_SERVER_TIMEOUT")
 USER_AGENT = f"{names.OPERATOR_NAME}/0.1.0"
+
+#: The process's class registry and settings: created here, once, and passed to every reconcile and autoscaler.
+REGISTRY = classes.Registry()
+SETTINGS = Settings.from_env(os.environ)
 
 _cluster: Cluster | None = None
 _guard = threading.Lock()
@@ -62,7 +67,7 @@ def _coalesced(key: tuple[str, str], run: Callable[[], Result | None]) -> Result
 def _reconcile(namespace: str, name: str, trigger: str) -> Result | None:
     def run() -> Result | None:
         with autoscaler.model_lock(namespace, name):  # status writes never interleave with the autoscaler's
-            return reconcile(cluster(), namespace, name, trigger)
+            return reconcile(cluster(), namespace, name, trigger, registry=REGISTRY, settings=SETTINGS)
     return _coalesced((namespace, name), run)
 
 
@@ -106,7 +111,9 @@ async def autoscale(*, namespace: str | None, name: str, stopped: kopf.DaemonSto
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the resync timer catches up
             logging.getLogger(__name__).warning("reconcile of %s/%s after a decision failed: %s", ns, name, exc)
 
-    await autoscaler.run(autoscaler.ModelAutoscaler(cluster(), ns, name, after_decision=apply_decision), stopped)
+    model = autoscaler.ModelAutoscaler(cluster(), ns, name, registry=REGISTRY, settings=SETTINGS,
+                                       after_decision=apply_decision)
+    await autoscaler.run(model, stopped)
 
 
 _OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.APP_NAME}
@@ -136,7 +143,7 @@ def on_child_event(*, body: kopf.Body, namespace: str | None, type: str, **_: An
 def on_class_event(*, body: kopf.Body, type: str | None, **_: Any) -> None:
     """A RerankClass changed: reconcile now the models it concerns (classes.py). An event handler writes nothing on
     the class (on.create/update/delete would keep kopf's state and a finalizer on it)."""
-    for namespace, owner in classes.class_event(type, body):
+    for namespace, owner in classes.class_event(type, body, REGISTRY.classes, REGISTRY.models):
         try:
             _reconcile(namespace, owner, "class")
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the model's own timer will catch up

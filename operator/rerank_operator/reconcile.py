@@ -22,6 +22,7 @@ from . import status as statuses
 from .apply import Cluster, TransientApiError
 from .conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from .observed import ObjectRef, ref_of
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,14 @@ class Result:
     ready: bool
 
 
-def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str,
-              now: Callable[[], str] = utcnow) -> Result | None:
-    """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest)."""
+def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str, *, registry: classes.Registry,
+              settings: Settings, now: Callable[[], str] = utcnow) -> Result | None:
+    """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest).
+    ``registry`` and ``settings`` are the process's, created once by handlers.py."""
     started = time.monotonic()
     before = metrics.total_writes()
     try:
-        result = _reconcile(cluster, namespace, name, now)
+        result = _reconcile(cluster, namespace, name, now, registry, settings)
     except TransientApiError as exc:
         metrics.RECONCILES.labels(trigger, "error").inc()
         metrics.ERRORS.labels("transient").inc()
@@ -61,16 +63,17 @@ def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str,
     return None
 
 
-def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str]) -> bool | None:
+def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str], registry: classes.Registry,
+               settings: Settings) -> bool | None:
     body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
     if body is None or body["metadata"].get("deletionTimestamp"):
         metrics.forget_model(namespace, name)
-        classes.MODELS.forget(namespace, name)
+        registry.models.forget(namespace, name)
         return None
     meta = body["metadata"]
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
-    tenant = classes.for_model(body, cluster.list_classes)  # the RerankClass and the effective spec (tenancy)
+    tenant = classes.for_model(body, cluster.list_classes, registry)  # the RerankClass, the effective spec
     if tenant.not_found is not None:  # apply nothing; a class created later re-triggers the model
         _refuse(cluster, owner, previous, tenant, statuses.Refusal(REASON_CLASS_NOT_FOUND, tenant.not_found), now())
         return False
@@ -82,7 +85,7 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
     observed = cluster.observe(owner, spec)
     timestamp = now()
     plan = plans.compute(owner, spec, observed, previous, timestamp,
-                         network_policy=classes.network_policy(body, tenant))
+                         network_policy=classes.network_policy(body, tenant, settings))
     executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)

@@ -11,6 +11,7 @@ import rerankmodel_gen
 from rerank_operator import classes, conditions, deployment, drift, names, plan as plans, spec as specs, status as statuses, tenancy
 from rerank_operator.conditions import Condition
 from rerank_operator.observed import ObjectRef, Observed
+from rerank_operator.settings import DEFAULT_OPERATOR_POD_LABELS, Settings, operator_pod_labels
 from rerank_operator.writes import Executed, Refused
 from tenancy_helpers import at, rclass
 
@@ -122,21 +123,22 @@ def test_class_events_reconcile_the_models_they_concern() -> None:
 # -- NetworkPolicy ----------------------------------------------------------------------------------------------------
 def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None:
     t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
-    policy = classes.network_policy(body(), t, env={"POD_NAMESPACE": "rerank-system"})
+    policy = classes.network_policy(body(), t, Settings.from_env({"POD_NAMESPACE": "rerank-system"}))
     assert policy is not None and policy["metadata"]["name"] == names.network_policy_name("bge") == "bge-tei"
-    assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": classes.DEFAULT_OPERATOR_POD_LABELS}
+    assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": DEFAULT_OPERATOR_POD_LABELS}
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": deployment.PORT}]
     closed = rclass(at("network.allowSameNamespace", False), name="standard", default=True)
-    policy = classes.network_policy(body(), classes.resolve_model(body(), [closed]), env={})
+    policy = classes.network_policy(body(), classes.resolve_model(body(), [closed]), Settings.from_env({}))
     assert policy is not None and "ingress" not in policy["spec"]  # deny all; the API server drops an empty list
-    assert classes.operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
+    assert operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
+    assert Settings.from_env({}).operator_namespace is None  # outside a pod: no operator peer
 
 
 def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off() -> None:
     owner = names.Owner("bge", "team-a", "uid-bge", 1)
     t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
     spec = specs.parse(t.effective)
-    policy = classes.network_policy(body(), t, env={})
+    policy = classes.network_policy(body(), t, Settings.from_env({}))
     plan = plans.compute(owner, spec, Observed(), {}, NOW, network_policy=policy)
     [applied] = [o for o in plan.apply if o["kind"] == "NetworkPolicy"]
     live = copy.deepcopy(applied)

@@ -88,10 +88,13 @@ def pools_rolled_out(f: Facts) -> Verdict | None:
 
 
 def pools_available(f: Facts) -> Verdict | None:
+    # A pool this very reconcile scales wants its new count: the observed Deployment still shows the old one, and
+    # Ready must not be True for the new generation before its replicas are (the next reconcile sees the rest).
+    scaled = {s.name: s.replicas for s in f.plan.scale}
     short = []
     for pool in f.spec.enabled_pools:
         live = f.observed.deployments.get(pool.name) or {}
-        wanted = live.get("spec", {}).get("replicas", 1)
+        wanted = scaled.get(live.get("metadata", {}).get("name", ""), live.get("spec", {}).get("replicas", 1))
         ready = live.get("status", {}).get("readyReplicas", 0) or 0
         available = live.get("status", {}).get("availableReplicas", 0) or 0
         if min(ready, available) < wanted:

@@ -111,8 +111,11 @@ def test_scaling_never_requantizes() -> None:
     # Replicas go through the scale subresource: the Deployment's manifest is not re-applied.
     assert plan.create == () and plan.apply == () and [(s.name, s.replicas) for s in plan.scale] == [("bge-m3-cpu", 3)]
     assert life.world.objects[("Deployment", "bge-m3-cpu")]["spec"]["replicas"] == 3
+    # The reconcile that scales saw the Deployment at 1 replica: Ready waits for the 3 it just asked for.
+    assert life.cond("Ready") == ("False", "ReplicasUnavailable")
     life.settle()
     assert len(life.jobs()) == 1 and life.served("cpu") == artifact_id
+    assert life.cond("Ready") == ("True", "Serving")
 
 
 def test_new_revision_builds_once_then_rolls_while_the_old_artifact_serves() -> None:

@@ -7,9 +7,10 @@ after every step a second plan over the result must write nothing (the idle reco
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from rerank_operator import artifact, conditions, deployment, events, names, plan as plans, status as statuses
+from rerank_operator import artifact, conditions, deployment, events, names, plan as plans, readiness, status as statuses
 from rerank_operator.observed import ref_of
 from rerankmodel_gen import (FakeWorld, finish, generation, job_pod, model, owner_of, published, refused, replicas,
                              revision, set_, spec_of)
@@ -111,11 +112,19 @@ def test_scaling_never_requantizes() -> None:
     # Replicas go through the scale subresource: the Deployment's manifest is not re-applied.
     assert plan.create == () and plan.apply == () and [(s.name, s.replicas) for s in plan.scale] == [("bge-m3-cpu", 3)]
     assert life.world.objects[("Deployment", "bge-m3-cpu")]["spec"]["replicas"] == 3
-    # The reconcile that scales saw the Deployment at 1 replica: Ready waits for the 3 it just asked for.
-    assert life.cond("Ready") == ("False", "ReplicasUnavailable")
     life.settle()
     assert len(life.jobs()) == 1 and life.served("cpu") == artifact_id
-    assert life.cond("Ready") == ("True", "Serving")
+
+
+def test_the_reconcile_that_scales_is_not_ready_at_the_old_count() -> None:
+    life, _ = serving_life()
+    body = model(replicas("cpu", 3), generation(2))
+    owner, spec, observed = owner_of(body), spec_of(body), copy.deepcopy(life.world.observed())
+    plan = plans.compute(owner, spec, observed, life.status, NOW)
+    assert [(s.name, s.replicas) for s in plan.scale] == [("bge-m3-cpu", 3)]
+    # It saw the Deployment at 1 ready replica: Ready waits for the 3 it is asking for.
+    ready, verdict = readiness.evaluate(readiness.Facts(spec, observed, plan, ()))
+    assert not ready and verdict.reason == "ReplicasUnavailable" and "cpu 1/3 ready" in verdict.message
 
 
 def test_new_revision_builds_once_then_rolls_while_the_old_artifact_serves() -> None:

@@ -2,7 +2,9 @@
 # Sets up everything from nothing (idempotent, fast when already done):
 #   - .venv with the operator, the quantizer's ML stack and the test tools (pip's cache keeps reruns quick);
 #   - the control plane's binaries, built from the Go module proxy and cached under ~/.cache/rerank-operator;
-#   - Prometheus from Debian (tests of the prometheus metrics source run a real server).
+#   - Prometheus from Debian (tests of the prometheus metrics source run a real server);
+#   - the real node's parts from Debian (containerd, runc, CNI plugins, mmdebstrap) and its images: a Debian rootfs
+#     with Python 3.11 (mmdebstrap, cached under ~/.cache/rerank-operator) and the quantizer's code layer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -20,7 +22,25 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-log "control plane binaries"
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+apt_install() {  # apt_install PACKAGE... : only what is missing; one apt-get update per run at most
+  local missing=()
+  for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]} from Debian"
+  if [ -z "${APT_UPDATED:-}" ]; then $SUDO apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# The real node (tests/cluster/test_real_node.py): containerd 1.6 + runc + CNI plugins run its pods; mmdebstrap
+# makes its images' rootfs. Debian starts containerd as a service; the dev cluster runs its own instance.
+had_containerd="$(command -v containerd || true)"
+apt_install containerd runc containernetworking-plugins mmdebstrap
+if [ -z "$had_containerd" ]; then  # only the service we just installed; a machine's own containerd stays as it was
+  $SUDO systemctl disable --now containerd >/dev/null 2>&1 || $SUDO service containerd stop >/dev/null 2>&1 || true
+fi
+
+log "control plane binaries and the real node's images"
 .venv/bin/python -m rerank_devcluster build
 
 if ! command -v prometheus >/dev/null 2>&1; then

@@ -31,6 +31,7 @@ _LOCATIONS = {
     "kube-controller-manager": (f"kubernetes-v{K8S_VERSION}", "kubernetes"),
     "kube-scheduler": (f"kubernetes-v{K8S_VERSION}", "kubernetes"),
     "kubectl": (f"kubernetes-v{K8S_VERSION}", "kubernetes"),
+    "kubelet": (f"kubernetes-v{K8S_VERSION}", "kubelet"),
     "etcd": (f"etcd-v{ETCD_VERSION}", "etcd"),
     "kwok": (f"kwok-v{KWOK_VERSION}", "kwok"),
     "helm": (f"helm-v{HELM_VERSION}", "helm"),
@@ -62,6 +63,7 @@ class Binaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     kubectl: Path
+    kubelet: Path
     kwok: Path
     helm: Path
 

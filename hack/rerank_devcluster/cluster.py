@@ -5,8 +5,10 @@
 
 What runs: etcd, kube-apiserver (RBAC, admission, CEL, audit log of write calls), kube-controller-manager
 (Deployments, ReplicaSets, Jobs, garbage collection, namespaces), kube-scheduler, and kwok faking the kubelets of
-a few nodes (two CPU nodes and one GPU node advertising ``nvidia.com/gpu``). Each component logs to
-``<workdir>/logs/<name>.log``; :meth:`Cluster.log_tails` gives what tests print on failure.
+a few nodes (two CPU nodes and one GPU node advertising ``nvidia.com/gpu``). With ``real_node=True`` a real
+worker node joins them (containerd, runc, CNI, kubelet: :mod:`rerank_devcluster.realnode`), tainted so that only
+pods asking for it run there. Each component logs to ``<workdir>/logs/<name>.log``; :meth:`Cluster.log_tails`
+gives what tests print on failure.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rerank_devcluster import binaries, pki
+from rerank_devcluster import binaries, pki, realnode
 
 SERVICE_CIDR = "10.0.0.0/16"
 POD_CIDR = "10.244.0.0/16"
@@ -73,6 +75,7 @@ class Cluster:
     ports: dict[str, int]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     keep_workdir: bool = False
+    real_node: realnode.RealNode | None = None
 
     # -- paths -----------------------------------------------------------------------------------------------
     @property
@@ -102,7 +105,7 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, workdir: Path | None = None, timeout: float = 180.0) -> Cluster:
+    def start(cls, workdir: Path | None = None, timeout: float = 180.0, real_node: bool = False) -> Cluster:
         bins = binaries.ensure_all()
         wd = Path(workdir or tempfile.mkdtemp(prefix="rerank-devcluster-"))
         (wd / "logs").mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,8 @@ class Cluster:
         cluster = cls(workdir=wd, bins=bins, ports=ports)
         try:
             cluster._boot(timeout)
+            if real_node:
+                cluster._add_real_node(time.monotonic() + timeout)
         except BaseException:
             tails = cluster.log_tails()
             cluster.stop()
@@ -143,6 +148,9 @@ class Cluster:
             f"--secure-port={self.ports['apiserver']}",
             f"--tls-cert-file={certs.serving_crt}", f"--tls-private-key-file={certs.serving_key}",
             f"--client-ca-file={certs.ca_crt}",
+            # How the apiserver authenticates to a real kubelet (logs, exec); kwok ignores it.
+            f"--kubelet-client-certificate={certs.admin_crt}", f"--kubelet-client-key={certs.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-account-key-file={certs.sa_pub}", f"--service-account-signing-key-file={certs.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -151,6 +159,10 @@ class Cluster:
             "--endpoint-reconciler-type=none",
             f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json", "--audit-log-mode=blocking",
+            # MutatingAdmissionPolicy (beta in 1.34, off by default): the node tier uses one to send only the
+            # quantizer's pods to the real node, leaving the operator's pod spec unchanged.
+            "--feature-gates=MutatingAdmissionPolicy=true",
+            "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
         ])
         self._wait_ready("/readyz", deadline)
         kc = str(self.kubeconfig)
@@ -180,8 +192,25 @@ class Cluster:
         self._wait_for(lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"), deadline,
                        "the default ServiceAccount (controller-manager)")
 
+    def add_real_node(self, timeout: float = 300.0) -> realnode.RealNode:
+        """Start the real worker node (idempotent); see :mod:`rerank_devcluster.realnode`."""
+        if self.real_node is None:
+            self._add_real_node(time.monotonic() + timeout)
+        assert self.real_node is not None
+        return self.real_node
+
+    def _add_real_node(self, deadline: float) -> None:
+        self.real_node = realnode.RealNode.create(self)  # set first: stop() cleans up after a failed start
+        self.real_node.start(deadline)
+        self._wait_for(self.real_node.ready, deadline, f"the real node {realnode.NAME} to become Ready")
+
     def stop(self) -> None:
-        """Stop every component (reverse start order) and remove the work directory unless asked to keep it."""
+        """Stop every component (reverse start order) and remove the work directory unless asked to keep it.
+        A real node goes first: kubelet, then its containers, then containerd, then its mounts and cgroups."""
+        if self.real_node is not None:
+            self._stop_process("kubelet")
+            self.real_node.cleanup()
+            self._stop_process("containerd")
         for proc in reversed(list(self.processes.values())):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -192,6 +221,9 @@ class Cluster:
                 proc.kill()
                 proc.wait(timeout=5)
         self.processes.clear()
+        if self.real_node is not None:
+            self.real_node.teardown()
+            self.real_node = None
         if not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -237,6 +269,18 @@ class Cluster:
                          "-p", json.dumps(patch))
 
     # -- internals ---------------------------------------------------------------------------------------------
+    def _stop_process(self, name: str) -> None:
+        proc = self.processes.pop(name, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.logs_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child process holds it open
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,

@@ -36,6 +36,13 @@ def _signed(cwd: Path, name: str, subject: str, extensions: str) -> None:
              "-out", f"{name}.crt", "-days", "3650", "-extfile", f"{name}.ext", cwd=cwd)
 
 
+def client_certificate(directory: Path, name: str, user: str, group: str) -> tuple[Path, Path]:
+    """A client certificate signed by the cluster's CA (made by :func:`create` in ``directory``): the kubelet's
+    ``system:node:<name>`` identity in ``system:nodes``, which the Node authorizer recognises."""
+    _signed(directory, name, f"/O={group}/CN={user}", "extendedKeyUsage=clientAuth\n")
+    return directory / f"{name}.crt", directory / f"{name}.key"
+
+
 def create(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",

@@ -47,6 +47,7 @@ REASON_JOB_POD_WAITING = "JobPodWaiting"
 REASON_RESULT_LOST = "ResultLost"
 REASON_QUANTIZER_CRASHED = "QuantizerCrashed"
 REASON_JOB_FAILED = "JobFailed"
+REASON_OOM_KILLED = "OOMKilled"  # the kubelet's, kept whatever the quantizer reported (the fix is the limit)
 # PoolsAvailable
 REASON_AWAITING_ARTIFACT = "AwaitingArtifact"
 REASON_NO_READY_REPLICAS = "NoReadyReplicas"

@@ -271,14 +271,32 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
     return JobOutcome("Running", conditions.REASON_QUANTIZING, "the quantization Job is running")
 
 
+def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) -> JobOutcome:
+    """The kubelet's OOMKilled, whatever the quantizer said: the kernel killed a process of the container (on cgroup
+    v1 often only the export child, so the parent survives and reports ExportFailed), and the fix is the limit."""
+    said = f"{parsed.reason}: {parsed.message}" if isinstance(parsed, contract.JobResult) else parsed[-300:]
+    return JobOutcome("Failed", conditions.REASON_OOM_KILLED,
+                      f"the quantizer ran out of its memory limit (exit code {term.get('exitCode')}"
+                      + (f"; it reported {said}" if said else "")
+                      + "): raise spec.quantization.resources.limits.memory")
+
+
 def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
-    """The Job's own reason (its result message) if a pod left one; else the deadline; else the container's."""
+    """The deadline if the Job hit it; else out of memory if the kubelet says so; else the Job's own reason (its
+    result message) if a pod left one; else the container's; else the Job's."""
+    job_reason = failed.get("reason") or conditions.REASON_JOB_FAILED
+    if job_reason == "DeadlineExceeded":
+        # The kubelet stops the running quantizer with SIGTERM, and it writes an InternalError "terminated" result on
+        # the way out: a consequence of the deadline, not the cause.
+        return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job ran past its deadline")
     crashed: JobOutcome | None = None
     for pod in pods_newest:
         term = _terminated(pod)
         if not term or term.get("exitCode") == 0:
             continue
         parsed = _from_message(term)
+        if term.get("reason") == "OOMKilled":
+            return _out_of_memory(term, parsed)
         if isinstance(parsed, contract.JobResult):
             return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
         if crashed is None:
@@ -287,8 +305,7 @@ def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]
                 container_reason = conditions.REASON_QUANTIZER_CRASHED
             detail = f"exit code {term.get('exitCode')}" + (f": {parsed[-500:]}" if parsed else "")
             crashed = JobOutcome("Failed", container_reason, detail)
-    job_reason = failed.get("reason") or conditions.REASON_JOB_FAILED
-    if crashed is not None and job_reason != "DeadlineExceeded":
+    if crashed is not None:
         return crashed
     return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")
 

@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from rerank_devcluster.waiting import eventually
-from rerank_devcluster.cluster import NODES, Cluster
+from rerank_devcluster.cluster import NODE_LABEL, NODES, Cluster
 
 MANIFESTS = Path(__file__).with_name("manifests")
 
@@ -20,7 +20,8 @@ MANIFESTS = Path(__file__).with_name("manifests")
 
 
 def test_kubeconfig_shows_ready_kwok_nodes(cluster: Cluster) -> None:
-    out = json.loads(cluster.kubectl_run("--kubeconfig", str(cluster.kubeconfig), "get", "nodes", "-o", "json").stdout)
+    out = json.loads(cluster.kubectl_run("--kubeconfig", str(cluster.kubeconfig), "get", "nodes", "-o", "json",
+                                         "-l", f"{NODE_LABEL}=true").stdout)  # the kwok nodes (not the real one)
     ready = {n["metadata"]["name"] for n in out["items"]
              if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])}
     assert ready == set(NODES)

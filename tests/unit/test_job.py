@@ -145,6 +145,27 @@ def test_outcome_of_deadline_names_the_deadline() -> None:
                                                "message": "Job was active longer than specified deadline"}]}}
     out = job.outcome(failed, [job_pod(JOB, 143, "terminated")])
     assert out.reason == "DeadlineExceeded" and "deadline" in out.message
+    # What the real quantizer leaves when the kubelet stops it at the deadline: SIGTERM -> an InternalError result.
+    stopped = job_pod(JOB, contract.EXIT_CODES["InternalError"], refused("InternalError", "terminated (SIGTERM)"))
+    assert job.outcome(failed, [stopped]).reason == "DeadlineExceeded"
+
+
+def oom_killed(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"
+    return pod
+
+
+@pytest.mark.parametrize("exit_code,message", [
+    # cgroup v1 (seen on the node tier): the kernel kills the torch export child; the parent reports it and exits 12.
+    (contract.EXIT_CODES["ExportFailed"], refused("ExportFailed", "export child killed by signal 9 (out of memory?)")),
+    (137, ""),  # the whole container killed: no result, no log tail
+])
+def test_oom_killed_names_the_memory_limit_whatever_the_quantizer_reported(exit_code: int, message: str) -> None:
+    out = job.outcome(finish(JOB, ok=False), [oom_killed(job_pod(JOB, exit_code, message))])
+    assert (out.state, out.reason) == ("Failed", "OOMKilled")
+    assert "resources.limits.memory" in out.message and f"exit code {exit_code}" in out.message
+    retrying = job.outcome(running({"failed": 1}), [oom_killed(job_pod(JOB, exit_code, message))])
+    assert retrying.reason == "Retrying" and "OOMKilled" in retrying.message
 
 
 def test_outcome_reads_the_newest_pod() -> None:

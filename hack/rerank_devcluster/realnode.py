@@ -1,0 +1,279 @@
+"""A real worker node next to the kwok nodes: containerd + runc + CNI bridge + the kubelet, as local processes.
+
+Pods scheduled here really run: own namespaces and cgroups (cgroup v1 on these machines), the uid the pod asks
+for, a read-only root filesystem, volumes mounted by the kubelet, termination messages and exit codes reported
+by the kubelet, memory limits enforced by the kernel (``OOMKilled``), ``activeDeadlineSeconds`` ending pods.
+
+The node is tainted ``rerank.io/real-node=true:NoSchedule`` and labelled ``rerank.io/real-node=true``: ordinary
+test pods keep landing on kwok nodes; a test asks for the real node with a toleration and a nodeSelector.
+
+Everything lives under ``<cluster workdir>/node`` (containerd's root and state, the kubelet's root dir, pod logs);
+each component logs to ``<cluster workdir>/logs/{containerd,kubelet}.log``. Stopping kills what still runs in the
+node's containerd, unmounts what the kubelet and containerd mounted there and removes the node's cgroups and
+bridge, so nothing outlives the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rerank_devcluster import nodeimage, pki
+
+if TYPE_CHECKING:
+    from rerank_devcluster.cluster import Cluster
+
+NAME = "real-0"
+LABEL = "rerank.io/real-node"
+TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
+CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def toleration() -> dict[str, str]:
+    """What a pod needs to be allowed on the real node."""
+    return {"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+def node_selector() -> dict[str, str]:
+    """What a pod needs to be placed on the real node (and nowhere else)."""
+    return {LABEL: "true"}
+
+
+class RealNodeError(RuntimeError):
+    """The real node could not start; the message says which part and why."""
+
+
+def containerd_config(root: Path, sock: Path, cni_conf_dir: Path, cni_bin_dir: str, base_spec: Path,
+                      sandbox_image: str) -> str:
+    """containerd 1.6's config (version 2): own root, state and socket, the CRI plugin with runc (cgroupfs)."""
+    return f"""version = 2
+root = "{root}/root"
+state = "{root}/state"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  stream_server_address = "127.0.0.1"
+  # Never below containerd's own oom_score_adj: these machines deny CAP_SYS_RESOURCE even to root, so the -998
+  # the CRI plugin asks for a sandbox fails in runc ("failed to update /proc/self/oom_score_adj").
+  restrict_oom_score_adj = true
+  # Pod network namespaces under the node's own state dir (not /run/netns), so teardown finds and removes them.
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      base_runtime_spec = "{base_spec}"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin_dir}"
+    conf_dir = "{cni_conf_dir}"
+"""
+
+
+def cni_config(bridge: str, subnet: str, ipam_dir: Path) -> dict[str, Any]:
+    """A bridge network with host-local addresses: enough for pods to have a network namespace and an IP."""
+    return {"cniVersion": "0.4.0", "name": "rerank-dev", "plugins": [
+        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": str(ipam_dir)}},
+        {"type": "loopback"},
+    ]}
+
+
+def kubelet_config(*, root: Path, ca: Path, port: int, healthz_port: int, runtime_sock: Path,
+                   cgroup_root: str, pod_logs: Path) -> dict[str, Any]:
+    """The KubeletConfiguration: cgroupfs on cgroup v1 (``failCgroupV1: false``, the 1.34 default, stated),
+    x509 client auth from the cluster CA, webhook authorization, eviction thresholds that a busy CI disk
+    does not trip, and everything under the node's own directories."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs", "cgroupRoot": cgroup_root, "cgroupsPerQOS": True,
+        "enforceNodeAllocatable": ["pods"],
+        "containerRuntimeEndpoint": f"unix://{runtime_sock}",
+        "address": "0.0.0.0", "port": port, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": healthz_port,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(ca)}},
+        "authorization": {"mode": "Webhook"},
+        "registerNode": True,
+        "registerWithTaints": [TAINT],
+        "failSwapOn": False,
+        "oomScoreAdj": 0,  # the default -999 needs CAP_SYS_RESOURCE, which root lacks on these machines
+        "makeIPTablesUtilChains": False,
+        "serializeImagePulls": False,
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "podLogsDir": str(pod_logs),
+        "staticPodPath": "",
+        "resolvConf": "/etc/resolv.conf",
+        "nodeStatusUpdateFrequency": "4s", "nodeStatusReportFrequency": "20s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "20s",
+        "maxPods": 20,
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "localStorageCapacityIsolation": True,
+    }
+
+
+def base_runtime_spec(runtime_default: dict[str, Any], extra_mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """containerd's default OCI spec for runc plus the node's extra mounts (the quantizer's ML stack)."""
+    spec: dict[str, Any] = json.loads(json.dumps(runtime_default))
+    spec["mounts"] = [*spec.get("mounts", []), *extra_mounts]
+    return spec
+
+
+@dataclass
+class RealNode:
+    """The real node's processes belong to the cluster (``cluster.processes``); this object knows its paths."""
+
+    cluster: Cluster
+    root: Path
+    cgroup_root: str
+    bridge: str
+    images: nodeimage.NodeImages
+
+    @property
+    def sock(self) -> Path:
+        return self.root / "containerd.sock"
+
+    # -- start -----------------------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, cluster: Cluster) -> RealNode:
+        """The node's paths and images (built or taken from the cache); nothing runs yet."""
+        images = nodeimage.ensure_images()
+        tag = uuid.uuid4().hex[:6]
+        return cls(cluster=cluster, root=cluster.workdir / "node", cgroup_root=f"/rerank-{tag}",
+                   bridge=f"rrk{tag}", images=images)
+
+    def start(self, deadline: float) -> None:
+        from rerank_devcluster.cluster import free_port
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._start_containerd(deadline)
+        self._import_images()
+        self._start_kubelet(free_port(), free_port())
+
+    def _ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args],
+                              capture_output=True, text=True, check=check, timeout=timeout)
+
+    def _start_containerd(self, deadline: float) -> None:
+        cni_bin = next((d for d in CNI_BIN_DIRS if Path(d, "bridge").is_file()), None)
+        if cni_bin is None:
+            raise RealNodeError(f"no CNI plugins in {CNI_BIN_DIRS} "
+                                "(Debian: apt-get install containernetworking-plugins)")
+        default_spec = json.loads(subprocess.run(["ctr", "oci", "spec"], capture_output=True, text=True,
+                                                 check=True).stdout)
+        base = self.root / "base-runtime-spec.json"
+        base.write_text(json.dumps(base_runtime_spec(default_spec, [nodeimage.dependency_mount()]), indent=1))
+        net_d = self.root / "net.d"
+        net_d.mkdir(exist_ok=True)
+        subnet = f"10.88.{int(self.bridge[3:], 16) % 250}.0/24"
+        (net_d / "10-rerank-dev.conflist").write_text(json.dumps(cni_config(self.bridge, subnet, self.root / "ipam")))
+        config = self.root / "containerd.toml"
+        config.write_text(containerd_config(self.root / "containerd", self.sock, net_d, cni_bin, base,
+                                            nodeimage.PAUSE_IMAGE))
+        self.cluster._spawn("containerd", ["containerd", "--config", str(config)])
+        self.cluster._wait_for(lambda: self.sock.exists() and self._ctr("version", check=False).returncode == 0,
+                               deadline, "containerd's socket")
+
+    def _import_images(self) -> None:
+        for archive in (self.images.pause, self.images.quantizer):
+            done = self._ctr("images", "import", str(archive), check=False, timeout=300)
+            if done.returncode != 0:
+                raise RealNodeError(f"ctr images import {archive}: {done.stderr.strip()}")
+
+    def _start_kubelet(self, port: int, healthz_port: int) -> None:
+        certs = self.cluster.workdir / "pki"
+        crt, key = pki.client_certificate(certs, "node", f"system:node:{NAME}", "system:nodes")
+        kubeconfig = self.root / "kubelet.kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "dev", "cluster": {"server": self.cluster.server,
+                                                     "certificate-authority": str(certs / "ca.crt")}}],
+            "users": [{"name": NAME, "user": {"client-certificate": str(crt), "client-key": str(key)}}],
+            "contexts": [{"name": "node", "context": {"cluster": "dev", "user": NAME}}],
+        }))
+        for controller in _cgroup_controllers():
+            (CGROUP_V1 / controller / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        pod_logs = self.root / "pod-logs"
+        pod_logs.mkdir(exist_ok=True)
+        config = self.root / "kubelet.yaml"
+        config.write_text(json.dumps(kubelet_config(
+            root=self.root, ca=certs / "ca.crt", port=port, healthz_port=healthz_port, runtime_sock=self.sock,
+            cgroup_root=self.cgroup_root, pod_logs=pod_logs), indent=1))
+        self.cluster._spawn("kubelet", [
+            str(self.cluster.bins.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.root / 'kubelet'}", f"--cert-dir={self.root / 'kubelet-pki'}",
+            f"--hostname-override={NAME}", f"--node-labels={LABEL}=true,type=real",
+            "--v=2",
+        ])
+
+    def ready(self) -> bool:
+        code, node = self.cluster.request("GET", f"/api/v1/nodes/{NAME}")
+        return code == 200 and any(c["type"] == "Ready" and c["status"] == "True"
+                                   for c in node.get("status", {}).get("conditions", []))
+
+    # -- stop ------------------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        """After the kubelet has stopped, before containerd stops: end every container of the node."""
+        if not self.sock.exists():
+            return
+        tasks = self._ctr("tasks", "ls", "-q", check=False).stdout.split()
+        for task in tasks:
+            self._ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+        for task in tasks:
+            for _ in range(20):
+                if self._ctr("tasks", "delete", task, check=False).returncode == 0:
+                    break
+                time.sleep(0.2)
+        for container in self._ctr("containers", "ls", "-q", check=False).stdout.split():
+            self._ctr("containers", "delete", container, check=False)
+
+    def teardown(self) -> None:
+        """After containerd has stopped: mounts, network namespaces, the bridge and the cgroups."""
+        for mount in sorted(_mounts_under(self.root), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        for controller in _cgroup_controllers():
+            top = CGROUP_V1 / controller / self.cgroup_root.lstrip("/")
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                _rmdir_cgroup(d)
+            _rmdir_cgroup(top)
+
+
+def _cgroup_controllers() -> list[str]:
+    """The cgroup v1 hierarchies mounted here (cpu, memory, pids, ...), each a directory under /sys/fs/cgroup."""
+    return sorted(p.name for p in CGROUP_V1.iterdir()
+                  if p.is_dir() and p.name != "unified" and (p / "cgroup.procs").exists())
+
+
+def _rmdir_cgroup(path: Path) -> None:
+    with contextlib.suppress(OSError):  # still busy or already gone: nothing to clean
+        path.rmdir()
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()) + "/"
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4].replace("\\040", " ")
+        if target.startswith(prefix):
+            mounts.append(target)
+    return mounts
+
+

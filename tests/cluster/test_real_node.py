@@ -1,0 +1,281 @@
+"""The node tier: the quantization Job's pod runs for real, under a real kubelet, next to the kwok nodes.
+
+Everywhere else in tests/cluster, kwok fakes the pods and the tests write the quantizer's result into pod status.
+Here the dev cluster's real node (containerd + runc + CNI + kubelet, :mod:`rerank_devcluster.realnode`) runs the
+quantizer image (:mod:`rerank_devcluster.nodeimage`) as the operator wrote the pod: uid 65532 with fsGroup, a
+read-only root filesystem, ``HOME``/``/tmp`` on an emptyDir, the model volume a local PersistentVolume the kubelet
+mounts, the termination message the kubelet copies from the container's file, exit codes meeting the Job's
+podFailurePolicy, memory limits enforced by the kernel, ``activeDeadlineSeconds``. The TEI pools still run on kwok
+nodes (no TEI image here); only the quantizer's pods go to the real node, sent there by a MutatingAdmissionPolicy
+for namespaces labelled ``rerank.io/quantize-on-real-node`` so the operator's pod spec stays its own.
+
+Select with ``-m node``; the tier runs in the default suite (./hack/test).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from kubernetes import client
+
+from quantizer_job import contract, publish
+from rerank_devcluster import realnode
+from rerank_devcluster.cluster import Cluster
+from rrm_harness import (Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually,  # noqa: F401
+                         operator_identity)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.slow]
+
+NAMESPACE_LABEL = "rerank.io/quantize-on-real-node"
+MODEL_DIR = "sources/tiny-bert"
+RUN_AS = 65532
+CLAIM = "models"
+
+
+def quantizer_placement_policy() -> list[dict[str, Any]]:
+    """Quantizer pods in labelled namespaces get the real node's nodeSelector and toleration at admission."""
+    name = "rerank-quantizer-on-real-node"
+    selector = json.dumps(realnode.node_selector())
+    toleration = json.dumps(realnode.toleration())
+    # JSONPatch, not ApplyConfiguration: nodeSelector and tolerations are atomic, which apply may not mutate.
+    expression = (
+        f"[JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {selector}}}, "
+        f"has(object.spec.tolerations) ? JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: {toleration}}} "
+        f": JSONPatch{{op: 'add', path: '/spec/tolerations', value: [{toleration}]}}]"
+    )
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {
+             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                     "operations": ["CREATE"], "resources": ["pods"]}]},
+             "matchConditions": [{"name": "quantizer", "expression":
+                                  "has(object.metadata.labels) && "
+                                  "object.metadata.labels[?'app.kubernetes.io/component'].orValue('') == 'quantizer'"}],
+             "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+         }},
+        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicyBinding",
+         "metadata": {"name": name},
+         "spec": {"policyName": name,
+                  "matchResources": {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: "true"}}}}},
+    ]
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster) -> realnode.RealNode:
+    """The real node, Ready, and the policy that sends quantizer pods of labelled namespaces to it."""
+    node = cluster.add_real_node()
+    _kubectl_apply(cluster, quantizer_placement_policy())
+    return node
+
+
+def prepared_volume(root: Path) -> Path:
+    """A volume directory as an admin hands it over: root-owned, 0755, a model under sources/. Only fsGroup
+    (applied by the kubelet to local volumes) lets uid 65532 write its artifacts here."""
+    from quantizer_job import devmodels
+
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+    devmodels.bert_cross_encoder(root / MODEL_DIR, seed=1)
+    return root
+
+
+def local_pv(name: str, storage_class: str, path: Path, nodes: list[str]) -> dict[str, Any]:
+    """A local PersistentVolume. Every node of the dev cluster is this machine, so the directory is on all of
+    them: the real node mounts it for the quantizer, kwok's pools "mount" it too."""
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+        "spec": {"capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                 "storageClassName": storage_class, "persistentVolumeReclaimPolicy": "Retain",
+                 "volumeMode": "Filesystem", "local": {"path": str(path)},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}},
+    }
+
+
+class NodeEnv(Env):
+    volume: Path
+    image: str  # the quantizer image imported into the real node's containerd
+
+    def model_body(self, name: str, quantization: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "apiVersion": "rerank.io/v1alpha1", "kind": "RerankModel",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "model": {"path": MODEL_DIR},
+                "quantization": {"image": self.image, "backoffLimit": 0, "timeBudgetSeconds": 300,
+                                 # a random tiny model: INT8 noise reorders more than on a trained reranker
+                                 "qualityGate": {"minSpearman": 0.95, "minTopKAgreement": 0.8},
+                                 **(quantization or {})},
+                "storage": {"existingClaim": CLAIM},
+                "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 2},
+                          "gpu": {"minReplicas": 1, "maxReplicas": 1,
+                                  "resources": {"limits": {"nvidia.com/gpu": 1}}}},
+                "autoscaling": {"enabled": False},
+            },
+        }
+
+    def quantizer_pods(self, name: str) -> list[dict[str, Any]]:
+        return self.kube.pods(self.namespace, f"app.kubernetes.io/instance={name},app.kubernetes.io/component=quantizer")
+
+    def terminated_quantizer(self, name: str, timeout: float = 240) -> dict[str, Any]:
+        """The first quantizer pod of ``name`` whose container the kubelet reported as terminated."""
+        def find() -> Any:
+            for pod in self.quantizer_pods(name):
+                for status in pod["status"].get("containerStatuses") or ():
+                    if (status.get("state") or {}).get("terminated"):
+                        return pod
+            return None
+        try:
+            return eventually(find, timeout, f"a terminated quantizer pod of {name}", every=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.describe()}\n{self.cluster.log_tails(20)}") from None
+
+
+@pytest.fixture
+def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealNode, operator_identity: Identity,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
+    ns = f"n-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl_run("create", "namespace", ns)
+    cluster.kubectl_run("label", "namespace", ns, f"{NAMESPACE_LABEL}=true")
+    eventually(lambda: cluster.kubectl_run("get", "sa", "default", "-n", ns, check=False).returncode == 0,
+               what="the namespace's default ServiceAccount")
+    volume = prepared_volume(tmp_path_factory.mktemp("node-volume") / "v")
+    nodes = [realnode.NAME, *(n for n in ("kwok-cpu-0", "kwok-cpu-1", "kwok-gpu-0"))]
+    _kubectl_apply(cluster, [local_pv(f"pv-{ns}", ns, volume, nodes), {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": ns},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": ns, "volumeName": f"pv-{ns}",
+                 "resources": {"requests": {"storage": "1Gi"}}}}])
+    operator = OperatorProcess(cluster, operator_identity, [ns]).start()
+    env = NodeEnv(cluster, Kube(cluster, kube), ns, ns, operator)
+    env.volume = volume
+    env.image = real_node.images.quantizer_image
+    try:
+        yield env
+    finally:
+        cleanup(env, [ns])
+        cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.kubectl_run("delete", "pv", f"pv-{ns}", "--wait=false", check=False)
+        shutil.rmtree(volume, ignore_errors=True)
+
+
+def quantizer_status(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(s for s in pod["status"]["containerStatuses"] if s["name"] == "quantizer")
+
+
+def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: NodeEnv) -> None:
+    env, ns = node_env, node_env.namespace
+    started = time.monotonic()
+    env.kube.create_model(env.model_body("tiny"))
+    pod = env.terminated_quantizer("tiny")
+    assert pod["spec"]["nodeName"] == realnode.NAME
+    term = quantizer_status(pod)["state"]["terminated"]
+    assert term["exitCode"] == 0, f"{term}\n{env.cluster.kubectl_run('logs', '-n', ns, pod['metadata']['name'], check=False).stdout[-3000:]}"
+    result = contract.parse_result(term["message"])  # the kubelet copied the container's file into pod status
+    assert result.ok and result.reason == "Published"
+    aid = pod["metadata"]["labels"]["rerank.io/artifact"]
+    assert result.artifact_id == aid and result.path == contract.artifact_dir(contract.VOLUME_MOUNT_PATH, aid)
+
+    # The artifact is really on the volume, written by uid 65532 with the fsGroup the kubelet applied.
+    artifact = env.volume / contract.ARTIFACTS_DIR / aid
+    onnx = artifact / contract.CPU_SUBDIR / "model.onnx"
+    assert onnx.is_file() and onnx.stat().st_size > 0
+    assert (onnx.stat().st_uid, onnx.stat().st_gid) == (RUN_AS, RUN_AS)
+    assert env.volume.stat().st_gid == RUN_AS  # fsGroup: the kubelet gave the volume to the pod's group
+    assert (artifact / contract.MANIFEST_FILE).is_file()
+    assert not list((env.volume / contract.ARTIFACTS_DIR).glob(f"{publish.TMP_PREFIX}*")), "a staging dir was left"
+
+    # The operator read the kubelet's termination message; the pools (kwok nodes) serve the artifact.
+    env.kube.wait_condition(ns, "tiny", "Ready", "True", "Serving", timeout=90)
+    status = env.kube.model(ns, "tiny")["status"]  # type: ignore[index]
+    assert status["artifact"]["id"] == aid
+    assert status["artifact"]["manifestSha256"] == result.manifest_sha256
+    for pool in ("cpu", "gpu"):
+        dep = env.kube.deployment(ns, f"tiny-{pool}")
+        assert dep is not None and dep["status"].get("readyReplicas") == 1
+        assert dep["spec"]["template"]["metadata"]["annotations"]["rerank.io/artifact"] == aid
+        for p in env.kube.pods(ns, f"app.kubernetes.io/instance=tiny,app.kubernetes.io/component={pool}-pool"):
+            assert p["spec"]["nodeName"].startswith("kwok-"), p["spec"]["nodeName"]
+    print(f"\nNODE TIER: real quantization Job to Serving in {time.monotonic() - started:.1f}s")
+
+    # A spec change that asks for a new artifact: a second real Job, then the pools roll to it; the first stays.
+    env.kube.patch_spec(ns, "tiny", {"quantization": {"timeBudgetSeconds": 240}})
+    second = eventually(lambda: next((p for p in env.quantizer_pods("tiny")
+                                      if p["metadata"]["labels"]["rerank.io/artifact"] != aid), None),
+                        60, "the second quantizer pod")
+    new = second["metadata"]["labels"]["rerank.io/artifact"]
+
+    def rolled() -> bool:
+        deps = [env.kube.deployment(ns, f"tiny-{pool}") for pool in ("cpu", "gpu")]
+        ready = env.kube.condition(ns, "tiny", "Ready")
+        return ready.get("status") == "True" and all(
+            d is not None and d["spec"]["template"]["metadata"]["annotations"]["rerank.io/artifact"] == new
+            and d["status"].get("updatedReplicas") == 1 and d["status"].get("readyReplicas") == 1 for d in deps)
+    eventually(rolled, 240, f"the pools to roll to artifact {new}", every=1)
+    second = next(p for p in env.quantizer_pods("tiny") if p["metadata"]["labels"]["rerank.io/artifact"] == new)
+    assert second["spec"]["nodeName"] == realnode.NAME
+    assert quantizer_status(second)["state"]["terminated"]["exitCode"] == 0
+    assert (env.volume / contract.ARTIFACTS_DIR / new / contract.CPU_SUBDIR / "model.onnx").is_file()
+    assert onnx.is_file(), "the artifact the pools served before was touched"
+
+
+def test_memory_limit_kills_the_quantizer_with_oomkilled(node_env: NodeEnv) -> None:
+    env, ns = node_env, node_env.namespace
+    env.kube.create_model(env.model_body("oom", {"resources": {"requests": {"memory": "160Mi", "cpu": "100m"},
+                                                               "limits": {"memory": "160Mi"}}}))
+    pod = env.terminated_quantizer("oom")
+    term = quantizer_status(pod)["state"]["terminated"]
+    assert term["reason"] == "OOMKilled", term
+    cond = eventually(lambda: (c := env.kube.condition(ns, "oom", "ModelReady")).get("reason") not in
+                      (None, "Quantizing", "JobPending") and c, 60, "the quantization to be reported failed")
+    assert cond["status"] == "False" and cond["reason"] == "OOMKilled", cond
+    assert env.kube.deployment(ns, "oom-cpu") is None
+
+
+def test_permanent_failure_exit_code_ends_the_job_through_pod_failure_policy(node_env: NodeEnv) -> None:
+    env, ns = node_env, node_env.namespace
+    env.cluster.kubectl_run("create", "configmap", "bad-pairs", "-n", ns, "--from-literal=pairs.jsonl=not json\n")
+    env.kube.create_model(env.model_body("bad", {
+        "backoffLimit": 3,  # would retry three times without the policy
+        "evaluationData": {"configMapRef": {"name": "bad-pairs", "key": "pairs.jsonl"}}}))
+    pod = env.terminated_quantizer("bad")
+    term = quantizer_status(pod)["state"]["terminated"]
+    assert term["exitCode"] == contract.EXIT_CODES["InvalidInput"], term
+
+    def failed_job() -> Any:
+        jobs = [j for j in env.kube.jobs(ns) if j["metadata"]["labels"].get("app.kubernetes.io/instance") == "bad"]
+        return next((j for j in jobs for c in j["status"].get("conditions") or ()
+                     if c["type"] == "Failed" and c["status"] == "True"), None)
+    job = eventually(failed_job, 60, "the Job to fail")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodFailurePolicy", failed
+    assert job["status"].get("failed") == 1 and len(env.quantizer_pods("bad")) == 1
+    cond = env.kube.wait_condition(ns, "bad", "ModelReady", "False", "InvalidInput", timeout=60)
+    assert "pairs" in cond["message"], cond
+
+
+def test_active_deadline_ends_a_quantizer_that_runs_too_long(node_env: NodeEnv) -> None:
+    env, ns = node_env, node_env.namespace
+    # A CPU quota far too small for the work: the kernel throttles the quantizer past its deadline.
+    env.kube.create_model(env.model_body("slow", {"activeDeadlineSeconds": 60,
+                                                  "resources": {"requests": {"cpu": "10m"}, "limits": {"cpu": "10m"}}}))
+    pod = eventually(lambda: next((p for p in env.quantizer_pods("slow") if p["status"].get("phase") == "Running"),
+                                  None), 120, "the slow quantizer to run", every=1)
+    assert pod["spec"]["nodeName"] == realnode.NAME
+
+    def deadline_job() -> Any:
+        jobs = [j for j in env.kube.jobs(ns) if j["metadata"]["labels"].get("app.kubernetes.io/instance") == "slow"]
+        return next((j for j in jobs for c in j["status"].get("conditions") or ()
+                     if c["type"] == "Failed" and c["status"] == "True" and c["reason"] == "DeadlineExceeded"), None)
+    eventually(deadline_job, 120, "the Job to fail with DeadlineExceeded", every=1)
+    cond = env.kube.wait_condition(ns, "slow", "ModelReady", "False", timeout=60)
+    assert cond["reason"] == "DeadlineExceeded", cond
+    eventually(lambda: not [p for p in env.quantizer_pods("slow") if p["status"].get("phase") == "Running"], 60,
+               "the quantizer pod to be stopped", every=1)

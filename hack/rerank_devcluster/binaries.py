@@ -75,12 +75,13 @@ class Binaries:
 def _kubectl_on_path_is_usable(path: str) -> bool:
     """kubectl supports one minor version of skew; the Debian/CI kubectl may be older than that."""
     try:
-        out = subprocess.run([path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run([path, "version", "--client", "-o", "json"],
+                             capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     m = re.search(r'"minor":\s*"(\d+)', out)
     want = int(K8S_VERSION.split(".")[1])
-    return bool(m) and abs(int(m.group(1)) - want) <= 1
+    return m is not None and abs(int(m.group(1)) - want) <= 1
 
 
 def find(name: str) -> Path | None:

@@ -105,7 +105,7 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, workdir: Path | None = None, timeout: float = 180.0, real_node: bool = False) -> "Cluster":
+    def start(cls, workdir: Path | None = None, timeout: float = 180.0, real_node: bool = False) -> Cluster:
         bins = binaries.ensure_all()
         wd = Path(workdir or tempfile.mkdtemp(prefix="rerank-devcluster-"))
         (wd / "logs").mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ class Cluster:
             raise ClusterError(f"control plane failed to start in {wd}\n{tails}") from None
         return cluster
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,10 +211,10 @@ class Cluster:
             self._stop_process("kubelet")
             self.real_node.cleanup()
             self._stop_process("containerd")
-        for name, proc in reversed(list(self.processes.items())):
+        for proc in reversed(list(self.processes.values())):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for name, proc in reversed(list(self.processes.items())):
+        for proc in reversed(list(self.processes.values())):
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -282,7 +282,7 @@ class Cluster:
             proc.wait(timeout=5)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.logs_dir / f"{name}.log", "ab")
+        log = open(self.logs_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child process holds it open
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
                                                 start_new_session=True)
 
@@ -358,6 +358,7 @@ class Cluster:
         if code != 200:
             return False
         ready = [n for n in nodes["items"]
-                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))]
+                 if any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in n.get("status", {}).get("conditions", []))]
         return len(ready) == len(NODES)
 

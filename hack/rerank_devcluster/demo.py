@@ -59,7 +59,8 @@ def operator_kubeconfig(cluster: Cluster, workdir: Path) -> Path:
     sas = kubectl_json(cluster, "get", "serviceaccounts", "-n", OPERATOR_NS,
                        "-l", "app.kubernetes.io/name=rerank-operator")["items"]
     if not sas:
-        raise SystemExit(f"the chart created no ServiceAccount labelled app.kubernetes.io/name=rerank-operator in {OPERATOR_NS}")
+        raise SystemExit("the chart created no ServiceAccount labelled "
+                         f"app.kubernetes.io/name=rerank-operator in {OPERATOR_NS}")
     sa = sas[0]["metadata"]["name"]
     token = cluster.kubectl_run("create", "token", sa, "-n", OPERATOR_NS, "--duration=12h").stdout.strip()
     config = json.loads(cluster.kubeconfig.read_text())
@@ -73,7 +74,7 @@ def operator_kubeconfig(cluster: Cluster, workdir: Path) -> Path:
 
 
 def start_operator(cluster: Cluster, kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
-    log = open(workdir / "operator.log", "wb")
+    log = open(workdir / "operator.log", "wb")  # noqa: SIM115 - the operator process holds it open
     exe = Path(sys.executable).with_name("rerank-operator")
     env = {**cluster.env(), "KUBECONFIG": str(kubeconfig)}
     proc = subprocess.Popen([str(exe), "--all-namespaces", "--health-port", "0", "--metrics-port", "0"],
@@ -171,7 +172,7 @@ def watch(cluster: Cluster, volume: Path, workdir: Path, timeout: float) -> dict
             if pod["metadata"]["name"] not in handled and pod["status"].get("phase") == "Running":
                 handled.add(pod["metadata"]["name"])
                 run_quantizer_pod(cluster, pod, volume, workdir)
-        obj = kubectl_json(cluster, "get", "rerankmodel", MODEL, "-n", DEMO_NS)
+        obj: dict[str, Any] = kubectl_json(cluster, "get", "rerankmodel", MODEL, "-n", DEMO_NS)
         status = obj.get("status", {})
         conds = {c["type"]: c for c in status.get("conditions", [])}
         line = " ".join(f"{t}={c['status']}({c.get('reason', '')})" for t, c in sorted(conds.items()))

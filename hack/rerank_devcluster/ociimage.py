@@ -104,7 +104,7 @@ def write_archive(out: Path, name: str, layer_tars: list[Path], config: ImageCon
         _add_bytes(tar, f"blobs/sha256/{_digest(config_blob)[7:]}", config_blob)
         _add_bytes(tar, f"blobs/sha256/{_digest(manifest_blob)[7:]}", manifest_blob)
         seen: set[str] = set()
-        for (digest, _), path in zip(layers, layer_tars):
+        for (digest, _), path in zip(layers, layer_tars, strict=True):
             if digest not in seen:
                 seen.add(digest)
                 tar.add(str(path), arcname=f"blobs/sha256/{digest[7:]}")

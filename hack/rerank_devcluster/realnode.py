@@ -15,6 +15,7 @@ bridge, so nothing outlives the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -130,7 +131,7 @@ def kubelet_config(*, root: Path, ca: Path, port: int, healthz_port: int, runtim
 
 def base_runtime_spec(runtime_default: dict[str, Any], extra_mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """containerd's default OCI spec for runc plus the node's extra mounts (the quantizer's ML stack)."""
-    spec = json.loads(json.dumps(runtime_default))
+    spec: dict[str, Any] = json.loads(json.dumps(runtime_default))
     spec["mounts"] = [*spec.get("mounts", []), *extra_mounts]
     return spec
 
@@ -139,7 +140,7 @@ def base_runtime_spec(runtime_default: dict[str, Any], extra_mounts: list[dict[s
 class RealNode:
     """The real node's processes belong to the cluster (``cluster.processes``); this object knows its paths."""
 
-    cluster: "Cluster"
+    cluster: Cluster
     root: Path
     cgroup_root: str
     bridge: str
@@ -151,7 +152,7 @@ class RealNode:
 
     # -- start -----------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, cluster: "Cluster") -> "RealNode":
+    def create(cls, cluster: Cluster) -> RealNode:
         """The node's paths and images (built or taken from the cache); nothing runs yet."""
         images = nodeimage.ensure_images()
         tag = uuid.uuid4().hex[:6]
@@ -173,7 +174,8 @@ class RealNode:
     def _start_containerd(self, deadline: float) -> None:
         cni_bin = next((d for d in CNI_BIN_DIRS if Path(d, "bridge").is_file()), None)
         if cni_bin is None:
-            raise RealNodeError(f"no CNI plugins in {CNI_BIN_DIRS} (Debian: apt-get install containernetworking-plugins)")
+            raise RealNodeError(f"no CNI plugins in {CNI_BIN_DIRS} "
+                                "(Debian: apt-get install containernetworking-plugins)")
         default_spec = json.loads(subprocess.run(["ctr", "oci", "spec"], capture_output=True, text=True,
                                                  check=True).stdout)
         base = self.root / "base-runtime-spec.json"
@@ -261,10 +263,8 @@ def _cgroup_controllers() -> list[str]:
 
 
 def _rmdir_cgroup(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # still busy or already gone: nothing to clean
         path.rmdir()
-    except OSError:
-        pass
 
 
 def _mounts_under(root: Path) -> list[str]:

@@ -1,164 +1,62 @@
-"""THE only module that talks to the Kubernetes API: it reads the world and executes plans.
+"""The RerankModel-shaped view of the API: observe one model's children, execute its plan, write its status.
+
+Every request goes through ``client.Client`` (the only module that talks to the API).
 
 Writes are server-side apply with field manager ``rerank-operator`` (so an HPA's replicas or a user's annotations
 are never fought over), create-only for Jobs (their template is immutable), background deletes, and a merge patch
-of the status. Not-found and already-exists are expected outcomes, not errors. Requests the API server refuses for
-a reason retrying will not fix (422, 403, a missing Gateway API) are returned as messages for the status; transient
-failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with backoff.
-Every write request increments ``metrics.API_WRITES``.
+of the status. Not-found and already-exists are expected outcomes, not errors. Writes the API server refuses for
+a reason retrying will not fix (422, 403, a missing Gateway API) are returned as typed ``writes.Refused`` for the
+status; transient failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with
+backoff; any other refusal of a read raises :class:`ApiError` (never the client library's own exception).
+What to read is decided by pure functions (``observed.controlled_by``, ``observed.short_of_replicas``,
+``job.waiting_for_pods``); this module only runs the requests, through the client.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
-from kubernetes import config as kube_config
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic import DynamicClient
-
-from . import metrics, names
+from . import job, names
+from .client import ApiError, Client, TransientApiError, api_path
 from .events import Event
-from .observed import Obj, Observed, PoolsView
+from .observed import Obj, ObjectRef, Observed, PoolsView, controlled_by, ref_of, short_of_replicas
 from .plan import Plan, Scale
 from .spec import RerankModelSpec
+from .writes import Executed, Refused
 
 log = logging.getLogger(__name__)
 
-_PLURALS = {
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "Service": "services",
-    "Pod": "pods",
-    "Event": "events",
-    "Deployment": "deployments",
-    "Job": "jobs",
-    "HTTPRoute": "httproutes",
-    "NetworkPolicy": "networkpolicies",
-    "ReplicaSet": "replicasets",
-    names.KIND: names.PLURAL,
-}
-_TRANSIENT = {0, 429, 500, 502, 503, 504}
+__all__ = ["ApiError", "Cluster", "TransientApiError"]
 
 
-class TransientApiError(RuntimeError):
-    """The API server could not be reached or asked us to come back later."""
-
-
-class WriteError(str):
-    """A refused write as the message the status shows, plus what it was about (``ref`` "Kind/name"), the HTTP
-    status and the API server's own message, so a ResourceQuota's 403 can be told from other refusals."""
-
-    ref: str
-    status: int
-    message: str
-
-    def __new__(cls, text: str, *, ref: str, status: int, message: str) -> "WriteError":
-        obj = super().__new__(cls, text)
-        obj.ref, obj.status, obj.message = ref, status, message
-        return obj
-
-
-def _write_error(text: str, kind: str, name: str, exc: ApiException) -> WriteError:
-    return WriteError(text, ref=f"{kind}/{name}", status=int(exc.status or 0), message=_reason(exc))
-
-
-def _path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}"
-    if name:
-        path += f"/{name}"
-    if sub:
-        path += f"/{sub}"
-    return path
-
-
-def _as_dict(_client: Any, data: Any) -> Any:
-    return data
-
-
-class _NoDiscovery:
-    """DynamicClient is used only for its generic ``request``; skip its API discovery and its cache file."""
-
-    def __init__(self, client: Any, cache_file: Any) -> None:
-        self.client = client
-
-
-def _reason(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
-    except (ValueError, AttributeError):
-        return str(exc.reason)
+def _refused(ref: ObjectRef, verb: str, exc: ApiError, text: str) -> Refused:
+    return Refused(ref=ref, verb=verb, status=exc.status, message=exc.message, text=text)
 
 
 class Cluster:
     """A RerankModel-shaped view of the API: observe one model's children, execute its plan, write its status."""
 
-    def __init__(self, api_client: ApiClient) -> None:
-        self._api = DynamicClient(api_client, discoverer=_NoDiscovery)  # type: ignore[no-untyped-call]
-        self._instance = socket.gethostname()
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
     @classmethod
-    def from_environment(cls, user_agent: str) -> "Cluster":
-        """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
-        try:
-            kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except kube_config.ConfigException:
-            kube_config.load_kube_config()  # type: ignore[no-untyped-call]
-        api = ApiClient()
-        api.user_agent = user_agent  # tells the operator's calls apart in audit logs
-        return cls(api)
-
-    # --- transport ------------------------------------------------------------------------------------------------
-
-    def _request(self, method: str, path: str, *, verb: str = "", kind: str = "", **params: Any) -> Any:
-        if verb:
-            metrics.API_WRITES.labels(verb, kind).inc()
-        try:
-            return self._api.request(method, path, serializer=_as_dict, **params)
-        except ApiException as exc:
-            if exc.status in _TRANSIENT:
-                raise TransientApiError(f"{method} {path}: {exc.status} {_reason(exc)}") from exc
-            raise
-        except OSError as exc:  # connection refused/reset, DNS: the API server is unreachable
-            raise TransientApiError(f"{method} {path}: {exc}") from exc
-
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
-        try:
-            obj = self._request("GET", _path(api_version, kind, namespace, name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return dict(obj)
-
-    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Obj] | None:
-        """Objects matching ``selector``; None when the API itself is absent (e.g. no Gateway API CRDs)."""
-        try:
-            result = self._request("GET", _path(api_version, kind, namespace), label_selector=selector)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        items = [dict(i) for i in result.get("items") or ()]
-        for item in items:
-            item.setdefault("apiVersion", api_version)
-            item.setdefault("kind", kind)
-        return items
+    def from_environment(cls, user_agent: str) -> Cluster:
+        return cls(Client.from_environment(user_agent))
 
     # --- reading ----------------------------------------------------------------------------------------------------
 
     def get_model(self, namespace: str, name: str) -> Obj | None:
-        return self.get(names.API_VERSION, names.KIND, namespace, name)
+        return self.client.get(names.API_VERSION, names.KIND, namespace, name)
 
     def list_classes(self) -> list[Obj]:
         """Every RerankClass (cluster-scoped); none when their CRD is not installed."""
         try:
-            result = self._request("GET", f"/apis/{names.API_VERSION}/rerankclasses")
-        except ApiException as exc:
+            result = self.client.request("GET", f"/apis/{names.API_VERSION}/rerankclasses")
+        except ApiError as exc:
             if exc.status == 404:
                 return []
             raise
@@ -169,37 +67,34 @@ class Cluster:
         ns, selector = owner.namespace, names.owned_selector(owner.name)
 
         def mine(objs: list[Obj] | None) -> list[Obj]:
-            return [o for o in objs or () if any(r.get("uid") == owner.uid and r.get("controller")
-                                                  for r in o["metadata"].get("ownerReferences") or ())]
+            return [o for o in objs or () if controlled_by(o, owner.uid)]
 
         claim_name = spec.storage.existing_claim or names.pvc_name(owner.name)
-        jobs = mine(self.list_objects("batch/v1", "Job", ns, f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"))
+        quantizer = f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"
+        jobs = mine(self.client.list_objects("batch/v1", "Job", ns, quantizer))
         job_uids = {j["metadata"]["uid"] for j in jobs}
-        job_pods = [p for p in self.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}") or ()
-                    if any(r.get("uid") in job_uids for r in p["metadata"].get("ownerReferences") or ())]
+        job_pods = [p for p in self.client.list_objects("v1", "Pod", ns, quantizer) or ()
+                    if any(controlled_by(p, uid) for uid in job_uids)]
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
-                       for d in mine(self.list_objects("apps/v1", "Deployment", ns, selector))}
-        services = {s["metadata"]["name"]: s for s in mine(self.list_objects("v1", "Service", ns, selector))}
-        routes = self.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
+                       for d in mine(self.client.list_objects("apps/v1", "Deployment", ns, selector))}
+        services = {s["metadata"]["name"]: s for s in mine(self.client.list_objects("v1", "Service", ns, selector))}
+        routes = self.client.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
         route = next((r for r in mine(routes) if r["metadata"]["name"] == names.route_name(owner.name)), None)
-        policy = self.get("networking.k8s.io/v1", "NetworkPolicy", ns, names.network_policy_name(owner.name))
+        policy = self.client.get("networking.k8s.io/v1", "NetworkPolicy", ns, names.network_policy_name(owner.name))
         # Quota checks (tenancy.quota_blocked) read more only while something is missing: a pool short of ready
         # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
         replica_sets: list[Obj] = []
-        if any(int(d.get("status", {}).get("readyReplicas") or 0) < int(d.get("spec", {}).get("replicas") or 0)
-               for d in deployments.values()):
+        if short_of_replicas(deployments.values()):
             dep_uids = {d["metadata"]["uid"] for d in deployments.values()}
-            replica_sets = [r for r in self.list_objects("apps/v1", "ReplicaSet", ns, selector) or ()
-                            if any(o.get("uid") in dep_uids for o in r["metadata"].get("ownerReferences") or ())]
+            replica_sets = [r for r in self.client.list_objects("apps/v1", "ReplicaSet", ns, selector) or ()
+                            if any(controlled_by(r, uid) for uid in dep_uids)]
         job_events: list[Obj] = []
-        if any(not (j.get("status") or {}).get("active") and not (j.get("status") or {}).get("completionTime")
-               and not any(c.get("type") == "Failed" and c.get("status") == "True"
-                           for c in (j.get("status") or {}).get("conditions") or ()) for j in jobs):
-            events = self._request("GET", _path("v1", "Event", ns),
+        if any(job.waiting_for_pods(j) for j in jobs):
+            events = self.client.request("GET", api_path("v1", "Event", ns),
                                    field_selector="involvedObject.kind=Job,reason=FailedCreate")
             job_events = [dict(e) for e in events.get("items") or ()]
         return Observed(
-            claim=self.get("v1", "PersistentVolumeClaim", ns, claim_name),
+            claim=self.client.get("v1", "PersistentVolumeClaim", ns, claim_name),
             jobs=tuple(jobs),
             job_pods=tuple(job_pods),
             deployments=deployments,
@@ -213,71 +108,72 @@ class Cluster:
 
     # --- writing ----------------------------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan) -> tuple[list[str], list[str]]:
-        """Run ``plan``; returns (names of objects written, messages of refused writes)."""
-        done: list[str] = []
-        errors: list[str] = []
+    def execute(self, plan: Plan) -> Executed:
+        """Run ``plan``; returns the objects written and the writes refused."""
+        done: list[ObjectRef] = []
+        refused: list[Refused] = []
         # Existing Deployments are scaled before the applies: the scale write takes the field from any manager
         # that owned it (an older manifest that carried replicas), so the apply that omits it cannot reset it.
-        self._scale([s for s in plan.scale if s.exists], done, errors)
+        self._scale([s for s in plan.scale if s.exists], done, refused)
         for obj in plan.apply:
-            kind, meta = obj["kind"], obj["metadata"]
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
-                self._request(
-                    "PATCH", _path(obj["apiVersion"], kind, meta["namespace"], meta["name"]),
+                self.client.request(
+                    "PATCH", api_path(obj["apiVersion"], kind, meta["namespace"], meta["name"]),
                     verb="apply", kind=kind, body=json.dumps(obj), content_type="application/apply-patch+yaml",
                     field_manager=names.FIELD_MANAGER, force_conflicts=True,
                 )
-                done.append(meta["name"])
-            except ApiException as exc:
+                done.append(ref)
+            except ApiError as exc:
                 hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
-                errors.append(_write_error(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}{hint}", kind, meta["name"], exc))
+                refused.append(_refused(ref, "apply", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}{hint}"))
         for obj in plan.create:
-            kind, meta = obj["kind"], obj["metadata"]
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
-                self._request("POST", _path(obj["apiVersion"], kind, meta["namespace"]), verb="create", kind=kind,
-                              body=obj, field_manager=names.FIELD_MANAGER)
-                done.append(meta["name"])
-            except ApiException as exc:
+                self.client.request("POST", api_path(obj["apiVersion"], kind, meta["namespace"]), verb="create",
+                                    kind=kind, body=obj, field_manager=names.FIELD_MANAGER)
+                done.append(ref)
+            except ApiError as exc:
                 if exc.status != 409:  # already exists: a previous run created it; nothing to do
-                    errors.append(_write_error(f"{kind} {meta['name']}: {exc.status} {_reason(exc)}", kind, meta["name"], exc))
-        self._scale([s for s in plan.scale if not s.exists], done, errors)
+                    refused.append(_refused(ref, "create", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}"))
+        self._scale([s for s in plan.scale if not s.exists], done, refused)
         for ref in plan.delete:
             try:
-                self._request("DELETE", _path(ref.api_version, ref.kind, ref.namespace, ref.name), verb="delete",
-                              kind=ref.kind, propagation_policy="Background")
-                done.append(ref.name)
-            except ApiException as exc:
+                self.client.request("DELETE", api_path(ref.api_version, ref.kind, ref.namespace, ref.name),
+                                    verb="delete", kind=ref.kind, propagation_policy="Background")
+                done.append(ref)
+            except ApiError as exc:
                 if exc.status != 404:
-                    errors.append(f"delete {ref}: {exc.status} {_reason(exc)}")
-        return done, errors
+                    refused.append(_refused(ref, "delete", exc, f"delete {ref}: {exc.status} {exc.message}"))
+        return Executed(tuple(done), tuple(refused))
 
-    def _scale(self, scales: list[Scale], done: list[str], errors: list[str]) -> None:
+    def _scale(self, scales: list[Scale], done: list[ObjectRef], refused: list[Refused]) -> None:
         """Replicas through the Deployments' scale subresource (never in the applied manifest)."""
         for s in scales:
+            ref = ObjectRef("apps/v1", "Deployment", s.namespace, s.name)
             try:
-                self._request(
-                    "PATCH", _path("apps/v1", "Deployment", s.namespace, s.name, "scale"), verb="scale",
+                self.client.request(
+                    "PATCH", api_path("apps/v1", "Deployment", s.namespace, s.name, "scale"), verb="scale",
                     kind="Deployment", body={"spec": {"replicas": s.replicas}},
                     content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
                 )
-                done.append(s.name)
-            except ApiException as exc:
-                errors.append(f"scale Deployment {s.name} to {s.replicas}: {exc.status} {_reason(exc)}")
+                done.append(ref)
+            except ApiError as exc:
+                text = f"scale Deployment {s.name} to {s.replicas}: {exc.status} {exc.message}"
+                refused.append(_refused(ref, "scale", exc, text))
 
     def observe_pools(self, owner: names.Owner) -> PoolsView:
         """What the autoscaler needs, in three reads: the pool Deployments, their pods, the HTTPRoute."""
         ns, selector = owner.namespace, names.owned_selector(owner.name)
 
         def mine(obj: Obj) -> bool:
-            return any(r.get("uid") == owner.uid and r.get("controller")
-                       for r in obj["metadata"].get("ownerReferences") or ())
+            return controlled_by(obj, owner.uid)
 
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
-                       for d in self.list_objects("apps/v1", "Deployment", ns, selector) or () if mine(d)}
-        pods = [p for p in self.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_POOL}") or ()
+                       for d in self.client.list_objects("apps/v1", "Deployment", ns, selector) or () if mine(d)}
+        pods = [p for p in self.client.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_POOL}") or ()
                 if not p["metadata"].get("deletionTimestamp")]
-        routes = self.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
+        routes = self.client.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
         route = next((r for r in routes or () if mine(r) and r["metadata"]["name"] == names.route_name(owner.name)),
                      None)
         return PoolsView(deployments=deployments, pods=tuple(pods), route=route,
@@ -286,29 +182,29 @@ class Cluster:
     def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
         """Merge ``annotations`` into the RerankModel's metadata (None removes one); kopf ignores metadata."""
         try:
-            self._request(
-                "PATCH", _path(names.API_VERSION, names.KIND, owner.namespace, owner.name), verb="patch",
+            self.client.request(
+                "PATCH", api_path(names.API_VERSION, names.KIND, owner.namespace, owner.name), verb="patch",
                 kind=names.KIND, body={"metadata": {"annotations": dict(annotations)}},
                 content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
                 raise
 
     def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:
         try:
-            self._request(
-                "PATCH", _path(names.API_VERSION, names.KIND, owner.namespace, owner.name, "status"),
+            self.client.request(
+                "PATCH", api_path(names.API_VERSION, names.KIND, owner.namespace, owner.name, "status"),
                 verb="patch-status", kind=names.KIND, body={"status": patch},
                 content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
                 raise
 
     def post_event(self, owner: names.Owner, event: Event) -> None:
         """A core/v1 Event on the RerankModel (what ``kubectl describe`` shows). Losing one is not worth a retry."""
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -320,12 +216,13 @@ class Cluster:
             "message": event.message[:1024],
             "source": {"component": names.OPERATOR_NAME},
             "reportingComponent": names.OPERATOR_NAME,
-            "reportingInstance": self._instance,
+            "reportingInstance": self.client.instance,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
         }
         try:
-            self._request("POST", _path("v1", "Event", owner.namespace), verb="create", kind="Event", body=body)
-        except (ApiException, TransientApiError) as exc:
+            self.client.request("POST", api_path("v1", "Event", owner.namespace), verb="create", kind="Event",
+                                body=body)
+        except (ApiError, TransientApiError) as exc:
             log.warning("could not post event %s on %s/%s: %s", event.reason, owner.namespace, owner.name, exc)

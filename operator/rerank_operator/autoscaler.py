@@ -21,10 +21,13 @@ import json
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from . import classes, conditions, events, metrics, names, status as statuses
+from . import classes, conditions, events, metrics, names
+from . import spec as specs
+from . import status as statuses
 from .apply import Cluster, TransientApiError
 from .autoscale import config, direct, endpoints, history, policy, prometheus
 from .autoscale import routing as autoscale_routing
@@ -32,12 +35,13 @@ from .autoscale.signals import Signals
 from .conditions import Condition
 from .deployment import PORT
 from .observed import PoolsView
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-METRICS_AVAILABLE = "MetricsAvailable"
-TRAFFIC_ENFORCED = "TrafficEnforced"
-OWNED_CONDITIONS = (METRICS_AVAILABLE, TRAFFIC_ENFORCED)
+METRICS_AVAILABLE = conditions.METRICS_AVAILABLE
+TRAFFIC_ENFORCED = conditions.TRAFFIC_ENFORCED
+OWNED_CONDITIONS = conditions.AUTOSCALER_OWNED
 HISTORY_ANNOTATION = f"autoscaler.{names.GROUP}/history"  # outside kopf's own rerank.io/ keys
 IDLE_POLL_SECONDS = 15.0  # how often a model with autoscaling off (or not deployed yet) is looked at again
 MAX_REASON = 1024
@@ -53,7 +57,7 @@ def model_lock(namespace: str, name: str) -> threading.Lock:
 
 
 def utcnow() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- pure helpers -----------------------------------------------------------------------------------------------------
@@ -68,15 +72,15 @@ def current_cpu_percent(route: Mapping[str, Any] | None, model: str, status: Map
         gpu = weights.get(names.pool_service_name(model, "gpu"), 0)
         cpu = weights.get(names.pool_service_name(model, "cpu"), 0)
         if gpu + cpu > 0:
-            return int(round(100 * cpu / (gpu + cpu)))
+            return round(100 * cpu / (gpu + cpu))
     value = (status.get("traffic") or {}).get("cpuPercent")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def metrics_available(auto: config.AutoscalingSpec, decision: policy.Decision) -> Condition:
     if decision.held:
-        return Condition(METRICS_AVAILABLE, "False", "MetricsStale", decision.reason[:MAX_REASON])
-    return Condition(METRICS_AVAILABLE, "True", "MetricsFresh",
+        return Condition(METRICS_AVAILABLE, "False", conditions.REASON_METRICS_STALE, decision.reason[:MAX_REASON])
+    return Condition(METRICS_AVAILABLE, "True", conditions.REASON_METRICS_FRESH,
                      f"{auto.source} metrics are fresh for every pool with ready replicas")
 
 
@@ -85,21 +89,21 @@ def traffic_enforced(auto: config.AutoscalingSpec, spec: Mapping[str, Any], view
     split = f"gpu {decision.gpu_percent}% / cpu {decision.cpu_percent}%"
     policy_name = autoscale_routing.effective_policy(auto)
     if policy_name in ("cpu-only", "gpu-only"):
-        return Condition(TRAFFIC_ENFORCED, "True", "SinglePool",
+        return Condition(TRAFFIC_ENFORCED, "True", conditions.REASON_SINGLE_POOL,
                          f"one pool takes all traffic ({policy_name}): there is no split to enforce")
     gateway = (spec.get("routing") or {}).get("gateway") or {}
     if not gateway.get("parentRefs"):
-        return Condition(TRAFFIC_ENFORCED, "False", "NoGateway",
+        return Condition(TRAFFIC_ENFORCED, "False", conditions.REASON_NO_GATEWAY,
                          f"no routing.gateway.parentRefs: the split ({split}) cannot be enforced; the model Service "
                          f"spreads requests over the pods of the pools that receive traffic; replicas are still scaled")
     if not view.route_api_available:
-        return Condition(TRAFFIC_ENFORCED, "False", "GatewayAPIMissing",
+        return Condition(TRAFFIC_ENFORCED, "False", conditions.REASON_GATEWAY_API_MISSING,
                          f"routing.gateway is set but the Gateway API (HTTPRoute) is not installed: the split "
                          f"({split}) cannot be enforced; replicas are still scaled")
     if view.route is None:
-        return Condition(TRAFFIC_ENFORCED, "False", "RoutePending",
+        return Condition(TRAFFIC_ENFORCED, "False", conditions.REASON_ROUTE_PENDING,
                          f"HTTPRoute {names.route_name(model)} does not exist yet")
-    return Condition(TRAFFIC_ENFORCED, "True", "HTTPRoute",
+    return Condition(TRAFFIC_ENFORCED, "True", conditions.REASON_HTTP_ROUTE,
                      f"HTTPRoute {names.route_name(model)} carries the split as backend weights ({split})")
 
 
@@ -167,7 +171,8 @@ def count(namespace: str, model: str, current: policy.Current, decision: policy.
     for pool in config.POOLS:
         before, after = current.replicas(pool), decision.replicas(pool)
         if after != before:
-            metrics.SCALING_DECISIONS.labels(namespace, model, pool, "ScaledUp" if after > before else "ScaledDown").inc()
+            direction = "ScaledUp" if after > before else "ScaledDown"
+            metrics.SCALING_DECISIONS.labels(namespace, model, pool, direction).inc()
     if any(e.reason == "TrafficShifted" for e in found):
         gained = "cpu" if decision.cpu_percent > current.cpu_percent else "gpu"
         metrics.SCALING_DECISIONS.labels(namespace, model, gained, "TrafficShifted").inc()
@@ -179,9 +184,12 @@ class ModelAutoscaler:
     """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
 
     def __init__(self, cluster: Cluster, namespace: str, name: str, *,
+                 registry: classes.Registry | None = None, settings: Settings | None = None,
                  after_decision: Callable[[], Any] = lambda: None, fetch: direct.Fetch = direct.http_fetch,
                  clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:
         self.cluster = cluster
+        self.registry = registry or classes.Registry()  # the process's (handlers.py); a fresh one in unit tests
+        self.settings = settings or Settings()
         self.namespace = namespace
         self.name = name
         self.after_decision = after_decision
@@ -201,18 +209,18 @@ class ModelAutoscaler:
         meta = body["metadata"]
         owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
         # The spec as the reconcile loop sees it: the model's, with its RerankClass's defaults filled in.
-        tenant = classes.resolve_model(body, classes.CLASSES.items(self.cluster.list_classes))
+        tenant = classes.resolve_model(body, self.registry.classes.items(self.cluster.list_classes))
         if tenant.not_found is not None:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenant.effective
         try:
-            source = (((spec.get("autoscaling") or {}).get("metrics") or {}).get("source")) or "direct"
+            parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
             class_spec = (tenant.rclass or {}).get("spec") if tenant.rclass is not None else None
-            server = endpoints.prometheus_for(str(source), class_spec, endpoints.operator_default())
-            auto = config.AutoscalingSpec.from_spec(spec, prometheus=server)
-        except config.InvalidAutoscalingSpec as exc:
+            server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
+            auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
+        except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
             self._reset()
-            self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", "InvalidSpec", str(exc))])
+            self._write(owner, {}, [Condition(METRICS_AVAILABLE, "False", conditions.REASON_INVALID_SPEC, str(exc))])
             return IDLE_POLL_SECONDS
         if not auto.enabled:
             self._reset()
@@ -268,7 +276,7 @@ class ModelAutoscaler:
             self.cluster.patch_status(owner, patch)
         return dict((previous.get("autoscaling") or {}).get("lastDecision") or {})
 
-    def _collect(self, auto: config.AutoscalingSpec, view: PoolsView, ready: Mapping[str, int]) -> Signals:
+    def _collect(self, auto: config.AutoscalingSpec, view: PoolsView, ready: Mapping[config.Pool, int]) -> Signals:
         key = (auto.source, auto.prometheus)
         if self.source is None or key != self.source_key:
             self.source_key = key
@@ -284,10 +292,10 @@ class ModelAutoscaler:
         if isinstance(self.source, prometheus.PrometheusSource):
             selectors = {p: prometheus.build_selector(self.namespace, [x["metadata"]["name"] for x in found])
                          for p, found in pods.items()}
-            return self.source.collect(selectors, ready)  # type: ignore[arg-type]
-        targets = [direct.PodTarget(x["metadata"]["name"], p, x["status"]["podIP"], PORT)  # type: ignore[arg-type]
+            return self.source.collect(selectors, ready)
+        targets = [direct.PodTarget(x["metadata"]["name"], p, x["status"]["podIP"], PORT)
                    for p, found in pods.items() for x in found]
-        return self.source.collect(targets, ready)  # type: ignore[arg-type]
+        return self.source.collect(targets, ready)
 
     def _save_history(self, owner: names.Owner) -> None:
         assert self.history is not None
@@ -318,7 +326,7 @@ async def run(loop: ModelAutoscaler, stopped: Any) -> None:
         except TransientApiError as exc:
             log.warning("autoscaler %s/%s: %s", loop.namespace, loop.name, exc)
             delay = 5.0
-        except Exception:  # noqa: BLE001 - one bad tick must not end the model's loop
+        except Exception:
             log.exception("autoscaler %s/%s failed", loop.namespace, loop.name)
             delay = IDLE_POLL_SECONDS
         wait: Awaitable[Any] = stopped.wait(delay)

@@ -1,15 +1,18 @@
 """RerankClasses in the reconcile loop: a model's class, its effective spec, ClassCompliant, quota verdicts. Pure.
 
+The verdicts go into ``status.compute`` (the only status builder) as its ``compliance`` and ``quota`` inputs.
+
 This module wires ``tenancy`` (the pure class, NetworkPolicy and quota functions) into the loop; it does no I/O
 itself: reconcile.py hands it what the API returned, handlers.py hands it the class watch's events.
 
-Two in-memory registries, shared by the operator's handler threads:
+The class registry (``Registry``), created once by handlers.py and passed down to the reconcile loop and the
+autoscaler (no process globals), holds two thread-safe indexes shared by the operator's handler threads:
 
-- ``CLASSES``: every RerankClass as last seen by the watch (``kopf.on.event``, which writes nothing on the class;
+- ``ClassIndex``: every RerankClass as last seen by the watch (``kopf.on.event``, which writes nothing on the class;
   kopf's on.create/update/delete would keep state in annotations and add a finalizer, which the operator has no
   right to). It is primed by one LIST before its first use, so a model reconciled before the watch's first listing
   never falls back to the built-in defaults by mistake (that would roll its pods twice on every operator restart).
-- ``MODELS``: the models this operator reconciled and the className each asks for, so a class change reconciles at
+- ``ModelIndex``: the models this operator reconciled and the className each asks for, so a class change reconciles at
   once exactly the models whose class (or lack of one) it changes; nothing is written on a model to trigger it.
 
 Per reconcile (see ``for_model``): the model's class is the one named by ``spec.className``, else the default class;
@@ -22,25 +25,19 @@ not exist (or no default class while classes exist): ClassCompliant=False ClassN
 from __future__ import annotations
 
 import copy
-import os
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import conditions, tenancy
 from .conditions import Condition
 from .observed import Observed
+from .settings import Settings
+from .writes import Refused
 
 Obj = Mapping[str, Any]
 
-REASON_COMPLIANT = tenancy.REASON_COMPLIANT
-REASON_CLASS_VIOLATION = tenancy.REASON_CLASS_VIOLATION
-REASON_CLASS_NOT_FOUND = tenancy.REASON_CLASS_NOT_FOUND
-REASON_QUOTA_EXCEEDED = tenancy.REASON_QUOTA_EXCEEDED
-
-#: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
-#: so the autoscaler can scrape TEI. ``RERANK_OPERATOR_POD_LABELS=k=v,k=v`` overrides them.
-DEFAULT_OPERATOR_POD_LABELS = {"app.kubernetes.io/part-of": "rerank", "app.kubernetes.io/component": "operator"}
 
 
 # -- registries ---------------------------------------------------------------------------------------------------
@@ -144,8 +141,12 @@ class ModelIndex:
             self._models.clear()
 
 
-CLASSES = ClassIndex()
-MODELS = ModelIndex()
+@dataclass
+class Registry:
+    """The operator's memory of RerankClasses and of the class each reconciled model asks for (see above)."""
+
+    classes: ClassIndex = field(default_factory=ClassIndex)
+    models: ModelIndex = field(default_factory=ModelIndex)
 
 
 def _choice(class_name: str | None, classes: Sequence[Obj]) -> tuple[str | None, bool]:
@@ -166,8 +167,7 @@ def affected_models(models: Mapping[ModelKey, str | None], changed: Obj,
     return found
 
 
-def class_event(event_type: str | None, rclass: Obj, index: ClassIndex = CLASSES,
-                models: ModelIndex = MODELS) -> list[ModelKey]:
+def class_event(event_type: str | None, rclass: Obj, index: ClassIndex, models: ModelIndex) -> list[ModelKey]:
     """Record a RerankClass watch event; returns the models to reconcile now (none for the watch's initial listing,
     which the models' own resume already covers, nor for changes that do not concern models, e.g. a label)."""
     name = rclass["metadata"]["name"]
@@ -198,12 +198,13 @@ class Tenancy:
     def condition(self) -> Condition | None:
         """ClassCompliant, or None when no RerankClass exists (built-in defaults, nothing to comply with)."""
         if self.not_found is not None:
-            return Condition(conditions.CLASS_COMPLIANT, "False", REASON_CLASS_NOT_FOUND, self.not_found)
+            return Condition(conditions.CLASS_COMPLIANT, "False", conditions.REASON_CLASS_NOT_FOUND, self.not_found)
         if self.rclass is None:
             return None
         if self.violations:
-            return Condition(conditions.CLASS_COMPLIANT, "False", REASON_CLASS_VIOLATION, "; ".join(self.violations))
-        return Condition(conditions.CLASS_COMPLIANT, "True", REASON_COMPLIANT,
+            return Condition(conditions.CLASS_COMPLIANT, "False", conditions.REASON_CLASS_VIOLATION,
+                             "; ".join(self.violations))
+        return Condition(conditions.CLASS_COMPLIANT, "True", conditions.REASON_COMPLIANT,
                          f"within the limits of RerankClass {self.class_name}")
 
 
@@ -227,28 +228,18 @@ def resolve_model(body: Obj, classes: Sequence[Obj]) -> Tenancy:
     return Tenancy(rclass, effective, violations=tuple(found))
 
 
-def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], index: ClassIndex = CLASSES,
-              models: ModelIndex = MODELS) -> Tenancy:
+def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> Tenancy:
     """``resolve_model`` against the cached classes; remembers which class the model asks for."""
     meta = body.get("metadata") or {}
-    models.record(meta.get("namespace", ""), meta.get("name", ""), (body.get("spec") or {}).get("className"))
-    return resolve_model(body, index.items(lister))
+    registry.models.record(meta.get("namespace", ""), meta.get("name", ""), (body.get("spec") or {}).get("className"))
+    return resolve_model(body, registry.classes.items(lister))
 
 
-def operator_pod_labels(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    raw = (os.environ if env is None else env).get("RERANK_OPERATOR_POD_LABELS", "").strip()
-    if not raw:
-        return dict(DEFAULT_OPERATOR_POD_LABELS)
-    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
-    return {k.strip(): v.strip() for k, v in pairs if k.strip()}
-
-
-def network_policy(body: Obj, t: Tenancy, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
-    """The model's NetworkPolicy (None: its class turns it off, or no class applies). The operator's namespace is
-    ``POD_NAMESPACE`` (set by the chart); outside a pod the operator peer is left out."""
-    environ = os.environ if env is None else env
-    policy = tenancy.build_network_policy(body, t.rclass, operator_namespace=environ.get("POD_NAMESPACE") or None,
-                                          operator_pod_labels=operator_pod_labels(environ))
+def network_policy(body: Obj, t: Tenancy, settings: Settings) -> dict[str, Any] | None:
+    """The model's NetworkPolicy (None: its class turns it off, or no class applies), admitting the operator's pods
+    (``settings``: outside a pod the operator has no namespace and the peer is left out)."""
+    policy = tenancy.build_network_policy(body, t.rclass, operator_namespace=settings.operator_namespace,
+                                          operator_pod_labels=dict(settings.operator_pod_labels))
     if policy is not None and not policy["spec"].get("ingress"):
         # The API server drops an empty list; leaving it in would look like drift on every reconcile.
         policy["spec"].pop("ingress", None)
@@ -256,57 +247,13 @@ def network_policy(body: Obj, t: Tenancy, env: Mapping[str, str] | None = None) 
 
 
 # -- quotas -----------------------------------------------------------------------------------------------------------
-def is_quota_error(error: str) -> bool:
-    """A write the API server refused because of a ResourceQuota (``apply.WriteError`` carries status and message)."""
-    return getattr(error, "status", None) == 403 and tenancy.is_quota_message(getattr(error, "message", None))
+def is_quota_error(error: object) -> bool:
+    """A write the API server refused because of a ResourceQuota, whichever verb (``writes.Refused``)."""
+    return isinstance(error, Refused) and error.is_quota
 
 
-def quota_block(observed: Observed, errors: Iterable[str]) -> tenancy.QuotaBlock | None:
-    api_errors = {str(getattr(e, "ref")): str(getattr(e, "message")) for e in errors if is_quota_error(e)}
+def quota_block(observed: Observed, refused: Iterable[Refused]) -> tenancy.QuotaBlock | None:
+    """The first quota failure: a pool's ReplicaSet, the quantization Job's pod, or a write of ours."""
+    api_errors = {str(r.ref): r.message for r in refused if r.is_quota}
     return tenancy.quota_blocked(replica_sets=observed.replica_sets, jobs=observed.jobs, events=observed.job_events,
                                  api_errors=api_errors)
-
-
-# -- status -----------------------------------------------------------------------------------------------------------
-def with_tenancy(status: Mapping[str, Any], previous: Mapping[str, Any], t: Tenancy,
-                 quota: tenancy.QuotaBlock | None, *, generation: int, now: str) -> dict[str, Any]:
-    """``status`` (from status.compute) with ClassCompliant, and QuotaExceeded where a quota blocks a child:
-    PoolsAvailable for a pool's ReplicaSet, ModelReady for the quantization Job or the claim; Ready=False.
-
-    Overridden conditions start from the previous status's, so their lastTransitionTime only moves when their
-    status does (an idle reconcile must produce an empty patch)."""
-    new = copy.deepcopy(dict(status))
-    current = [dict(c) for c in new.get("conditions") or ()]
-    updates: list[Condition] = []
-    compliance = t.condition()
-    if compliance is None:
-        current = [c for c in current if c.get("type") != conditions.CLASS_COMPLIANT]
-    else:
-        updates.append(compliance)
-    if quota is not None:
-        target = conditions.POOLS_AVAILABLE if quota.blocked.startswith("ReplicaSet/") else conditions.MODEL_READY
-        updates += [Condition(target, "False", REASON_QUOTA_EXCEEDED, quota.message),
-                    Condition(conditions.READY, "False", REASON_QUOTA_EXCEEDED, quota.message)]
-        if new.get("phase") == "Ready":
-            new["phase"] = "Progressing"
-    before = {c.get("type"): c for c in previous.get("conditions") or ()}
-    overridden = {u.type for u in updates}
-    current = [dict(before[c.get("type")]) if c.get("type") in overridden and c.get("type") in before else c
-               for c in current]
-    present = {c.get("type") for c in current}
-    current += [dict(before[u.type]) for u in updates if u.type not in present and u.type in before]
-    new["conditions"] = conditions.set_conditions(current, updates, generation=generation, now=now)
-    return new
-
-
-def class_not_found_status(previous: Mapping[str, Any], message: str, *, generation: int, now: str) -> dict[str, Any]:
-    """The whole status of a model whose class does not exist: nothing is applied until it does (children that
-    already run are left alone, so deleting a class by mistake takes nothing down)."""
-    serving = any(int((p or {}).get("readyReplicas") or 0) > 0 for p in (previous.get("pools") or {}).values())
-    conds = conditions.set_conditions(previous.get("conditions") or [], [
-        Condition(conditions.READY, "False", REASON_CLASS_NOT_FOUND, message),
-        Condition(conditions.DEGRADED, "True", REASON_CLASS_NOT_FOUND, message),
-        Condition(conditions.CLASS_COMPLIANT, "False", REASON_CLASS_NOT_FOUND, message),
-    ], generation=generation, now=now)
-    return {**copy.deepcopy(dict(previous)), "observedGeneration": generation,
-            "phase": "Degraded" if serving else "Failed", "conditions": conds}

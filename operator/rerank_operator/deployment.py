@@ -12,7 +12,8 @@ over (``replicaManagement: external``) is never fought over it, and switching mo
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from quantizer_job import contract
 

@@ -14,37 +14,22 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from decimal import Decimal, InvalidOperation
-from typing import Any, Mapping
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
 
 from . import names
+from .quantities import parse_quantity
 
-_SUFFIXES: dict[str, int | Decimal] = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}
 _QUANTITY_PARENTS = {"limits", "requests"}
 _LIST_KEYS = ("uid", "mountPath", "name")
 
 
 def quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity's value, or None if ``value`` is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return Decimal(str(value))
-    if not isinstance(value, str) or not value:
-        return None
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if value.endswith(suffix):
-            number, factor = value[: -len(suffix)], Decimal(str(_SUFFIXES[suffix]))
-            break
-    else:
-        number, factor = value, Decimal(1)
+    """A Kubernetes quantity's value (quantities.py, the one parser), or None if ``value`` is not one."""
     try:
-        return Decimal(number) * factor
-    except InvalidOperation:
+        return parse_quantity(value)
+    except ValueError:
         return None
 
 
@@ -82,7 +67,8 @@ def is_subset(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
             return False
         key = _list_key(desired)
         if key is None:
-            return len(desired) == len(live) and all(is_subset(d, l, path) for d, l in zip(desired, live))
+            return len(desired) == len(live) and all(
+                is_subset(d, item, path) for d, item in zip(desired, live, strict=True))
         by_key = {i.get(key): i for i in live if isinstance(i, Mapping)}
         return all(d[key] in by_key and is_subset(d, by_key[d[key]], path) for d in desired)
     if isinstance(desired, bool) or isinstance(live, bool):

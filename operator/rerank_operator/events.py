@@ -9,10 +9,12 @@ QualityGateFailed) is posted once. Events were half of the operator's writes in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from . import conditions
+from .observed import ObjectRef, ref_of
 from .plan import Plan
 
 EventType = Literal["Normal", "Warning"]
@@ -48,19 +50,20 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
                            or after.get("reason") == "QuotaExceeded"
                            or _cond(new, conditions.DEGRADED).get("status") == "True")
         reason = after["reason"] if kind != conditions.READY else ("Ready" if after["status"] == "True" else "NotReady")
-        events.append(Event("Warning" if failing else "Normal", reason, f"{kind}={after['status']}: {after['message']}"))
+        message = f"{kind}={after['status']}: {after['message']}"
+        events.append(Event("Warning" if failing else "Normal", reason, message))
     return events
 
 
-def actions(plan: Plan, done: Sequence[str]) -> list[Event]:
-    """Events for the writes of ``plan`` that ``apply`` reports as done (by object name)."""
+def actions(plan: Plan, done: Sequence[ObjectRef]) -> list[Event]:
+    """Events for the writes of ``plan`` that ``apply`` reports as done."""
     events: list[Event] = []
     for job in plan.create:
         name = job["metadata"]["name"]
-        if name in done:
+        if ref_of(job) in done:
             artifact_id = job["metadata"]["labels"].get("rerank.io/artifact", "")
             events.append(Event("Normal", "QuantizationStarted", f"created Job {name} to build artifact {artifact_id}"))
     for ref in plan.delete:
-        if ref.name in done:
+        if ref in done:
             events.append(Event("Normal", "Deleted", f"deleted {ref.kind} {ref.name}: no longer needed"))
     return events

@@ -15,16 +15,23 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import kopf
+
 from . import autoscaler, classes, names
 from .apply import Cluster
 from .reconcile import Result, reconcile
+from .settings import Settings
 
 RESYNC_SECONDS = float(os.environ.get("RERANK_RESYNC_SECONDS", "30"))
 WATCH_TIMEOUT = os.environ.get("RERANK_WATCH_SERVER_TIMEOUT")
 USER_AGENT = f"{names.OPERATOR_NAME}/0.1.0"
+
+#: The process's class registry and settings: created here, once, and passed to every reconcile and autoscaler.
+REGISTRY = classes.Registry()
+SETTINGS = Settings.from_env(os.environ)
 
 _cluster: Cluster | None = None
 _guard = threading.Lock()
@@ -60,7 +67,7 @@ def _coalesced(key: tuple[str, str], run: Callable[[], Result | None]) -> Result
 def _reconcile(namespace: str, name: str, trigger: str) -> Result | None:
     def run() -> Result | None:
         with autoscaler.model_lock(namespace, name):  # status writes never interleave with the autoscaler's
-            return reconcile(cluster(), namespace, name, trigger)
+            return reconcile(cluster(), namespace, name, trigger, registry=REGISTRY, settings=SETTINGS)
     return _coalesced((namespace, name), run)
 
 
@@ -104,7 +111,9 @@ async def autoscale(*, namespace: str | None, name: str, stopped: kopf.DaemonSto
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the resync timer catches up
             logging.getLogger(__name__).warning("reconcile of %s/%s after a decision failed: %s", ns, name, exc)
 
-    await autoscaler.run(autoscaler.ModelAutoscaler(cluster(), ns, name, after_decision=apply_decision), stopped)
+    model = autoscaler.ModelAutoscaler(cluster(), ns, name, registry=REGISTRY, settings=SETTINGS,
+                                       after_decision=apply_decision)
+    await autoscaler.run(model, stopped)
 
 
 _OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.APP_NAME}
@@ -112,7 +121,8 @@ _OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.A
 
 def _owner_name(body: kopf.Body) -> str | None:
     for ref in body.get("metadata", {}).get("ownerReferences") or ():
-        if ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(f"{names.GROUP}/") and ref.get("controller"):
+        ours = ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(f"{names.GROUP}/")
+        if ours and ref.get("controller"):
             return str(ref["name"])
     return None
 
@@ -125,18 +135,20 @@ def on_child_event(*, body: kopf.Body, namespace: str | None, type: str, **_: An
         try:
             _reconcile(namespace, owner, "child")
         except kopf.TemporaryError as exc:  # event handlers are not retried: the timer will catch up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, exc)
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s",
+                                                namespace, owner, exc)
 
 
 @kopf.on.event(names.GROUP, names.VERSION, "rerankclasses")
 def on_class_event(*, body: kopf.Body, type: str | None, **_: Any) -> None:
     """A RerankClass changed: reconcile now the models it concerns (classes.py). An event handler writes nothing on
     the class (on.create/update/delete would keep kopf's state and a finalizer on it)."""
-    for namespace, owner in classes.class_event(type, body):
+    for namespace, owner in classes.class_event(type, body, REGISTRY.classes, REGISTRY.models):
         try:
             _reconcile(namespace, owner, "class")
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the model's own timer will catch up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s", namespace, owner, exc)
+            logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s",
+                                                namespace, owner, exc)
 
 
 @kopf.on.probe(id="reconciling")

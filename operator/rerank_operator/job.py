@@ -16,12 +16,13 @@ with ``AlreadyPublished`` and the manifest's figures (``quantizer_job.cli.Job.ru
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from quantizer_job import contract
 
-from . import names, pods
+from . import conditions, names, pods
 from .spec import DataSource, RerankModelSpec
 
 CONTAINER = "quantizer"
@@ -193,7 +194,7 @@ def recovers_of(job: Mapping[str, Any]) -> int:
 
 
 #: Reason of a Job that succeeded but whose result can no longer be read (pod gone, or a message that is no result).
-RESULT_LOST = "ResultLost"
+RESULT_LOST = conditions.REASON_RESULT_LOST
 
 
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -258,20 +259,23 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
         waiting = _waiting(pod)
         if waiting:
             return JobOutcome(
-                "Running", "JobPodWaiting", f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
+                "Running", conditions.REASON_JOB_POD_WAITING,
+                f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
             )
     failures = job.get("status", {}).get("failed") or 0
     if failures:
         previous = _failure({"reason": "PodFailed", "message": ""}, pods_newest)
-        return JobOutcome("Running", "Retrying", f"attempt failed {failures} time(s), retrying with backoff; last: {previous.reason}: {previous.message}")
-    return JobOutcome("Running", "Quantizing", "the quantization Job is running")
+        return JobOutcome("Running", conditions.REASON_RETRYING,
+                          f"attempt failed {failures} time(s), retrying with backoff; "
+                          f"last: {previous.reason}: {previous.message}")
+    return JobOutcome("Running", conditions.REASON_QUANTIZING, "the quantization Job is running")
 
 
 def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) -> JobOutcome:
     """The kubelet's OOMKilled, whatever the quantizer said: the kernel killed a process of the container (on cgroup
     v1 often only the export child, so the parent survives and reports ExportFailed), and the fix is the limit."""
     said = f"{parsed.reason}: {parsed.message}" if isinstance(parsed, contract.JobResult) else parsed[-300:]
-    return JobOutcome("Failed", "OOMKilled",
+    return JobOutcome("Failed", conditions.REASON_OOM_KILLED,
                       f"the quantizer ran out of its memory limit (exit code {term.get('exitCode')}"
                       + (f"; it reported {said}" if said else "")
                       + "): raise spec.quantization.resources.limits.memory")
@@ -280,7 +284,7 @@ def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) ->
 def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
     """The deadline if the Job hit it; else out of memory if the kubelet says so; else the Job's own reason (its
     result message) if a pod left one; else the container's; else the Job's."""
-    job_reason = failed.get("reason") or "JobFailed"
+    job_reason = failed.get("reason") or conditions.REASON_JOB_FAILED
     if job_reason == "DeadlineExceeded":
         # The kubelet stops the running quantizer with SIGTERM, and it writes an InternalError "terminated" result on
         # the way out: a consequence of the deadline, not the cause.
@@ -298,9 +302,18 @@ def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]
         if crashed is None:
             container_reason = term.get("reason") or "Error"
             if container_reason == "Error":
-                container_reason = "QuantizerCrashed"
+                container_reason = conditions.REASON_QUANTIZER_CRASHED
             detail = f"exit code {term.get('exitCode')}" + (f": {parsed[-500:]}" if parsed else "")
             crashed = JobOutcome("Failed", container_reason, detail)
     if crashed is not None:
         return crashed
     return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")
+
+
+def waiting_for_pods(job: Mapping[str, Any]) -> bool:
+    """Unfinished and without an active pod: the only state in which its FailedCreate Events (a quota refusing
+    its pod) are read and counted."""
+    status = job.get("status") or {}
+    finished = status.get("completionTime") or any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions") or ())
+    return not finished and not status.get("active")

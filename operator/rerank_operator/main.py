@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import kopf
 from prometheus_client import start_http_server

@@ -6,6 +6,8 @@ which is how tests and dashboards check that an idle reconcile writes nothing.
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
@@ -60,10 +62,8 @@ def forget_model(namespace: str, model: str) -> None:
 
 
 def forget(gauge: Gauge | Counter, *labels: str) -> None:
-    try:
+    with contextlib.suppress(KeyError):  # never set: nothing to forget
         gauge.remove(*labels)
-    except KeyError:
-        pass
 
 
 def total_writes() -> float:

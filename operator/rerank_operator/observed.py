@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from . import names
 
@@ -26,6 +27,19 @@ class ObjectRef:
 def ref_of(obj: Mapping[str, Any]) -> ObjectRef:
     meta = obj["metadata"]
     return ObjectRef(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """``obj``'s controller is the object with ``uid``: the one ownership filter (a look-alike with the same labels
+    but another owner, or a mere non-controller reference, is never ours)."""
+    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or ())
+
+
+def short_of_replicas(deployments: Iterable[Mapping[str, Any]]) -> bool:
+    """Some pool has fewer ready replicas than it wants: only then are its ReplicaSets read (for a quota's
+    ReplicaFailure)."""
+    return any(int(d.get("status", {}).get("readyReplicas") or 0) < int(d.get("spec", {}).get("replicas") or 0)
+               for d in deployments)
 
 
 @dataclass(frozen=True)

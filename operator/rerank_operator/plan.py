@@ -16,13 +16,14 @@ writes at all.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from quantizer_job import contract
 
-from . import artifact, deployment, drift, job, names, routing, service, storage
-from .observed import Obj, Observed, ObjectRef, ref_of
+from . import artifact, conditions, deployment, drift, job, names, routing, service, storage
+from .observed import Obj, ObjectRef, Observed, ref_of
 from .spec import RerankModelSpec
 
 PendingState = Literal["Creating", "Running", "Failed"]
@@ -116,7 +117,8 @@ def decide_artifact(
     if not jobs:
         new = job.build_job(owner, spec, desired, 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(
-            desired, new["metadata"]["name"], 1, "Creating", "Quantizing", "starting the quantization Job")), new
+            desired, new["metadata"]["name"], 1, "Creating", conditions.REASON_QUANTIZING,
+            "starting the quantization Job")), new
     latest = jobs[-1]
     attempt = job.attempt_of(latest)
     out = job.outcome(latest, observed.pods_of(latest))
@@ -128,7 +130,7 @@ def decide_artifact(
         if recovers <= MAX_RESULT_RECOVERIES:
             new = job.build_job(owner, spec, desired, attempt + 1, claim, recovers=recovers)
             return ArtifactDecision(desired, served, pending=Pending(
-                desired, new["metadata"]["name"], attempt + 1, "Creating", "RecoveringResult",
+                desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_RECOVERING_RESULT,
                 f"{out.message} ({name}): attempt {attempt + 1} reads the published artifact's manifest")), new
         return ArtifactDecision(desired, served, pending=Pending(
             desired, name, attempt, "Failed", out.reason,
@@ -136,13 +138,14 @@ def decide_artifact(
     if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(
-            desired, new["metadata"]["name"], attempt + 1, "Creating", "Quantizing",
+            desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_QUANTIZING,
             f"the spec changed after {name} failed ({out.reason}): retrying")), new
     state: PendingState = "Failed" if out.state == "Failed" else "Running"
     reason, message = out.reason, out.message
-    if out.state == "Running" and out.reason == "Quantizing" and job.recovers_of(latest):
-        reason, message = "RecoveringResult", ("the result of an earlier attempt was lost with its pod: this attempt "
-                                               "reads the published artifact's manifest")
+    if out.state == "Running" and out.reason == conditions.REASON_QUANTIZING and job.recovers_of(latest):
+        reason = conditions.REASON_RECOVERING_RESULT
+        message = ("the result of an earlier attempt was lost with its pod: this attempt reads the published "
+                   "artifact's manifest")
     return ArtifactDecision(desired, served, pending=Pending(desired, name, attempt, state, reason, message)), None
 
 
@@ -225,7 +228,8 @@ def compute(
     for pool_name in names.POOLS:
         if spec.pool(pool_name).enabled:
             continue
-        if pool_name in observed.deployments and not observed.deployments[pool_name]["metadata"].get("deletionTimestamp"):
+        live = observed.deployments.get(pool_name)
+        if live is not None and not live["metadata"].get("deletionTimestamp"):
             deletes.append(ref_of({**observed.deployments[pool_name], "apiVersion": "apps/v1", "kind": "Deployment"}))
         svc = names.pool_service_name(owner.name, pool_name)
         if svc in observed.services:
@@ -235,7 +239,8 @@ def compute(
         deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,
                                  names.network_policy_name(owner.name)))
     if route is None and observed.route is not None:
-        deletes.append(ObjectRef("gateway.networking.k8s.io/v1", "HTTPRoute", owner.namespace, names.route_name(owner.name)))
+        deletes.append(ObjectRef("gateway.networking.k8s.io/v1", "HTTPRoute", owner.namespace,
+                                 names.route_name(owner.name)))
     return Plan(
         apply=to_apply,
         create=(new_job,) if new_job else (),

@@ -20,6 +20,6 @@ def parse_quantity(value: str | int | float) -> Decimal:
     if not match or match.group(2) not in _SUFFIX:
         raise ValueError(f"not a Kubernetes quantity: {value!r}")
     try:
-        return Decimal(match.group(1)) * Decimal(_SUFFIX[match.group(2)])
+        return Decimal(match.group(1)) * Decimal(str(_SUFFIX[match.group(2)]))
     except InvalidOperation as err:
         raise ValueError(f"not a Kubernetes quantity: {value!r}") from err

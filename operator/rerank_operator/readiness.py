@@ -8,10 +8,11 @@ keeps clients happy but is not Ready for the new generation, which is what kstat
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from . import deployment
+from . import conditions, deployment
 from .observed import Observed
 from .plan import Plan
 from .spec import RerankModelSpec
@@ -36,16 +37,17 @@ Check = Callable[[Facts], Verdict | None]
 
 def children_applied(f: Facts) -> Verdict | None:
     if f.apply_errors:
-        return Verdict("ApplyFailed", "; ".join(f.apply_errors))
+        return Verdict(conditions.REASON_APPLY_FAILED, "; ".join(f.apply_errors))
     return None
 
 
 def storage_available(f: Facts) -> Verdict | None:
     claim = f.observed.claim
     if f.spec.storage.existing_claim and claim is None:
-        return Verdict("ClaimNotFound", f"PersistentVolumeClaim {f.spec.storage.existing_claim} (storage.existingClaim) does not exist")
+        return Verdict(conditions.REASON_CLAIM_NOT_FOUND, f"PersistentVolumeClaim {f.spec.storage.existing_claim} "
+                                        "(storage.existingClaim) does not exist")
     if claim is not None and claim.get("status", {}).get("phase") == "Lost":
-        return Verdict("ClaimLost", f"PersistentVolumeClaim {f.plan.claim} lost its volume")
+        return Verdict(conditions.REASON_CLAIM_LOST, f"PersistentVolumeClaim {f.plan.claim} lost its volume")
     return None
 
 
@@ -55,7 +57,8 @@ def artifact_published(f: Facts) -> Verdict | None:
         return None
     if pending.state == "Failed":
         return Verdict(pending.reason, f"quantization Job {pending.job} failed: {pending.message}")
-    return Verdict(pending.reason, f"building artifact {pending.id} with Job {pending.job} (attempt {pending.attempts}): {pending.message}")
+    return Verdict(pending.reason, f"building artifact {pending.id} with Job {pending.job} "
+                                   f"(attempt {pending.attempts}): {pending.message}")
 
 
 def _rollout_gap(pool: str, live: Mapping[str, Any] | None, want_artifact: str | None) -> str | None:
@@ -75,25 +78,28 @@ def _rollout_gap(pool: str, live: Mapping[str, Any] | None, want_artifact: str |
 
 def pools_rolled_out(f: Facts) -> Verdict | None:
     if not f.plan.pools_deployed:
-        return Verdict("AwaitingArtifact", "the pools start once the first artifact is published")
+        return Verdict(conditions.REASON_AWAITING_ARTIFACT, "the pools start once the first artifact is published")
     changing = sorted({o["metadata"]["name"] for o in f.plan.apply if o["kind"] == "Deployment"})
     if changing:
-        return Verdict("RollingOut", f"updating Deployment(s) {', '.join(changing)}")
+        return Verdict(conditions.REASON_ROLLING_OUT, f"updating Deployment(s) {', '.join(changing)}")
     gaps = [g for p in f.spec.enabled_pools
             if (g := _rollout_gap(p.name, f.observed.deployments.get(p.name), f.plan.serving_artifact))]
-    return Verdict("RollingOut", "; ".join(gaps)) if gaps else None
+    return Verdict(conditions.REASON_ROLLING_OUT, "; ".join(gaps)) if gaps else None
 
 
 def pools_available(f: Facts) -> Verdict | None:
+    # A pool this very reconcile scales wants its new count: the observed Deployment still shows the old one, and
+    # Ready must not be True for the new generation before its replicas are (the next reconcile sees the rest).
+    scaled = {s.name: s.replicas for s in f.plan.scale}
     short = []
     for pool in f.spec.enabled_pools:
         live = f.observed.deployments.get(pool.name) or {}
-        wanted = live.get("spec", {}).get("replicas", 1)
+        wanted = scaled.get(live.get("metadata", {}).get("name", ""), live.get("spec", {}).get("replicas", 1))
         ready = live.get("status", {}).get("readyReplicas", 0) or 0
         available = live.get("status", {}).get("availableReplicas", 0) or 0
         if min(ready, available) < wanted:
             short.append(f"{pool.name} {ready}/{wanted} ready")
-    return Verdict("ReplicasUnavailable", ", ".join(short)) if short else None
+    return Verdict(conditions.REASON_REPLICAS_UNAVAILABLE, ", ".join(short)) if short else None
 
 
 CHAIN: Sequence[tuple[str, Check]] = (
@@ -115,4 +121,5 @@ def evaluate(facts: Facts, chain: Sequence[tuple[str, Check]] = CHAIN) -> tuple[
     pools = ", ".join(f"{p.name} {facts.observed.ready(p.name)}" for p in facts.spec.enabled_pools)
     what = f"artifact {served}" if served else facts.spec.model.display
     t = facts.plan.traffic
-    return True, Verdict("Serving", f"serving {what}; ready replicas: {pools}; traffic gpu {t.gpu_percent}% / cpu {t.cpu_percent}%")
+    return True, Verdict(conditions.REASON_SERVING, f"serving {what}; ready replicas: {pools}; "
+                                    f"traffic gpu {t.gpu_percent}% / cpu {t.cpu_percent}%")

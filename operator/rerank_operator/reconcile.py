@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import kopf
 
-from . import classes, events, metrics, names, plan as plans, spec as specs, status as statuses
+from . import classes, events, metrics, names
+from . import plan as plans
+from . import spec as specs
+from . import status as statuses
 from .apply import Cluster, TransientApiError
-from .conditions import Condition, set_conditions, DEGRADED, READY
+from .conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
+from .observed import ObjectRef, ref_of
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def utcnow() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -31,13 +37,14 @@ class Result:
     ready: bool
 
 
-def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str,
-              now: Callable[[], str] = utcnow) -> Result | None:
-    """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest)."""
+def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str, *, registry: classes.Registry,
+              settings: Settings, now: Callable[[], str] = utcnow) -> Result | None:
+    """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest).
+    ``registry`` and ``settings`` are the process's, created once by handlers.py."""
     started = time.monotonic()
     before = metrics.total_writes()
     try:
-        result = _reconcile(cluster, namespace, name, now)
+        result = _reconcile(cluster, namespace, name, now, registry, settings)
     except TransientApiError as exc:
         metrics.RECONCILES.labels(trigger, "error").inc()
         metrics.ERRORS.labels("transient").inc()
@@ -56,40 +63,42 @@ def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str,
     return None
 
 
-def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str]) -> bool | None:
+def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str], registry: classes.Registry,
+               settings: Settings) -> bool | None:
     body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
     if body is None or body["metadata"].get("deletionTimestamp"):
         metrics.forget_model(namespace, name)
-        classes.MODELS.forget(namespace, name)
+        registry.models.forget(namespace, name)
         return None
     meta = body["metadata"]
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
-    tenant = classes.for_model(body, cluster.list_classes)  # the RerankClass and the effective spec (tenancy)
-    if tenant.not_found is not None:
-        _class_not_found(cluster, owner, previous, tenant.not_found, now())
+    tenant = classes.for_model(body, cluster.list_classes, registry)  # the RerankClass, the effective spec
+    if tenant.not_found is not None:  # apply nothing; a class created later re-triggers the model
+        _refuse(cluster, owner, previous, tenant, statuses.Refusal(REASON_CLASS_NOT_FOUND, tenant.not_found), now())
         return False
     try:
         spec = specs.parse(tenant.effective)
-    except specs.SpecError as exc:
-        _refuse(cluster, owner, previous, str(exc), now())
+    except specs.SpecError as exc:  # the CRD's validation should make this unreachable
+        _refuse(cluster, owner, previous, tenant, statuses.Refusal(REASON_INVALID_SPEC, str(exc)), now())
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     observed = cluster.observe(owner, spec)
     timestamp = now()
-    plan = plans.compute(owner, spec, observed, previous, timestamp, network_policy=classes.network_policy(body, tenant))
-    done, errors = cluster.execute(plan)
+    plan = plans.compute(owner, spec, observed, previous, timestamp,
+                         network_policy=classes.network_policy(body, tenant, settings))
+    executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
-    quota = classes.quota_block(observed, errors)  # a ResourceQuota refusing pods or the claim: QuotaExceeded
-    refused = tuple(e for e in errors if not classes.is_quota_error(e))
-    new_status = statuses.compute(owner.generation, spec, observed, plan, previous, timestamp, refused)
-    new_status = classes.with_tenancy(new_status, previous, tenant, quota, generation=owner.generation, now=timestamp)
+    quota = classes.quota_block(observed, executed.refused)  # a ResourceQuota refusing a child: QuotaExceeded
+    refused = tuple(str(r) for r in executed.other_refusals)
+    new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
+                                  compliance=tenant.condition(), quota=quota)
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
-    for event in events.actions(plan, done) + events.transitions(previous, new_status):
+    for event in events.actions(plan, executed.done) + events.transitions(previous, new_status):
         cluster.post_event(owner, event)
-    _count_jobs(plan, done, previous, new_status)
+    _count_jobs(plan, executed.done, previous, new_status)
     pools = new_status.get("pools") or {}
     metrics.record_model(
         namespace, name,
@@ -98,39 +107,30 @@ def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], st
         replicas={p: int(v.get("desiredReplicas", 0)) for p, v in pools.items()},
     )
     ready = any(c.get("type") == READY and c.get("status") == "True" for c in new_status.get("conditions", ()))
-    if any(classes.is_quota_error(e) for e in errors):  # the claim: retried with backoff until the quota allows it
+    if executed.quota_refusals:  # a write of ours (the claim): retried with backoff until the quota allows it
         raise TransientApiError(f"{quota.message if quota else 'refused by a ResourceQuota'}")
     return ready
 
 
-def _count_jobs(plan: plans.Plan, done: list[str], previous: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _count_jobs(plan: plans.Plan, done: Sequence[ObjectRef], previous: Mapping[str, Any],
+                new: Mapping[str, Any]) -> None:
     for job in plan.create:
-        if job["metadata"]["name"] in done:
+        if ref_of(job) in done:
             metrics.JOBS.labels("created", "").inc()
     if plan.artifact.published:
         metrics.JOBS.labels("succeeded", "Published").inc()
     old_pending, new_pending = previous.get("pendingArtifact") or {}, new.get("pendingArtifact") or {}
-    if new_pending.get("state") == "Failed" and (old_pending.get("state"), old_pending.get("job")) != ("Failed", new_pending.get("job")):
+    already_failed = (old_pending.get("state"), old_pending.get("job")) == ("Failed", new_pending.get("job"))
+    if new_pending.get("state") == "Failed" and not already_failed:
         metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
 
 
-def _class_not_found(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:
-    """No RerankClass for the model: say so and apply nothing (a class created later re-triggers it)."""
-    new_status = classes.class_not_found_status(previous, message, generation=owner.generation, now=now)
+def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], tenant: classes.Tenancy,
+            refusal: statuses.Refusal, now: str) -> None:
+    """Record why nothing was applied (children that already run are left alone) and post its transitions."""
+    new_status = statuses.compute(owner.generation, previous, now, refusal, compliance=tenant.condition())
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
     for event in events.transitions(previous, new_status):
         cluster.post_event(owner, event)
-
-
-def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], message: str, now: str) -> None:
-    """Record a spec the operator cannot act on (the CRD's validation should make this unreachable)."""
-    conds = set_conditions(previous.get("conditions") or [], [
-        Condition(READY, "False", "InvalidSpec", message),
-        Condition(DEGRADED, "True", "InvalidSpec", message),
-    ], generation=owner.generation, now=now)
-    patch = statuses.merge_patch(previous, {**previous, "observedGeneration": owner.generation,
-                                            "phase": "Failed", "conditions": conds})
-    if patch:
-        cluster.patch_status(owner, patch)

@@ -8,8 +8,9 @@ because a weight on an empty backend is a share of requests that fail.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from . import names
 from .service import PORT

@@ -7,7 +7,8 @@ balanced by pod count) when the split is mixed. Exact weights need the HTTPRoute
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from . import names
 from .spec import Pool

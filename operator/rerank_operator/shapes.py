@@ -59,7 +59,7 @@ def label_key(value: str) -> bool:
     """``[prefix/]name`` with a DNS-subdomain prefix and a name of at most 63 characters."""
     prefix, _, name = value.rpartition("/")
     return (len(name) <= 63 and bool(_LABEL_NAME.fullmatch(name))
-            and (not prefix and "/" not in value or dns_subdomain(prefix)))
+            and ((not prefix and "/" not in value) or dns_subdomain(prefix)))
 
 
 def label_value(value: str) -> bool:
@@ -76,7 +76,8 @@ def operator_type(value: str) -> bool:
     return len(value) <= 64 and bool(_OPERATOR_TYPE.fullmatch(value))
 
 
-_QUALIFIED = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_QUALIFIED = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                        r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 def resource_name(value: str) -> bool:

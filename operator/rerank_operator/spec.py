@@ -17,9 +17,10 @@ and quality gate) have no CRD default: the reconcile loop parses the effective s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from . import names, shapes, tei_flags
 from .quantities import parse_quantity
@@ -161,12 +162,55 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class StepBehavior:
+    """One direction of scaling: HPA-like stabilization window, largest change per decision, and cooldown."""
+
+    stabilization_seconds: float
+    max_step: int
+    cooldown_seconds: float
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What "saturated" means. Latencies are TEI's end-to-end request p95 per pool."""
+
+    gpu_latency_p95_ms: float = 250.0
+    cpu_latency_p95_ms: float = 500.0
+    queue_per_replica: float = 16.0
+    gpu_memory_watermark: float = 0.9
+
+
+@dataclass(frozen=True)
+class Spillover:
+    """How fast traffic moves to the CPU pool under GPU pressure, how fast it comes back, and the ceiling."""
+
+    step_percent: int = 25
+    recover_step_percent: int = 10
+    max_cpu_percent: int = 100
+    # Largest CPU scale-up per decision while it is sized for the GPU's measured excess (the GPU saturated and
+    # waiting for replicas or at max); scaleUp.maxStep applies otherwise. The cooldown applies either way.
+    surge_max_step: int = 32
+
+
+SCALE_UP = StepBehavior(stabilization_seconds=0.0, max_step=2, cooldown_seconds=15.0)
+SCALE_DOWN = StepBehavior(stabilization_seconds=300.0, max_step=1, cooldown_seconds=120.0)
+MetricsSource = Literal["direct", "prometheus"]
+
+
+@dataclass(frozen=True)
 class Autoscaling:
-    """Only what the reconcile loop needs; the policy knobs are read by ``autoscale.config``."""
+    """``spec.autoscaling``, every knob with its default (the CRD's: a unit test holds them equal). The reconcile
+    loop reads the first three; ``autoscale.config.AutoscalingSpec`` derives the policy's view from the rest."""
 
     enabled: bool = True
     interval_seconds: int = 15
     replica_management: Literal["operator", "external"] = "operator"
+    source: MetricsSource = "direct"
+    stale_after_seconds: float = 60.0
+    targets: Targets = field(default_factory=Targets)
+    scale_up: StepBehavior = SCALE_UP
+    scale_down: StepBehavior = SCALE_DOWN
+    spillover: Spillover = field(default_factory=Spillover)
 
 
 @dataclass(frozen=True)
@@ -209,10 +253,10 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
         model=model,
         quantization=quantization,
         storage=_storage(_obj(spec, "storage", "storage")),
-        cpu=_pool("cpu", _obj(pools, "cpu", "pools.cpu"), present=True),
-        gpu=_pool("gpu", _obj(pools, "gpu", "pools.gpu"), present=gpu_section is not None),
-        routing=_routing(_obj(spec, "routing", "routing")),
-        autoscaling=_autoscaling(_obj(spec, "autoscaling", "autoscaling")),
+        cpu=parse_pool("cpu", _obj(pools, "cpu", "pools.cpu"), present=True),
+        gpu=parse_pool("gpu", _obj(pools, "gpu", "pools.gpu"), present=gpu_section is not None),
+        routing=parse_routing(_obj(spec, "routing", "routing")),
+        autoscaling=parse_autoscaling(_obj(spec, "autoscaling", "autoscaling")),
     )
     if not parsed.enabled_pools:
         raise SpecError("no pool is enabled")
@@ -267,6 +311,17 @@ def _int(parent: Mapping[str, Any], key: str, path: str, default: int, minimum: 
     return value
 
 
+def _number(parent: Mapping[str, Any], key: str, path: str, default: float, minimum: float) -> float:
+    value = parent.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{path} must be a number, got {_show(value)}")
+    if value < minimum:
+        raise SpecError(f"{path} must be at least {minimum:g}, got {_show(value)}")
+    return float(value)
+
+
 def _fraction(parent: Mapping[str, Any], key: str, path: str, default: float) -> float:
     value = parent.get(key, default)
     if value is None:
@@ -285,7 +340,7 @@ def _bool(parent: Mapping[str, Any], key: str, path: str, default: bool) -> bool
     return value
 
 
-def _choice(parent: Mapping[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> Any:
+def _choice(parent: Mapping[str, Any], key: str, path: str, default: str | int, allowed: tuple[str | int, ...]) -> Any:
     value = parent.get(key, default)
     if value is None:
         value = default
@@ -502,7 +557,8 @@ def _placement(section: Mapping[str, Any], path: str) -> tuple[dict[str, str], t
     return selector, tuple(tolerations), dict(affinity) if affinity else None
 
 
-def _pool(name: names.PoolName, section: Mapping[str, Any], *, present: bool) -> Pool:
+def parse_pool(name: names.PoolName, section: Mapping[str, Any], *, present: bool) -> Pool:
+    """``spec.pools.<name>`` alone; ``present``: the section exists (an absent GPU section means no GPU pool)."""
     cpu = name == "cpu"
     path = f"pools.{name}"
     low = _int(section, "minReplicas", f"{path}.minReplicas", DEFAULT_MIN_REPLICAS, 0)
@@ -546,7 +602,8 @@ def _gateway(section: Mapping[str, Any]) -> Gateway | None:
     return Gateway(parent_refs=tuple(parents), hostnames=tuple(hostnames))
 
 
-def _routing(section: Mapping[str, Any]) -> Routing:
+def parse_routing(section: Mapping[str, Any]) -> Routing:
+    """``spec.routing`` alone (see ``parse_autoscaling``)."""
     weights = _obj(section, "weights", "routing.weights")
     return Routing(
         policy=_choice(section, "policy", "routing.policy", Routing.policy, ROUTING_POLICIES),
@@ -556,11 +613,50 @@ def _routing(section: Mapping[str, Any]) -> Routing:
     )
 
 
-def _autoscaling(section: Mapping[str, Any]) -> Autoscaling:
+def parse_autoscaling(section: Mapping[str, Any]) -> Autoscaling:
+    """``spec.autoscaling`` alone (the autoscaler's unit tests and simulator build only this part of a spec)."""
     d = Autoscaling()
+    metrics = _obj(section, "metrics", "autoscaling.metrics")
+    targets = _obj(section, "targets", "autoscaling.targets")
+    spill = _obj(section, "spillover", "autoscaling.spillover")
+    t, sp = d.targets, d.spillover
     return Autoscaling(
         enabled=_bool(section, "enabled", "autoscaling.enabled", d.enabled),
         interval_seconds=_int(section, "intervalSeconds", "autoscaling.intervalSeconds", d.interval_seconds, 1),
         replica_management=_choice(section, "replicaManagement", "autoscaling.replicaManagement",
                                    d.replica_management, ("operator", "external")),
+        source=_choice(metrics, "source", "autoscaling.metrics.source", d.source, ("direct", "prometheus")),
+        stale_after_seconds=_number(metrics, "staleAfterSeconds", "autoscaling.metrics.staleAfterSeconds",
+                                    d.stale_after_seconds, 1),
+        targets=Targets(
+            gpu_latency_p95_ms=_number(targets, "gpuLatencyP95Ms", "autoscaling.targets.gpuLatencyP95Ms",
+                                       t.gpu_latency_p95_ms, 1),
+            cpu_latency_p95_ms=_number(targets, "cpuLatencyP95Ms", "autoscaling.targets.cpuLatencyP95Ms",
+                                       t.cpu_latency_p95_ms, 1),
+            queue_per_replica=_number(targets, "queuePerReplica", "autoscaling.targets.queuePerReplica",
+                                      t.queue_per_replica, 1),
+            gpu_memory_watermark=_fraction(targets, "gpuMemoryWatermark", "autoscaling.targets.gpuMemoryWatermark",
+                                           t.gpu_memory_watermark),
+        ),
+        scale_up=_behavior(_obj(section, "scaleUp", "autoscaling.scaleUp"), "autoscaling.scaleUp", d.scale_up),
+        scale_down=_behavior(_obj(section, "scaleDown", "autoscaling.scaleDown"), "autoscaling.scaleDown",
+                             d.scale_down),
+        spillover=Spillover(
+            step_percent=_int(spill, "stepPercent", "autoscaling.spillover.stepPercent", sp.step_percent, 1, 100),
+            recover_step_percent=_int(spill, "recoverStepPercent", "autoscaling.spillover.recoverStepPercent",
+                                      sp.recover_step_percent, 1, 100),
+            max_cpu_percent=_int(spill, "maxCpuPercent", "autoscaling.spillover.maxCpuPercent", sp.max_cpu_percent,
+                                 0, 100),
+            surge_max_step=_int(spill, "surgeMaxStep", "autoscaling.spillover.surgeMaxStep", sp.surge_max_step,
+                                1, 1000),
+        ),
+    )
+
+
+def _behavior(section: Mapping[str, Any], path: str, d: StepBehavior) -> StepBehavior:
+    return StepBehavior(
+        stabilization_seconds=_number(section, "stabilizationSeconds", f"{path}.stabilizationSeconds",
+                                      d.stabilization_seconds, 0),
+        max_step=_int(section, "maxStep", f"{path}.maxStep", d.max_step, 1),
+        cooldown_seconds=_number(section, "cooldownSeconds", f"{path}.cooldownSeconds", d.cooldown_seconds, 0),
     )

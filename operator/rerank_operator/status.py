@@ -1,5 +1,11 @@
 """The whole status, computed in one place, and the merge patch that turns the previous status into it.
 
+``compute`` is the only builder of the reconcile loop's status, phase included. It takes everything the status
+depends on: the outcome of the reconcile (the ``World`` it acted on, or the ``Refusal`` that stopped it before it
+applied anything), the model's RerankClass verdict (ClassCompliant) and a ResourceQuota blocking a child. Each
+condition is decided once, overrides included, before ``conditions.set_conditions`` merges it into the previous
+status, so a condition's lastTransitionTime only moves when its status does.
+
 The reconcile loop owns every status field except ``status.autoscaling`` and the autoscaler's conditions
 (MetricsAvailable, TrafficEnforced), which are carried over untouched. The patch is empty when nothing changed, and
 then no write happens.
@@ -8,13 +14,16 @@ then no write happens.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from . import conditions, deployment, readiness
 from .conditions import Condition
 from .observed import Observed
 from .plan import Plan
 from .spec import RerankModelSpec
+from .tenancy import QuotaBlock
 
 OWNED_KEYS = ("observedGeneration", "phase", "model", "artifact", "pendingArtifact", "pools", "traffic", "conditions")
 
@@ -57,22 +66,24 @@ def model_ready(spec: RerankModelSpec, plan: Plan) -> Condition:
     decision = plan.artifact
     pending = decision.pending
     if decision.desired_id is None:
-        return Condition(conditions.MODEL_READY, "True", "QuantizationDisabled",
+        return Condition(conditions.MODEL_READY, "True", conditions.REASON_QUANTIZATION_DISABLED,
                          f"quantization is disabled: serving {spec.model.display} as published")
     if pending is None and decision.served:
-        return Condition(conditions.MODEL_READY, "True", "ArtifactPublished", _describe(decision.served))
+        return Condition(conditions.MODEL_READY, "True", conditions.REASON_ARTIFACT_PUBLISHED,
+                         _describe(decision.served))
     assert pending is not None
     still = f"; artifact {decision.served['id']} keeps serving" if decision.served else ""
     if pending.state == "Failed":
         return Condition(conditions.MODEL_READY, "False", pending.reason,
                          f"Job {pending.job} (attempt {pending.attempts}) failed: {pending.message}{still}")
     return Condition(conditions.MODEL_READY, "False", pending.reason,
-                     f"Job {pending.job} (attempt {pending.attempts}) is building artifact {pending.id}: {pending.message}{still}")
+                     f"Job {pending.job} (attempt {pending.attempts}) is building artifact {pending.id}: "
+                     f"{pending.message}{still}")
 
 
 def pools_available(spec: RerankModelSpec, observed: Observed, plan: Plan) -> Condition:
     if not plan.pools_deployed:
-        return Condition(conditions.POOLS_AVAILABLE, "False", "AwaitingArtifact",
+        return Condition(conditions.POOLS_AVAILABLE, "False", conditions.REASON_AWAITING_ARTIFACT,
                          "the pools start once the first artifact is published")
     counts = []
     missing = []
@@ -84,8 +95,8 @@ def pools_available(spec: RerankModelSpec, observed: Observed, plan: Plan) -> Co
         if wanted > 0 and ready == 0:
             missing.append(pool.name)
     if missing:
-        return Condition(conditions.POOLS_AVAILABLE, "False", "NoReadyReplicas", ", ".join(counts))
-    return Condition(conditions.POOLS_AVAILABLE, "True", "Available", ", ".join(counts))
+        return Condition(conditions.POOLS_AVAILABLE, "False", conditions.REASON_NO_READY_REPLICAS, ", ".join(counts))
+    return Condition(conditions.POOLS_AVAILABLE, "True", conditions.REASON_AVAILABLE, ", ".join(counts))
 
 
 def degraded(facts: readiness.Facts) -> Condition:
@@ -96,10 +107,37 @@ def degraded(facts: readiness.Facts) -> Condition:
     for pool, live in sorted(facts.observed.deployments.items()):
         for cond in live.get("status", {}).get("conditions") or ():
             if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
-                problems.append(readiness.Verdict("RolloutStuck", f"{pool} pool: {cond.get('message', '')}"))
+                message = f"{pool} pool: {cond.get('message', '')}"
+                problems.append(readiness.Verdict(conditions.REASON_ROLLOUT_STUCK, message))
     if problems:
         return Condition(conditions.DEGRADED, "True", problems[0].reason, "; ".join(p.message for p in problems))
-    return Condition(conditions.DEGRADED, "False", "AsExpected", "nothing is failing")
+    return Condition(conditions.DEGRADED, "False", conditions.REASON_AS_EXPECTED, "nothing is failing")
+
+
+@dataclass(frozen=True)
+class World:
+    """What a reconcile acted on: the parsed spec, the children it observed, its plan, the writes it had refused
+    (quota refusals excluded: they arrive as ``quota``)."""
+
+    spec: RerankModelSpec
+    observed: Observed
+    plan: Plan
+    apply_errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a reconcile applied nothing: the model's RerankClass does not exist (ClassNotFound), or the spec cannot be
+    acted on (InvalidSpec). Children that already run are left alone, so the rest of the status stays as it was."""
+
+    reason: str
+    message: str
+
+    def phase(self, previous: Mapping[str, Any]) -> str:
+        """Degraded while a missing class leaves running pools serving; Failed otherwise."""
+        pools = (previous.get("pools") or {}).values()
+        serving = any(int((p or {}).get("readyReplicas") or 0) > 0 for p in pools)
+        return "Degraded" if serving and self.reason == conditions.REASON_CLASS_NOT_FOUND else "Failed"
 
 
 def _phase(ready: bool, is_degraded: bool, serving: bool, plan: Plan) -> str:
@@ -114,31 +152,64 @@ def _phase(ready: bool, is_degraded: bool, serving: bool, plan: Plan) -> str:
     return "Pending"
 
 
+def _quota_overrides(quota: QuotaBlock | None) -> list[Condition]:
+    """A quota blocking a child: the condition of that child (PoolsAvailable for a pool's ReplicaSet or Deployment,
+    ModelReady for the quantization Job or the claim) and Ready say QuotaExceeded with the quota's own message."""
+    if quota is None:
+        return []
+    pool = quota.blocked.startswith(("ReplicaSet/", "Deployment/"))
+    target = conditions.POOLS_AVAILABLE if pool else conditions.MODEL_READY
+    return [Condition(target, "False", conditions.REASON_QUOTA_EXCEEDED, quota.message),
+            Condition(conditions.READY, "False", conditions.REASON_QUOTA_EXCEEDED, quota.message)]
+
+
+def _merged(previous: Mapping[str, Any], decided: list[Condition], compliance: Condition | None, *,
+            generation: int, now: str) -> list[dict[str, Any]]:
+    """The previous conditions with the decided ones set; ClassCompliant goes when no RerankClass applies."""
+    kept = [c for c in previous.get("conditions") or () if compliance is not None
+            or c.get("type") != conditions.CLASS_COMPLIANT]
+    final = decided + ([compliance] if compliance is not None else [])
+    return conditions.set_conditions(kept, final, generation=generation, now=now)
+
+
 def compute(
     generation: int,
-    spec: RerankModelSpec,
-    observed: Observed,
-    plan: Plan,
     previous: Mapping[str, Any],
     now: str,
-    apply_errors: tuple[str, ...] = (),
+    outcome: World | Refusal,
+    *,
+    compliance: Condition | None = None,
+    quota: QuotaBlock | None = None,
 ) -> dict[str, Any]:
-    """The complete new status (previous autoscaler-owned fields included)."""
-    facts = readiness.Facts(spec, observed, plan, apply_errors)
+    """The complete new status (previous autoscaler-owned fields included).
+
+    ``compliance`` is the ClassCompliant condition (None: no RerankClass exists, so there is none); ``quota`` a
+    ResourceQuota blocking a child of the world the reconcile acted on."""
+    if isinstance(outcome, Refusal):
+        refused = [Condition(conditions.READY, "False", outcome.reason, outcome.message),
+                   Condition(conditions.DEGRADED, "True", outcome.reason, outcome.message)]
+        return {**copy.deepcopy(dict(previous)), "observedGeneration": generation, "phase": outcome.phase(previous),
+                "conditions": _merged(previous, refused, compliance, generation=generation, now=now)}
+    spec, observed, plan = outcome.spec, outcome.observed, outcome.plan
+    facts = readiness.Facts(spec, observed, plan, outcome.apply_errors)
     ready, verdict = readiness.evaluate(facts)
     deg = degraded(facts)
-    new_conditions = [
+    decided = {c.type: c for c in (
         Condition(conditions.READY, "True" if ready else "False", verdict.reason, verdict.message),
         model_ready(spec, plan),
         pools_available(spec, observed, plan),
         deg,
-    ]
+    )}
+    decided.update({c.type: c for c in _quota_overrides(quota)})
     serving = any(observed.ready(p.name) > 0 for p in spec.enabled_pools)
+    phase = _phase(ready, deg.status == "True", serving, plan)
+    if quota is not None and phase == "Ready":
+        phase = "Progressing"
     pending = plan.artifact.pending
     result = {k: copy.deepcopy(v) for k, v in previous.items() if k not in OWNED_KEYS}
     owned: dict[str, Any] = {
         "observedGeneration": generation,
-        "phase": _phase(ready, deg.status == "True", serving, plan),
+        "phase": phase,
         "model": spec.model.display,
         "artifact": dict(plan.artifact.served) if plan.artifact.desired_id and plan.artifact.served else None,
         "pendingArtifact": {
@@ -147,8 +218,7 @@ def compute(
         } if pending else None,
         "pools": _pools(spec, observed, plan),
         "traffic": _traffic(spec, plan),
-        "conditions": conditions.set_conditions(previous.get("conditions") or [], new_conditions,
-                                                generation=generation, now=now),
+        "conditions": _merged(previous, list(decided.values()), compliance, generation=generation, now=now),
     }
     result.update({k: v for k, v in owned.items() if v is not None})
     return result

@@ -16,8 +16,8 @@ stored before the rule existed is never re-validated.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,9 @@ def refusals(args: Sequence[str], field: str = "tei.extraArgs") -> list[str]:
                     if name in SECRET_FLAGS else f" allowed are {', '.join(ALLOWED)}")
             found.append(f"{field}: flag {name} is not allowed;{hint}")
         elif not re.fullmatch(ALLOWED[name].pattern.strip("^$"), arg):
-            found.append(f"{field}: {arg} is not valid: {name} takes {ALLOWED[name].expects}, as {name}=<value>"
-                         if ALLOWED[name].expects != "no value" else f"{field}: {arg} is not valid: {name} takes no value")
+            takes = (f"{ALLOWED[name].expects}, as {name}=<value>" if ALLOWED[name].expects != "no value"
+                     else "no value")
+            found.append(f"{field}: {arg} is not valid: {name} takes {takes}")
         elif name in seen:
             found.append(f"{field}: flag {name} is given more than once")
         seen.add(name)

@@ -96,7 +96,9 @@ class OperatorProcess:
     health_port: int = 0
     starts: int = 0
     log: Path = field(default=Path("/dev/null"))
-    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # How the operator is started; test_autoscaling.py uses scrape_redirect.py, which runs the same main().
+    launcher: list[str] = field(default_factory=lambda: ["-m", "rerank_operator.main"])
 
     def start(self) -> "OperatorProcess":
         self.metrics_port, self.health_port = free_port(), free_port()
@@ -104,7 +106,7 @@ class OperatorProcess:
         self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
         env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), "RERANK_WATCH_SERVER_TIMEOUT": "20",
                **self.extra_env}
-        argv = [sys.executable, "-m", "rerank_operator.main", "--log-format", "json",
+        argv = [sys.executable, *self.launcher, "--log-format", "json",
                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                 "--resync-seconds", str(RESYNC_SECONDS)]
         for ns in self.namespaces:
@@ -150,6 +152,30 @@ class OperatorProcess:
 
     def metric_sum(self, prefix: str) -> float:
         return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
+
+    def resyncs(self, count: int, timeout: float = 60) -> float:
+        """Wait (the shared ``eventually`` loop) until the operator has run ``count`` more reconciles than now, its
+        resync timer's included; returns how many it ran. Replaces sleeping for "a few resync periods"."""
+        start = self.metric_sum("rerank_operator_reconciles_total")
+
+        def more() -> float:
+            return self.metric_sum("rerank_operator_reconciles_total") - start
+
+        eventually(lambda: more() >= count, timeout, f"{count} more reconciles (log {self.log})")
+        return more()
+
+    def settle(self, quiet: float = 1.0, timeout: float = 60) -> None:
+        """Wait until the operator has made no write request for ``quiet`` seconds (its own write counter): the last
+        status and event writes of a transition have landed."""
+        last = {"writes": self.metric_sum("rerank_operator_api_writes_total"), "since": time.monotonic()}
+
+        def quiet_enough() -> bool:
+            writes, now = self.metric_sum("rerank_operator_api_writes_total"), time.monotonic()
+            if writes != last["writes"]:
+                last.update(writes=writes, since=now)
+            return now - last["since"] >= quiet
+
+        eventually(quiet_enough, timeout, f"the operator's writes to settle (log {self.log})", every=0.2)
 
 
 # --- the test's view of the cluster -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The autoscaler on the real control plane: bursts, spillover to the CPU pool, recovery, a lost GPU pool, lost metrics.
 
 The pools' pods are kwok pods, so the test serves their ``te_*`` metrics itself: each pod gets a local HTTP server
-(``FakePod``) and the operator is pointed at them through RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE (pod name ->
+(``FakePod``) and the operator is pointed at them through scrape_redirect.py's address file (pod name ->
 127.0.0.1:port, rewritten as pods come and go). ``Fleet`` is a small fluid queueing model of the service: requests
 arrive at a rate the test sets, are split between the pools by the HTTPRoute's weights (as a Gateway would) and
 evenly over each pool's Ready pods; a pod serves at most its capacity, the rest queues, and every request is observed
@@ -204,8 +204,8 @@ def scaled(cluster: Any, kube: client.ApiClient, namespace: str, operator_identi
     static_pv(cluster, f"pv-{namespace}", namespace)
     override = tmp_path / "scrape-addresses.json"
     override.write_text("{}")
-    operator = OperatorProcess(cluster, operator_identity, [namespace],
-                               extra_env={"RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE": str(override)}).start()
+    launcher = [str(Path(__file__).with_name("scrape_redirect.py")), str(override)]
+    operator = OperatorProcess(cluster, operator_identity, [namespace], launcher=launcher).start()
     env = Env(cluster, Kube(cluster, kube), namespace, namespace, operator)
     try:
         yield env, override

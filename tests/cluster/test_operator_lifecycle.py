@@ -7,7 +7,6 @@ pods; the quantizer's pod is finished by the test with the termination message t
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -87,12 +86,10 @@ def test_full_lifecycle_and_idle_reconcile_makes_no_writes(rrm_env: Env) -> None
     assert {"QuantizationStarted", "ArtifactPublished", "Ready"} <= {e["reason"] for e in events}
 
     # Idle: several resyncs later, not one write call by the operator (kopf included), per the audit log.
-    time.sleep(3)  # let the last status/event writes of the transition land
+    env.operator.settle()  # the last status/event writes of the transition have landed
     since = audit_now()
-    reconciles_before = env.operator.metric_sum("rerank_operator_reconciles_total")
     writes_before = env.operator.metric_sum("rerank_operator_api_writes_total")
-    time.sleep(5 * 2.0 + 1)
-    reconciles = env.operator.metric_sum("rerank_operator_reconciles_total") - reconciles_before
+    reconciles = env.operator.resyncs(5)
     writes = env.operator_writes(since)
     assert reconciles >= 4, "the resync timer did not run"
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
@@ -120,7 +117,7 @@ def test_new_revision_builds_one_job_and_rolls_without_downtime(rrm_env: Env) ->
     new_pod = env.running_quantizer()
     new = new_pod["metadata"]["labels"]["rerank.io/artifact"]
     assert new != old
-    time.sleep(2 * 2.0)  # a few resyncs: still exactly one Job for the new artifact, old one still serving
+    env.operator.resyncs(2)  # a few resyncs: still exactly one Job for the new artifact, old one still serving
     assert [j["metadata"]["labels"]["rerank.io/artifact"] for j in env.kube.jobs(ns)].count(new) == 1
     assert artifact_of(env.kube.deployment(ns, "bge-m3-cpu")) == old
     assert env.kube.condition(ns, "bge-m3", "PoolsAvailable")["status"] == "True"
@@ -158,7 +155,7 @@ def test_disabling_the_gpu_pool_removes_it(rrm_env: Env) -> None:
 def test_other_managers_fields_are_not_fought_over(rrm_env: Env) -> None:
     env, ns = rrm_env, rrm_env.namespace
     serve(env, autoscaling={"enabled": True, "replicaManagement": "external"})
-    time.sleep(3)
+    env.operator.settle()
     since = audit_now()
     env.cluster.kubectl_run("scale", "deployment", "bge-m3-cpu", "-n", ns, "--replicas=3")  # as an HPA would
     env.cluster.kubectl_run("annotate", "deployment", "bge-m3-cpu", "-n", ns, "team.example.com/owner=search")
@@ -166,7 +163,7 @@ def test_other_managers_fields_are_not_fought_over(rrm_env: Env) -> None:
     env.cluster.kubectl_run("label", "rerankmodel", "bge-m3", "-n", ns, "tier=gold")
     eventually(lambda: (env.kube.deployment(ns, "bge-m3-cpu") or {}).get("status", {}).get("readyReplicas") == 3,
                30, "3 ready CPU replicas")
-    time.sleep(4 * 2.0)
+    env.operator.resyncs(4)
     dep = env.kube.deployment(ns, "bge-m3-cpu")
     assert dep is not None and dep["spec"]["replicas"] == 3
     assert dep["metadata"]["annotations"]["team.example.com/owner"] == "search"

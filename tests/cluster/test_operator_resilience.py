@@ -21,7 +21,7 @@ def test_operator_killed_mid_flow_creates_no_duplicates(rrm_env: Env) -> None:
     env.running_quantizer()
     env.operator.kill()
     env.operator.start()
-    time.sleep(3 * 2.0)  # resume + resyncs
+    env.operator.resyncs(3)  # resume + resyncs
     assert len(env.kube.jobs(ns)) == 1
     env.finish_quantizer(ok=True)
     env.operator.kill()  # the Job finished while the operator was down

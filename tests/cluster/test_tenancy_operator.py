@@ -8,7 +8,6 @@ not installed. Every class is named per test and deleted afterwards (classes are
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -98,9 +97,9 @@ def test_model_within_its_class_gets_its_defaults_and_a_class_change_rolls_it(rr
                                                         "values": ["search"]}]}} in peers
 
     # Idle with a class: not one write (the NetworkPolicy, ClassCompliant and the class cache are stable).
-    time.sleep(3)
+    env.operator.settle()
     since = audit_now()
-    time.sleep(4 * 2.0 + 1)
+    env.operator.resyncs(4)
     writes = env.operator_writes(since)
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
 

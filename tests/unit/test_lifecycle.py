@@ -7,9 +7,11 @@ after every step a second plan over the result must write nothing (the idle reco
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from rerank_operator import artifact, conditions, deployment, events, names, plan as plans, status as statuses
+from rerank_operator import artifact, conditions, deployment, events, names, plan as plans, readiness, status as statuses
+from rerank_operator.observed import ref_of
 from rerankmodel_gen import (FakeWorld, finish, generation, job_pod, model, owner_of, published, refused, replicas,
                              revision, set_, spec_of)
 
@@ -31,8 +33,8 @@ class Life:
         observed = self.world.observed()
         plan = plans.compute(owner, spec, observed, self.status, NOW)
         self.world.run(plan)
-        new = statuses.compute(owner.generation, spec, observed, plan, self.status, NOW)
-        self.events += events.actions(plan, [o["metadata"]["name"] for o in plan.create]) + events.transitions(self.status, new)
+        new = statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
+        self.events += events.actions(plan, [ref_of(o) for o in plan.create]) + events.transitions(self.status, new)
         self.status = new
         self.last = plan
         return plan
@@ -50,7 +52,7 @@ class Life:
         owner, spec = owner_of(self.body), spec_of(self.body)
         observed = self.world.observed()
         plan = plans.compute(owner, spec, observed, self.status, NOW)
-        return statuses.compute(owner.generation, spec, observed, plan, self.status, NOW)
+        return statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
 
     def cond(self, kind: str) -> tuple[str, str]:
         c = conditions.find(self.status["conditions"], kind)
@@ -112,6 +114,17 @@ def test_scaling_never_requantizes() -> None:
     assert life.world.objects[("Deployment", "bge-m3-cpu")]["spec"]["replicas"] == 3
     life.settle()
     assert len(life.jobs()) == 1 and life.served("cpu") == artifact_id
+
+
+def test_the_reconcile_that_scales_is_not_ready_at_the_old_count() -> None:
+    life, _ = serving_life()
+    body = model(replicas("cpu", 3), generation(2))
+    owner, spec, observed = owner_of(body), spec_of(body), copy.deepcopy(life.world.observed())
+    plan = plans.compute(owner, spec, observed, life.status, NOW)
+    assert [(s.name, s.replicas) for s in plan.scale] == [("bge-m3-cpu", 3)]
+    # It saw the Deployment at 1 ready replica: Ready waits for the 3 it is asking for.
+    ready, verdict = readiness.evaluate(readiness.Facts(spec, observed, plan, ()))
+    assert not ready and verdict.reason == "ReplicasUnavailable" and "cpu 1/3 ready" in verdict.message
 
 
 def test_new_revision_builds_once_then_rolls_while_the_old_artifact_serves() -> None:

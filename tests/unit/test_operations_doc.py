@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from quantizer_job import contract
+from rerank_operator import conditions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_SRC = REPO_ROOT / "operator" / "rerank_operator"
@@ -13,8 +14,8 @@ DOC = REPO_ROOT / "docs" / "operations.md"
 NOT_REASONS = {"True", "False", "Unknown", "Running", "Failed", "Succeeded"}  # statuses and Job states
 
 
-def operator_reasons() -> set[str]:
-    """CamelCase literals passed to the operator's Verdict / Condition / JobOutcome constructors."""
+def literal_reasons() -> set[str]:
+    """CamelCase literals still passed to the operator's Verdict / Condition / JobOutcome constructors."""
     found: set[str] = set()
     for f in OPERATOR_SRC.rglob("*.py"):
         text = f.read_text()
@@ -23,9 +24,14 @@ def operator_reasons() -> set[str]:
     return found - NOT_REASONS
 
 
+def test_reasons_are_constants_in_one_module() -> None:
+    assert not literal_reasons() - conditions.reasons(), "a reason written as a literal: make it a REASON_ constant"
+    assert {"Serving", "ClassNotFound", "QuotaExceeded", "RecoveringResult", "HTTPRoute"} <= conditions.reasons()
+
+
 def test_every_reason_is_documented() -> None:
     doc = DOC.read_text()
-    reasons = operator_reasons() | set(contract.FAILURE_REASONS)
+    reasons = conditions.reasons() | literal_reasons() | set(contract.FAILURE_REASONS)
     assert {"Serving", "QualityGateFailed"} <= reasons
     missing = sorted(r for r in reasons if f"`{r}`" not in doc)
     assert not missing, f"docs/operations.md does not explain: {missing}"

@@ -154,3 +154,18 @@ def test_parse_refuses_what_the_crd_refuses(spec: dict[str, Any], fragment: str 
         return
     with pytest.raises(specs.SpecError, match=fragment):
         specs.parse(spec)
+
+
+def test_the_autoscalers_view_has_the_crds_defaults_and_comes_from_the_same_parser() -> None:
+    from rerank_operator.autoscale.config import AutoscalingSpec
+    defaulted = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
+    view = AutoscalingSpec.from_model(specs.parse(defaulted))
+    assert view == AutoscalingSpec.from_model(specs.parse(MINIMAL)) == AutoscalingSpec.from_spec(MINIMAL)
+    crd = defaulted["autoscaling"]
+    assert (view.interval_seconds, view.stale_after_seconds) == (crd["intervalSeconds"],
+                                                                 crd["metrics"]["staleAfterSeconds"])
+    assert (view.scale_up.max_step, view.scale_down.stabilization_seconds) == (crd["scaleUp"]["maxStep"],
+                                                                               crd["scaleDown"]["stabilizationSeconds"])
+    assert view.spillover.surge_max_step == crd["spillover"]["surgeMaxStep"]
+    assert (view.gpu.max_replicas, view.cpu.max_replicas) == (specs.DEFAULT_MAX_REPLICAS["gpu"],
+                                                              specs.DEFAULT_MAX_REPLICAS["cpu"])

@@ -5,28 +5,24 @@ keeps the previous scrape per pod (keyed by pod name and IP: a replaced pod star
 within the timeout are left out of this tick's aggregate; if no pod of a pool answers, the pool's signals carry
 an error and the policy holds.
 
-Test-only: env RERANK_SCRAPE_ADDRESS_OVERRIDE = JSON {"<pod name>": "host:port"} replaces pod addresses (kwok
-pods have no real network), read on every collect so a test can change it while the operator runs; for an operator
-running as another process, env RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE names a file holding that JSON instead.
+A pod's address is ``pod_address(target)`` (its IP and TEI's port), looked up on every scrape; a caller may pass
+``address_of`` instead (the unit tests point it at local servers; tests/cluster/scrape_redirect.py, the cluster
+tests' operator launcher, replaces ``pod_address`` because kwok pods have no network).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 from . import exposition
 from .config import Pool
 from .signals import PoolSignals, Signals
 
-OVERRIDE_ENV = "RERANK_SCRAPE_ADDRESS_OVERRIDE"
-OVERRIDE_FILE_ENV = "RERANK_SCRAPE_ADDRESS_OVERRIDE_FILE"  # same JSON, read from this file (wins over the env)
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_PARALLEL = 8
 
@@ -57,7 +53,7 @@ class Snapshot:
     queue_duration: exposition.Histogram
 
     @classmethod
-    def from_text(cls, text: str, time_: float, address: str) -> "Snapshot":
+    def from_text(cls, text: str, time_: float, address: str) -> Snapshot:
         samples = exposition.parse(text)
         return cls(
             time=time_,
@@ -74,42 +70,32 @@ class Snapshot:
 
 
 def http_fetch(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - pod IPs, http only
-        return response.read(MAX_BODY_BYTES).decode("utf-8", errors="replace")
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read(MAX_BODY_BYTES)
+        return body.decode("utf-8", errors="replace")
 
 
-def address_overrides() -> dict[str, str]:
-    raw = os.environ.get(OVERRIDE_ENV)
-    path = os.environ.get(OVERRIDE_FILE_ENV)
-    if path:  # a test changes the file while the operator (another process) runs; its env is fixed at start
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = f.read()
-        except OSError:
-            raw = None
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+def pod_address(target: PodTarget) -> str:
+    """Where a ready pod's /metrics answers: its IP and TEI's port."""
+    return f"{target.ip}:{target.port}"
 
 
 class DirectSource:
     """Stateful only in its memory of the previous scrape per pod; one instance per RerankModel."""
 
     def __init__(self, timeout_seconds: float = 2.0, fetch: Fetch = http_fetch,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 address_of: Callable[[PodTarget], str] | None = None) -> None:
         self._timeout = timeout_seconds
+        self._address_of = address_of
         self._fetch = fetch
         self._clock = clock
         self._previous: dict[str, Snapshot] = {}
 
     def collect(self, targets: Sequence[PodTarget], ready: Mapping[Pool, int]) -> Signals:
         """Scrape all targets (in parallel, bounded by the timeout) and return per-pool signals."""
-        overrides = address_overrides()
-        addresses = {t.name: overrides.get(t.name, f"{t.ip}:{t.port}") for t in targets}
+        address_of = self._address_of or pod_address  # the module's, looked up now (see the module docstring)
+        addresses = {t.name: address_of(t) for t in targets}
         results = self._scrape_all(addresses)
         current: dict[str, Snapshot] = {}
         errors: dict[str, str] = {}

@@ -10,8 +10,8 @@ source only ever scrapes the pool pods' own IPs, as the API reports them, at TEI
 
 from __future__ import annotations
 
-import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .config import InvalidAutoscalingSpec, PrometheusSettings
 
@@ -21,12 +21,12 @@ TOTAL_QUERY_ENV = "RERANK_PROMETHEUS_GPU_MEMORY_TOTAL_QUERY"
 SOURCES = ("direct", "prometheus")
 
 
-def operator_default(env: Mapping[str, str] | None = None) -> PrometheusSettings:
-    """The operator's own Prometheus server (main.py turns its flags into these variables)."""
-    environ = os.environ if env is None else env
-    return PrometheusSettings(url=environ.get(URL_ENV) or None,
-                              gpu_memory_used_query=environ.get(USED_QUERY_ENV) or None,
-                              gpu_memory_total_query=environ.get(TOTAL_QUERY_ENV) or None)
+def operator_default(env: Mapping[str, str]) -> PrometheusSettings:
+    """The operator's own Prometheus server from its environment (main.py turns its flags into these variables;
+    settings.Settings reads them once)."""
+    return PrometheusSettings(url=env.get(URL_ENV) or None,
+                              gpu_memory_used_query=env.get(USED_QUERY_ENV) or None,
+                              gpu_memory_total_query=env.get(TOTAL_QUERY_ENV) or None)
 
 
 def allowed_sources(class_spec: Mapping[str, Any] | None) -> tuple[str, ...]:

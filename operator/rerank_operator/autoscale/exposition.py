@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _SAMPLE = re.compile(rf"^(?P<name>{_NAME})\s*(?:\{{(?P<labels>.*)\}})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$")
@@ -80,15 +80,15 @@ class Histogram:
     sum: float
 
     @classmethod
-    def empty(cls) -> "Histogram":
+    def empty(cls) -> Histogram:
         return cls({}, 0.0, 0.0)
 
-    def __add__(self, other: "Histogram") -> "Histogram":
+    def __add__(self, other: Histogram) -> Histogram:
         bounds = set(self.buckets) | set(other.buckets)
         merged = {b: self.buckets.get(b, 0.0) + other.buckets.get(b, 0.0) for b in bounds}
         return Histogram(merged, self.count + other.count, self.sum + other.sum)
 
-    def since(self, earlier: "Histogram") -> "Histogram":
+    def since(self, earlier: Histogram) -> Histogram:
         """Observations made after `earlier` (like PromQL's increase()).
 
         A drop in the count means the process restarted and its counters began again from zero; like

@@ -7,8 +7,9 @@ resume with its stabilization windows and cooldowns intact instead of acting on 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 MAX_RECOMMENDATIONS = 64  # per pool; covers a 300 s window at a 5 s interval
 
@@ -23,9 +24,9 @@ class PoolHistory:
     capacity_from_saturation: bool = False
     last_state: tuple[int, bool] | None = None  # (ready replicas, over target) at the previous fresh tick
 
-    def record(self, now: float, replicas: int, keep_seconds: float) -> "PoolHistory":
+    def record(self, now: float, replicas: int, keep_seconds: float) -> PoolHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now - t <= keep_seconds and t <= now)
-        return replace(self, recommendations=(kept + ((now, replicas),))[-MAX_RECOMMENDATIONS:])
+        return replace(self, recommendations=(*kept, (now, replicas))[-MAX_RECOMMENDATIONS:])
 
     def within(self, now: float, seconds: float) -> list[int]:
         return [r for t, r in self.recommendations if now - t <= seconds]
@@ -41,7 +42,7 @@ class PoolHistory:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> "PoolHistory":
+    def from_dict(cls, data: Any) -> PoolHistory:
         if not isinstance(data, Mapping):
             return cls()
         try:
@@ -70,7 +71,7 @@ class History:
     def pool(self, name: str) -> PoolHistory:
         return self.gpu if name == "gpu" else self.cpu
 
-    def with_pool(self, name: str, pool: PoolHistory) -> "History":
+    def with_pool(self, name: str, pool: PoolHistory) -> History:
         return replace(self, gpu=pool) if name == "gpu" else replace(self, cpu=pool)
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,7 +79,7 @@ class History:
                 "recover": self.last_recover}
 
     @classmethod
-    def from_dict(cls, data: Any) -> "History":
+    def from_dict(cls, data: Any) -> History:
         if not isinstance(data, Mapping) or data.get("v") != 1:
             return cls()
         try:

@@ -17,8 +17,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 from .config import Pool
 from .signals import PoolSignals, Signals
@@ -37,7 +37,7 @@ SELECTOR_PLACEHOLDER = "$selector"
 def build_selector(namespace: str, pod_names: Iterable[str]) -> str:
     """`{namespace="ns",pod=~"p1|p2"}` with regex metacharacters in names escaped."""
     pods = "|".join(re.escape(name) for name in sorted(pod_names)) or "$^"  # matches nothing
-    return '{namespace="%s",pod=~"%s"}' % (_quote(namespace), _quote(pods))
+    return f'{{namespace="{_quote(namespace)}",pod=~"{_quote(pods)}"}}'
 
 
 def _quote(value: str) -> str:
@@ -63,8 +63,9 @@ def queries(selector: str, window: str) -> dict[str, str]:
 
 
 def http_get(url: str, timeout: float) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - URL from the spec
-        return response.read()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read()
+        return body
 
 
 @dataclass
@@ -113,17 +114,18 @@ class PrometheusSource:
         if scraped == 0:
             return PoolSignals(ready_replicas=ready, error="Prometheus has no successful scrape of this pool")
         # Absent counters (TEI creates them on first use) of pods that are being scraped mean zero.
-        zero_if_absent = {k: values[k] or 0.0 for k in ("request_rate", "success_rate", "failure_rate",
-                                                          "queue_size")}
         return PoolSignals(
             ready_replicas=ready,
             scraped_replicas=scraped,
+            request_rate=values["request_rate"] or 0.0,
+            success_rate=values["success_rate"] or 0.0,
+            failure_rate=values["failure_rate"] or 0.0,
+            queue_size=values["queue_size"] or 0.0,
             latency_p50_ms=_ms(values["latency_p50"]),
             latency_p95_ms=_ms(values["latency_p95"]),
             queue_time_p95_ms=_ms(values["queue_time_p95"]),
             gpu_memory_fraction=memory,
             sampled_at=values["sampled_at"],
-            **zero_if_absent,
         )
 
     def _gpu_memory(self, selector: str) -> float | None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Pool
-
 
 @dataclass(frozen=True)
 class PoolSignals:
@@ -75,8 +73,9 @@ class Signals:
     gpu: PoolSignals = field(default_factory=lambda: PoolSignals(ready_replicas=0))
     cpu: PoolSignals = field(default_factory=lambda: PoolSignals(ready_replicas=0))
 
-    def pool(self, pool: Pool) -> PoolSignals:
-        return self.gpu if pool == "gpu" else self.cpu
+    def pool(self, pool: str) -> PoolSignals:
+        """One pool's signals; a name that is not a pool is a KeyError, never the other pool's numbers."""
+        return {"gpu": self.gpu, "cpu": self.cpu}[pool]
 
     @property
     def total_request_rate(self) -> float:

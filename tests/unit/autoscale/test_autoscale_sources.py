@@ -69,7 +69,7 @@ def test_direct_source_reports_a_pool_whose_pods_do_not_answer():
     assert gpu.staleness(100.0, 60) is not None
 
 
-def test_direct_source_scrapes_real_http_with_the_address_override(monkeypatch):
+def test_direct_source_scrapes_real_http_at_the_address_it_is_given():
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's API
             body = SCRAPES[("b", 2)].encode() if self.path == "/metrics" else b""
@@ -83,9 +83,9 @@ def test_direct_source_scrapes_real_http_with_the_address_override(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        monkeypatch.setenv(direct.OVERRIDE_ENV, json.dumps({"b": f"127.0.0.1:{server.server_address[1]}"}))
-        cpu = DirectSource(timeout_seconds=2).collect([PodTarget("b", "cpu", "10.255.255.1", 80)],
-                                                      {"gpu": 0, "cpu": 1}).cpu
+        local = {"b": f"127.0.0.1:{server.server_address[1]}"}
+        source = DirectSource(timeout_seconds=2, address_of=lambda t: local.get(t.name, direct.pod_address(t)))
+        cpu = source.collect([PodTarget("b", "cpu", "10.255.255.1", 80)], {"gpu": 0, "cpu": 1}).cpu
         assert cpu.error is None and cpu.scraped_replicas == 1 and cpu.queue_size == 10
     finally:
         server.shutdown()

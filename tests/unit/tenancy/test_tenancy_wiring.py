@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from rerank_operator import classes, conditions, deployment, drift, names, plan as plans, spec as specs, tenancy
-from rerank_operator.apply import WriteError
+import rerankmodel_gen
+from rerank_operator import classes, conditions, deployment, drift, names, plan as plans, spec as specs, status as statuses, tenancy
 from rerank_operator.conditions import Condition
-from rerank_operator.observed import Observed
+from rerank_operator.observed import ObjectRef, Observed
+from rerank_operator.settings import DEFAULT_OPERATOR_POD_LABELS, Settings, operator_pod_labels
+from rerank_operator.writes import Executed, Refused
 from tenancy_helpers import at, rclass
 
 NOW, LATER = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z"
@@ -121,21 +123,22 @@ def test_class_events_reconcile_the_models_they_concern() -> None:
 # -- NetworkPolicy ----------------------------------------------------------------------------------------------------
 def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None:
     t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
-    policy = classes.network_policy(body(), t, env={"POD_NAMESPACE": "rerank-system"})
+    policy = classes.network_policy(body(), t, Settings.from_env({"POD_NAMESPACE": "rerank-system"}))
     assert policy is not None and policy["metadata"]["name"] == names.network_policy_name("bge") == "bge-tei"
-    assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": classes.DEFAULT_OPERATOR_POD_LABELS}
+    assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": DEFAULT_OPERATOR_POD_LABELS}
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": deployment.PORT}]
     closed = rclass(at("network.allowSameNamespace", False), name="standard", default=True)
-    policy = classes.network_policy(body(), classes.resolve_model(body(), [closed]), env={})
+    policy = classes.network_policy(body(), classes.resolve_model(body(), [closed]), Settings.from_env({}))
     assert policy is not None and "ingress" not in policy["spec"]  # deny all; the API server drops an empty list
-    assert classes.operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
+    assert operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
+    assert Settings.from_env({}).operator_namespace is None  # outside a pod: no operator peer
 
 
 def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off() -> None:
     owner = names.Owner("bge", "team-a", "uid-bge", 1)
     t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
     spec = specs.parse(t.effective)
-    policy = classes.network_policy(body(), t, env={})
+    policy = classes.network_policy(body(), t, Settings.from_env({}))
     plan = plans.compute(owner, spec, Observed(), {}, NOW, network_policy=policy)
     [applied] = [o for o in plan.apply if o["kind"] == "NetworkPolicy"]
     live = copy.deepcopy(applied)
@@ -151,55 +154,106 @@ QUOTA_MESSAGE = ('persistentvolumeclaims "bge-models" is forbidden: exceeded quo
 
 
 def test_a_claim_refused_by_a_quota_is_a_quota_block() -> None:
-    refusal = WriteError(f"PersistentVolumeClaim bge-models: 403 {QUOTA_MESSAGE}", ref="PersistentVolumeClaim/bge-models",
-                         status=403, message=QUOTA_MESSAGE)
-    other = WriteError("Service bge: 422 invalid", ref="Service/bge", status=422, message="invalid")
+    refusal = Refused(ObjectRef("v1", "PersistentVolumeClaim", "team-a", "bge-models"), "apply", 403, QUOTA_MESSAGE,
+                      f"PersistentVolumeClaim bge-models: 403 {QUOTA_MESSAGE}")
+    other = Refused(ObjectRef("v1", "Service", "team-a", "bge"), "apply", 422, "invalid", "Service bge: 422 invalid")
     assert classes.is_quota_error(refusal) and not classes.is_quota_error(other) and not classes.is_quota_error("x")
     block = classes.quota_block(Observed(), [other, refusal])
     assert block is not None and block.blocked == "PersistentVolumeClaim/bge-models"
     assert block.message.startswith("PersistentVolumeClaim/bge-models: exceeded quota: storage")
+    executed = Executed(done=(), refused=(other, refusal))
+    assert executed.quota_refusals == (refusal,) and [str(r) for r in executed.other_refusals] == [
+        "Service bge: 422 invalid"]
 
 
-def computed_status(ready: bool = True) -> dict[str, Any]:
-    conds = conditions.set_conditions([], [
-        Condition("Ready", "True" if ready else "False", "Serving" if ready else "ReplicasUnavailable", "m"),
-        Condition("ModelReady", "True", "ArtifactPublished", "m"),
-        Condition("PoolsAvailable", "True", "Available", "cpu 1/1 ready"),
-        Condition("Degraded", "False", "AsExpected", "nothing is failing"),
-    ], generation=1, now=NOW)
-    return {"observedGeneration": 1, "phase": "Ready" if ready else "Progressing", "conditions": conds}
+def test_a_quota_refusing_a_scale_write_is_seen_and_blocks_the_pool() -> None:
+    scale = Refused(ObjectRef("apps/v1", "Deployment", "team-a", "bge-cpu"), "scale", 403, QUOTA_MESSAGE,
+                    f"scale Deployment bge-cpu to 9: 403 {QUOTA_MESSAGE}")
+    assert classes.is_quota_error(scale)
+    block = classes.quota_block(Observed(), [scale])
+    assert block is not None and block.blocked == "Deployment/bge-cpu"
+    world, serving = serving_world()
+    status = statuses.compute(1, serving, NOW, world, quota=block)
+    assert cond(status, "PoolsAvailable")["reason"] == "QuotaExceeded"
+    assert cond(status, "ModelReady")["reason"] == "ArtifactPublished"
+
+
+def serving_world() -> tuple[statuses.World, dict[str, Any]]:
+    """A model whose first artifact is published and whose pools are ready in the fake API server: the world a
+    reconcile acts on, and the status it last wrote (Ready)."""
+    body = rerankmodel_gen.model()
+    owner, spec, fake = rerankmodel_gen.owner_of(body), rerankmodel_gen.spec_of(body), rerankmodel_gen.FakeWorld()
+    status: dict[str, Any] = {}
+
+    def world() -> statuses.World:
+        observed = fake.observed()
+        return statuses.World(spec, observed, plans.compute(owner, spec, observed, status, NOW))
+
+    for step in range(5):
+        now = world()
+        fake.run(now.plan)
+        status = statuses.compute(owner.generation, status, NOW, now)
+        if step == 0:
+            [job] = fake.of_kind("Job")
+            fake.objects[("Job", job["metadata"]["name"])] = rerankmodel_gen.finish(job, True)
+            pod = rerankmodel_gen.job_pod(job, 0, rerankmodel_gen.published(job["metadata"]["labels"][
+                names.LABEL_ARTIFACT]))
+            fake.objects[("Pod", pod["metadata"]["name"])] = pod
+    assert status["phase"] == "Ready"
+    return world(), status
 
 
 def test_quota_exceeded_replaces_the_reason_and_is_stable_across_reconciles() -> None:
     t = classes.resolve_model(body(), [STANDARD])
+    world, serving = serving_world()
     block = tenancy.QuotaBlock("QuotaExceeded", "ReplicaSet/bge-cpu-1: exceeded quota: q", "ReplicaSet/bge-cpu-1")
-    first = classes.with_tenancy(computed_status(), {}, t, block, generation=1, now=NOW)
+    first = statuses.compute(1, serving, NOW, world, compliance=t.condition(), quota=block)
     assert first["phase"] == "Progressing"
     for kind in ("PoolsAvailable", "Ready"):
         assert (cond(first, kind)["status"], cond(first, kind)["reason"]) == ("False", "QuotaExceeded")
         assert cond(first, kind)["message"] == "ReplicaSet/bge-cpu-1: exceeded quota: q"
     assert cond(first, "ClassCompliant")["reason"] == "Compliant"
-    # Next reconcile: status.compute says True again from the previous conditions; nothing may move.
-    second = classes.with_tenancy(computed_status(), first, t, block, generation=1, now=LATER)
+    assert cond(first, "ModelReady")["reason"] == "ArtifactPublished"
+    # Next reconcile: the world alone would say Ready again; nothing may move, not even a transition time.
+    second = statuses.compute(1, first, LATER, world, compliance=t.condition(), quota=block)
     assert second == first
     job_block = tenancy.QuotaBlock("QuotaExceeded", "Job/bge-q-1: exceeded quota: q", "Job/bge-q-1")
-    third = classes.with_tenancy(computed_status(False), first, t, job_block, generation=1, now=LATER)
+    third = statuses.compute(1, first, LATER, world, compliance=t.condition(), quota=job_block)
     assert cond(third, "ModelReady")["reason"] == "QuotaExceeded"
+    assert cond(third, "PoolsAvailable")["reason"] == "Available"
+    # The quota lifted: Ready again, its transition time the moment it became True again.
+    lifted = statuses.compute(1, third, LATER, world, compliance=t.condition())
+    assert lifted["phase"] == "Ready" and cond(lifted, "Ready")["reason"] == "Serving"
+    assert cond(lifted, "Ready")["lastTransitionTime"] == LATER
 
 
 def test_without_classes_the_condition_goes_away() -> None:
-    with_class = classes.with_tenancy(computed_status(), {}, classes.resolve_model(body(), [STANDARD]), None,
-                                      generation=1, now=NOW)
-    without = classes.with_tenancy(with_class, with_class, classes.resolve_model(body(), []), None,
-                                   generation=1, now=LATER)
+    world, serving = serving_world()
+    with_class = statuses.compute(1, serving, NOW, world,
+                                  compliance=classes.resolve_model(body(), [STANDARD]).condition())
+    without = statuses.compute(1, with_class, LATER, world, compliance=classes.resolve_model(body(), []).condition())
     assert cond(with_class, "ClassCompliant") and not cond(without, "ClassCompliant")
 
 
 def test_class_not_found_status() -> None:
-    status = classes.class_not_found_status({"pools": {"cpu": {"readyReplicas": 2}}}, "RerankClass gold ...",
-                                            generation=3, now=NOW)
+    t = classes.resolve_model(body({"model": {"id": "BAAI/bge-reranker-v2-m3"}, "className": "gold"}), [STANDARD])
+    assert t.not_found is not None
+    refusal = statuses.Refusal(conditions.REASON_CLASS_NOT_FOUND, t.not_found)
+    previous = {"pools": {"cpu": {"readyReplicas": 2}}}
+    status = statuses.compute(3, previous, NOW, refusal, compliance=t.condition())
     assert status["phase"] == "Degraded" and status["observedGeneration"] == 3
+    assert status["pools"] == previous["pools"]  # nothing applied: what runs is left alone
     assert {(c["type"], c["status"], c["reason"]) for c in status["conditions"]} == {
         ("Ready", "False", "ClassNotFound"), ("Degraded", "True", "ClassNotFound"),
         ("ClassCompliant", "False", "ClassNotFound")}
-    assert classes.class_not_found_status({}, "x", generation=1, now=NOW)["phase"] == "Failed"
+    assert statuses.compute(1, {}, NOW, refusal, compliance=t.condition())["phase"] == "Failed"
+
+
+def test_an_invalid_spec_fails_the_model_and_keeps_the_rest_of_its_status() -> None:
+    previous = {"pools": {"cpu": {"readyReplicas": 2}}, "phase": "Ready"}
+    status = statuses.compute(2, previous, NOW, statuses.Refusal(conditions.REASON_INVALID_SPEC, "pools.cpu: bad"))
+    assert status["phase"] == "Failed" and status["pools"] == previous["pools"]
+    assert (cond(status, "Ready")["reason"], cond(status, "Degraded")["status"]) == ("InvalidSpec", "True")
+    assert not cond(status, "ClassCompliant")
+
+

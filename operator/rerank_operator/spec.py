@@ -18,7 +18,7 @@ and quality gate) have no CRD default: the reconcile loop parses the effective s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -479,13 +479,22 @@ def _quantization(section: Mapping[str, Any]) -> Quantization:
         active_deadline_seconds=_int(section, "activeDeadlineSeconds", "quantization.activeDeadlineSeconds",
                                      d.active_deadline_seconds, 1),
         backoff_limit=_int(section, "backoffLimit", "quantization.backoffLimit", d.backoff_limit, 0),
-        time_budget_seconds=_int(section, "timeBudgetSeconds", "quantization.timeBudgetSeconds",
-                                 d.time_budget_seconds, 1),
+        time_budget_seconds=d.time_budget_seconds,
     )
+    # Unset: the built-in budget, shrunk to fit a deadline the tenant shortened.
+    budget = default_time_budget(q.active_deadline_seconds, d.time_budget_seconds)
+    q = replace(q, time_budget_seconds=_int(section, "timeBudgetSeconds", "quantization.timeBudgetSeconds", budget, 1))
     if q.time_budget_seconds >= q.active_deadline_seconds:
         raise SpecError(f"quantization.timeBudgetSeconds {q.time_budget_seconds} must be below "
                         f"quantization.activeDeadlineSeconds {q.active_deadline_seconds}")
     return q
+
+
+def default_time_budget(active_deadline_seconds: int, built_in: int) -> int:
+    """The recipe search's budget when the tenant sets none: the built-in one, or three quarters of a shorter Job
+    deadline. A CRD default would be filled in before the deadline is known, and a tenant who only shortens the
+    deadline would then be refused for a budget they never wrote."""
+    return min(built_in, max(1, active_deadline_seconds * 3 // 4))
 
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")

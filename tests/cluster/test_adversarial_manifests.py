@@ -278,6 +278,7 @@ VALID: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
         "parentRefs": [{"name": "edge", "namespace": "gateway-system", "sectionName": "https"}],
         "hostnames": ["*.example.com", "rerank.example.com"]})),
     ("a time budget within the deadline", at("quantization", {"timeBudgetSeconds": 600, "activeDeadlineSeconds": 900})),
+    ("a short deadline and no time budget", at("quantization.activeDeadlineSeconds", 300)),
     ("a minimum above the default maximum", at("pools.cpu", {"minReplicas": 6})),
     ("the prometheus source, server chosen by the platform", at("autoscaling.metrics", {"source": "prometheus"})),
     ("a dotted Secret name", at("model.tokenSecretRef", {"name": "hf-token.v2", "key": "HF_TOKEN"})),

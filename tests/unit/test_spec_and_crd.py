@@ -169,3 +169,19 @@ def test_the_autoscalers_view_has_the_crds_defaults_and_comes_from_the_same_pars
     assert view.spillover.surge_max_step == crd["spillover"]["surgeMaxStep"]
     assert (view.gpu.max_replicas, view.cpu.max_replicas) == (specs.DEFAULT_MAX_REPLICAS["gpu"],
                                                               specs.DEFAULT_MAX_REPLICAS["cpu"])
+
+
+@pytest.mark.parametrize("quantization,budget", [
+    ({}, 900),                                                   # the built-in budget under the built-in deadline
+    ({"activeDeadlineSeconds": 600}, 450),                       # a shorter deadline shrinks the unset budget
+    ({"activeDeadlineSeconds": 60}, 45),
+    ({"activeDeadlineSeconds": 7200}, 900),                      # a longer one does not grow it
+    ({"activeDeadlineSeconds": 600, "timeBudgetSeconds": 120}, 120),  # a budget the tenant sets is kept
+])
+def test_an_unset_time_budget_fits_the_deadline(quantization: dict[str, Any], budget: int) -> None:
+    """Setting only a short deadline must not trip 'timeBudgetSeconds must be below activeDeadlineSeconds' for a
+    budget the tenant never wrote: the CRD has no default for it, spec.py derives it from the deadline."""
+    body = apply_defaults(copy.deepcopy({**MINIMAL, "quantization": quantization}), SCHEMA["properties"]["spec"])
+    parsed = specs.parse(body)
+    assert parsed.quantization.time_budget_seconds == budget
+    assert parsed.quantization.time_budget_seconds < parsed.quantization.active_deadline_seconds

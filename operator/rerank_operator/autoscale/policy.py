@@ -67,7 +67,7 @@ class Decision:
 
 
 def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
-           tuning: routing.Tuning = routing.Tuning()) -> Decision:
+           tuning: routing.Tuning = routing.PRODUCTION) -> Decision:
     """Desired replicas per pool, CPU traffic share, and why. See the module docstring for the order.
 
     `tuning` is for the simulator's ablation only (production uses the defaults)."""

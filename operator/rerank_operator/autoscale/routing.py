@@ -48,6 +48,9 @@ class Tuning:
     probe: bool = True         # before the CPU's capacity is measured, double its share per tick from 1%
 
 
+PRODUCTION = Tuning()  # every part on: what the operator runs
+
+
 @dataclass(frozen=True)
 class Split:
     cpu_percent: int

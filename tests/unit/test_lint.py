@@ -9,8 +9,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-#: What ruff checks; mypy's scope is `files` in [tool.mypy] (quantizer_job joins both once it is clean).
-RUFF_SCOPE = ["operator/rerank_operator", "hack/rerank_devcluster", "hack/gen_api_docs.py", "tests/unit/test_lint.py",
+#: What ruff checks; mypy's scope is `files` in [tool.mypy].
+RUFF_SCOPE = ["operator/rerank_operator", "hack/rerank_devcluster", "hack/gen_api_docs.py", "quantizer_job",
+              "tests/unit/test_lint.py",
               "tests/unit/test_layers.py", "tests/cluster/scrape_redirect.py"]
 
 

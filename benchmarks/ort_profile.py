@@ -29,10 +29,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quantizer_job import isa, layout, textenc  # noqa: E402
+import tei_rerank
+import trained_fixture
 
-import tei_rerank  # noqa: E402
-import trained_fixture  # noqa: E402
+from quantizer_job import isa, layout, textenc
 
 
 def tei_batches(model_dir: Path, groups, n_batches: int) -> list[dict[str, np.ndarray]]:
@@ -89,7 +89,6 @@ def profile(model_path: Path, batches, threads: int, work: Path) -> dict:
 
 def gemm_probe(threads: int, m: int = 8 * 96, k: int = 384, n: int = 1536, reps: int = 200) -> dict:
     """Bare kernels at one FFN shape: FP32 MatMul vs MatMulInteger (u8s8) vs DynamicQuantizeMatMul."""
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -102,8 +101,8 @@ def gemm_probe(threads: int, m: int = 8 * 96, k: int = 384, n: int = 1536, reps:
 
     def model(nodes, inputs, inits, out_type):
         g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", out_type, None)], inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-                                 ir_version=9)
+        return helper.make_model(g, ir_version=9, opset_imports=[helper.make_opsetid("", 17),
+                                                                 helper.make_opsetid("com.microsoft", 1)])
 
     fi = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])]
     cases = {

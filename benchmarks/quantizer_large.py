@@ -73,9 +73,9 @@ def main() -> None:
     info: dict = {"model": "xlm-roberta-large-shape (random)", "params_m": 568}
     if not (src / "model.safetensors").is_file():
         # Build in a child so the benchmark process itself stays small.
-        code = ("import json,sys; sys.path.insert(0, %r); from benchmarks.quantizer_large import build_model; "
-                "print(json.dumps(build_model(__import__('pathlib').Path(%r))))") % (
-            str(Path(__file__).resolve().parents[1]), str(src))
+        repo = str(Path(__file__).resolve().parents[1])
+        code = (f"import json,sys; sys.path.insert(0, {repo!r}); from benchmarks.quantizer_large import build_model; "
+                f"print(json.dumps(build_model(__import__('pathlib').Path({str(src)!r}))))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         info.update(json.loads(out.stdout.strip().splitlines()[-1]))
     vol = work / "volume"
@@ -87,7 +87,8 @@ def main() -> None:
     peak = 0
     stop = threading.Event()
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(work / "stderr.log", "w"), text=True, env=env)
+    stderr_log = open(work / "stderr.log", "w")  # noqa: SIM115 - the child writes to it until it exits
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr_log, text=True, env=env)
 
     def sample():
         nonlocal peak

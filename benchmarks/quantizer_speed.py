@@ -12,6 +12,7 @@ load on a shared machine hits all of them alike.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -23,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantizer_job import devmodels, evaldata, export, isa, metrics, textenc, verify  # noqa: E402
-from quantizer_job import quantize as Q  # noqa: E402
+from quantizer_job import devmodels, evaldata, export, isa, metrics, textenc, verify
+from quantizer_job import quantize as Q
 
 RECIPES = [
     # The seeds' recipe: optimum AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False).
@@ -93,28 +94,32 @@ def bench_model(name: str, src: Path, work: Path, threads: int, seconds: float, 
             for vname, s in sessions.items():
                 names = {i.name for i in s.get_inputs()}
                 f = feed_for(L, names)
-                lat.setdefault((vname, L), []).append(statistics.median(time_runs(lambda: s.run(["logits"], f), seconds)))
-            tf = {k: torch.from_numpy(v) for k, v in feed_for(L, {"input_ids", "attention_mask", "token_type_ids"}).items()}
+                runs = time_runs(functools.partial(s.run, ["logits"], f), seconds)
+                lat.setdefault((vname, L), []).append(statistics.median(runs))
+            tf = {k: torch.from_numpy(v)
+                  for k, v in feed_for(L, {"input_ids", "attention_mask", "token_type_ids"}).items()}
             with torch.inference_mode():
                 lat.setdefault(("torch-fp32", L), []).append(
-                    statistics.median(time_runs(lambda: tmodel(**tf), seconds)))
+                    statistics.median(time_runs(functools.partial(tmodel, **tf), seconds)))
     speed: dict[str, dict] = {}
     for (vname, L), meds in lat.items():
         med = statistics.median(meds)
-        speed.setdefault(vname, {})[f"seq{L}"] = {"pairs_per_s": round(8 / med, 2), "batch_p50_ms": round(med * 1e3, 2),
+        speed.setdefault(vname, {})[f"seq{L}"] = {"pairs_per_s": round(8 / med, 2),
+                                                  "batch_p50_ms": round(med * 1e3, 2),
                                                   "round_medians_ms": [round(m * 1e3, 2) for m in meds]}
     # p95 of the batch latency from one dedicated run per variant at each length (last round's distribution).
     for vname, s in sessions.items():
         names = {i.name for i in s.get_inputs()}
         for L in (64, 256):
             f = feed_for(L, names)
-            ls = time_runs(lambda: s.run(["logits"], f), seconds)
+            ls = time_runs(functools.partial(s.run, ["logits"], f), seconds)
             speed[vname][f"seq{L}"]["batch_p95_ms"] = round(metrics.percentile(ls, 95) * 1e3, 2)
     for vname in variants:
         for L in (64, 256):
             k = f"seq{L}"
-            speed[vname][k]["x_fp32_ort"] = round(speed[vname][k]["pairs_per_s"] / speed["fp32-ort"][k]["pairs_per_s"], 2)
-            speed[vname][k]["x_torch"] = round(speed[vname][k]["pairs_per_s"] / speed["torch-fp32"][k]["pairs_per_s"], 2)
+            pps = speed[vname][k]["pairs_per_s"]
+            speed[vname][k]["x_fp32_ort"] = round(pps / speed["fp32-ort"][k]["pairs_per_s"], 2)
+            speed[vname][k]["x_torch"] = round(pps / speed["torch-fp32"][k]["pairs_per_s"], 2)
     params = sum(p.numel() for p in tmodel.parameters())
     return {"model": name, "params_m": round(params / 1e6, 1), "layers": cfg["num_hidden_layers"],
             "hidden": cfg["hidden_size"], "quality_vs_fp32": quality, "speed": speed}

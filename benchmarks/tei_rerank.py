@@ -44,10 +44,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quantizer_job import evaldata, export, isa, layout, metrics, textenc, verify  # noqa: E402
-from quantizer_job import quantize as Q  # noqa: E402
+import trained_fixture
 
-import trained_fixture  # noqa: E402
+from quantizer_job import evaldata, export, isa, layout, metrics, textenc, verify
+from quantizer_job import quantize as Q
 
 TEI_MAX_BATCH = verify.TEI_MAX_BATCH
 
@@ -90,7 +90,7 @@ def prepare(fx: dict, work: Path, variants: list[str], threads: int) -> tuple[di
                    "--artifact-id", "bench", "--recipe", "auto", "--eval-pairs", fx["eval_jsonl"],
                    "--calibration-pairs", fx["calib_jsonl"], "--no-keep-original"]
             t0 = time.monotonic()
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             notes["auto"] = {"job_seconds": round(time.monotonic() - t0, 1), "job_reason": res.get("reason"),
                              "chosen": res["recipe"].get("name"), "job_quality": res.get("quality"),
@@ -156,9 +156,9 @@ class FallbackServer:
                     e.ids, 1, e.type_ids
             try:
                 out = self.sess.run(["logits"], {k: feed[k] for k in self.names})[0][:, 0]
-                for (_, fut), s in zip(items, out):
+                for (_, fut), s in zip(items, out, strict=True):
                     fut.set_result(float(s))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 for _, fut in items:
                     fut.set_exception(exc)
 
@@ -185,10 +185,11 @@ class RouterServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.logf = open(log, "w")
+        self.logf = open(log, "w")  # noqa: SIM115 - the router writes to it until close()
         self.proc = subprocess.Popen([binary, "--model-id", str(model_dir), "--hostname", "127.0.0.1", "--port",
                                       str(self.port), "--dtype", "float32", "--max-client-batch-size", "64"],
-                                     stdout=self.logf, stderr=subprocess.STDOUT, env=dict(os.environ, HOSTNAME="127.0.0.1"))
+                                     stdout=self.logf, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, HOSTNAME="127.0.0.1"))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

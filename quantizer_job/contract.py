@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 #: Where the model volume is mounted in the Job and in TEI pods.
 VOLUME_MOUNT_PATH = "/models"
@@ -90,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command line that :func:`build_args` produces."""
     parser.add_argument("--model", required=True, help="hub id (org/name) or a local directory")
     parser.add_argument("--revision", default=None, help="hub revision (commit, tag or branch)")
-    parser.add_argument("--output", required=True, dest="output_root", help="volume root; publishes to <output>/artifacts/<artifact-id>")
+    parser.add_argument("--output", required=True, dest="output_root",
+                        help="volume root; publishes to <output>/artifacts/<artifact-id>")
     parser.add_argument("--artifact-id", required=True, help="content hash naming the artifact directory")
     parser.add_argument("--mode", choices=["dynamic", "static"], default="dynamic")
     parser.add_argument("--target", choices=["auto", "avx512_vnni", "avx2", "arm64"], default="auto")

@@ -11,8 +11,12 @@ from __future__ import annotations
 import io
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .evaldata import builtin_pairs
+
+if TYPE_CHECKING:
+    import torch
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -34,12 +38,15 @@ def _copy_minilm_tokenizer(out: Path) -> None:
 # quantization noise reorders them; 0.1 gives tiny models rankings with structure, like a trained reranker's.
 
 
-def _init_head(model, seed: int) -> None:
-    """A fresh 1-logit head whose logits spread over a few units (so rankings have structure)."""
+def _init_head(classifier: torch.nn.Module, seed: int) -> None:
+    """A fresh 1-logit head whose logits spread over a few units (so rankings have structure). ``classifier`` is
+    BERT's ``Linear`` or XLM-R's head, whose last layer is ``out_proj``."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    w = model.classifier.weight if hasattr(model.classifier, "weight") else model.classifier.out_proj.weight
+    last = classifier if isinstance(classifier, torch.nn.Linear) else classifier.get_submodule("out_proj")
+    w = last.weight
+    assert isinstance(w, torch.Tensor)
     with torch.no_grad():
         w.copy_(torch.randn(w.shape, generator=g) * (2.0 / w.shape[1] ** 0.5))
 
@@ -56,7 +63,7 @@ def bert_cross_encoder(out: str | Path, *, layers: int = 2, hidden: int = 64, he
                      intermediate_size=intermediate, max_position_embeddings=512, num_labels=1,
                      initializer_range=initializer_range)
     model = BertForSequenceClassification(cfg).eval()
-    _init_head(model, seed)
+    _init_head(model.classifier, seed)
     model.save_pretrained(out, safe_serialization=True)
     _copy_minilm_tokenizer(out)
     return out
@@ -70,7 +77,7 @@ def minilm_cross_encoder(out: str | Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = BertForSequenceClassification.from_pretrained(str(minilm_dir()), num_labels=1).eval()
-    _init_head(model, seed)
+    _init_head(model.classifier, seed)
     model.save_pretrained(out, safe_serialization=True)
     _copy_minilm_tokenizer(out)
     return out
@@ -111,7 +118,7 @@ def xlmr_cross_encoder(out: str | Path, *, layers: int = 2, hidden: int = 64, he
                            pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1, num_labels=1,
                            initializer_range=initializer_range)
     model = XLMRobertaForSequenceClassification(cfg).eval()
-    _init_head(model, seed)
+    _init_head(model.classifier, seed)
     model.save_pretrained(out, safe_serialization=True)
     if with_tokenizer_json:
         from transformers import XLMRobertaTokenizerFast
@@ -122,6 +129,6 @@ def xlmr_cross_encoder(out: str | Path, *, layers: int = 2, hidden: int = 64, he
     return out
 
 
-def xlmr_large_config_kwargs() -> dict:
+def xlmr_large_config_kwargs() -> dict[str, Any]:
     """bge-reranker-v2-m3's shape: XLM-RoBERTa large, 24 layers, hidden 1024, 250002 tokens (568M parameters)."""
     return dict(layers=24, hidden=1024, heads=16, intermediate=4096, vocab_size=250002)

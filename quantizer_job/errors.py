@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .contract import EXIT_CODES, FAILURE_REASONS
 
 __all__ = ["EXIT_CODES", "JobError"]
 
 
 class JobError(Exception):
-    def __init__(self, reason: str, message: str, **details):
+    def __init__(self, reason: str, message: str, **details: Any) -> None:
         if reason not in FAILURE_REASONS:
             raise ValueError(f"unknown failure reason {reason!r}")
         super().__init__(message)

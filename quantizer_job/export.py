@@ -13,6 +13,7 @@ the torch weights are still alive, which is how the plain recipe reaches 13 GB o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -21,6 +22,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
 TWO_GB = 2 * 1024**3
@@ -87,10 +89,8 @@ def consolidate_external_data(onnx_path: Path) -> int:
     with open(graph_tmp, "wb") as f:
         f.write(model.SerializeToString())
     for loc in old_files:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(base / loc)
-        except FileNotFoundError:
-            pass
     os.replace(tmp, base / data_name)
     os.replace(graph_tmp, onnx_path)
     return offset
@@ -105,7 +105,7 @@ def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
 
     try:
         tok = AutoTokenizer.from_pretrained(str(src), use_fast=True)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+    except Exception as exc:  # transformers raises many types here
         raise RuntimeError(f"UnsupportedModel: cannot build a fast tokenizer: {exc}") from exc
     if not getattr(tok, "is_fast", False):
         raise RuntimeError("UnsupportedModel: the model has no fast tokenizer and none could be converted")
@@ -116,7 +116,7 @@ def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
     return out_dir / "tokenizer.json"
 
 
-def run(spec: dict) -> dict:
+def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -127,7 +127,7 @@ def run(spec: dict) -> dict:
     onnx_dir = Path(spec["onnx_dir"])
     onnx_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    result: dict = {}
+    result: dict[str, Any] = {}
 
     t0 = time.monotonic()
     tok_path = _fast_tokenizer(src, Path(spec["tokenizer_dir"]))
@@ -148,7 +148,8 @@ def run(spec: dict) -> dict:
     ref_pairs = [tuple(p) for p in spec.get("ref_pairs", [])]
     if ref_pairs:
         feed = encode_pairs(tok, ref_pairs, int(spec["pad_id"]))
-        kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]), "attention_mask": torch.from_numpy(feed["attention_mask"])}
+        kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]),
+                  "attention_mask": torch.from_numpy(feed["attention_mask"])}
         if model.config.model_type not in ("xlm-roberta", "roberta", "camembert", "distilbert"):
             kwargs["token_type_ids"] = torch.from_numpy(feed["token_type_ids"])
         with torch.no_grad():
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(int(spec.get("parent_pid", os.getppid())))
     try:
         result = run(spec)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+    except Exception as exc:  # reported to the parent as data
         msg = str(exc)
         reason = "ExportFailed"
         if msg.startswith("UnsupportedModel: "):

@@ -13,7 +13,7 @@ from .layout import TOKENIZER_FILES
 
 WEIGHT_PATTERNS_SAFETENSORS = ("model.safetensors", "model-*.safetensors", "model.safetensors.index.json")
 WEIGHT_PATTERNS_BIN = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")
-META_PATTERNS = ("config.json",) + TOKENIZER_FILES
+META_PATTERNS = ("config.json", *TOKENIZER_FILES)
 
 
 @dataclass
@@ -30,7 +30,7 @@ def looks_like_path(model: str) -> bool:
 
 def choose_patterns(repo_files: list[str]) -> list[str]:
     """allow_patterns for snapshot_download: metadata + safetensors if present, else the .bin weights."""
-    def present(patterns):
+    def present(patterns: tuple[str, ...]) -> bool:
         return any(fnmatch.fnmatch(f, p) for f in repo_files for p in patterns)
 
     if present(WEIGHT_PATTERNS_SAFETENSORS):
@@ -55,8 +55,14 @@ def fetch(model: str, revision: str | None, dest: Path, retries: int = 4) -> Fet
 
 def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> Fetched:
     from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
     api = HfApi(token=token)

@@ -1,12 +1,13 @@
-"""The directories TEI loads (see /work/shared/tei-contract.md): config.json fixes, tokenizer files, checks, manifest."""
+"""The directories TEI loads (see shared/tei-contract.md): config.json fixes, tokenizer files, checks, manifest."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
+from typing import Any
 
 from .errors import JobError
 from .textenc import ROBERTA_FAMILY
@@ -18,21 +19,22 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "sentencepiece.bpe.model", "spiece.model", "vocab.json", "merges.txt", "added_tokens.json",
                    "sentence_bert_config.json")
 #: Types whose ONNX graph has no token_type_ids input (TEI feeds it only if declared).
-NO_TOKEN_TYPES = ROBERTA_FAMILY + ("distilbert",)
+NO_TOKEN_TYPES = (*ROBERTA_FAMILY, "distilbert")
 REQUIRED_CONFIG_KEYS = ("architectures", "model_type", "max_position_embeddings", "hidden_size", "num_hidden_layers")
 
 
-def read_config(model_dir: Path) -> dict:
+def read_config(model_dir: Path) -> dict[str, Any]:
     p = model_dir / "config.json"
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        config: dict[str, Any] = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise JobError("UnsupportedModel", f"{p} is missing: not a transformers model directory") from None
     except (OSError, ValueError) as exc:
         raise JobError("UnsupportedModel", f"{p} is unreadable: {exc}") from None
+    return config
 
 
-def num_labels(cfg: dict) -> int:
+def num_labels(cfg: dict[str, Any]) -> int:
     if isinstance(cfg.get("id2label"), dict) and cfg["id2label"]:
         return len(cfg["id2label"])
     if "num_labels" in cfg:
@@ -40,7 +42,7 @@ def num_labels(cfg: dict) -> int:
     return 2  # transformers' default for a config without labels
 
 
-def validate_source_config(cfg: dict) -> None:
+def validate_source_config(cfg: dict[str, Any]) -> None:
     """A single-logit sequence classifier, or UnsupportedModel with what is wrong."""
     archs = cfg.get("architectures") or []
     if not any(str(a).endswith("ForSequenceClassification") for a in archs):
@@ -55,7 +57,7 @@ def validate_source_config(cfg: dict) -> None:
             raise JobError("UnsupportedModel", f"config.json lacks {key}")
 
 
-def pad_token_id(cfg: dict, tokenizer_json: Path | None = None) -> int:
+def pad_token_id(cfg: dict[str, Any], tokenizer_json: Path | None = None) -> int:
     if cfg.get("pad_token_id") is not None:
         return int(cfg["pad_token_id"])
     if tokenizer_json and tokenizer_json.is_file():
@@ -69,7 +71,7 @@ def pad_token_id(cfg: dict, tokenizer_json: Path | None = None) -> int:
     return 1 if cfg.get("model_type") in ROBERTA_FAMILY else 0
 
 
-def tei_config(cfg: dict, tokenizer_json: Path | None = None) -> dict:
+def tei_config(cfg: dict[str, Any], tokenizer_json: Path | None = None) -> dict[str, Any]:
     """config.json as TEI needs it: one label in id2label/label2id and every field the router/ORT backend reads."""
     out = dict(cfg)
     archs = [a for a in out.get("architectures") or [] if str(a).endswith("ForSequenceClassification")]
@@ -86,7 +88,7 @@ def tei_config(cfg: dict, tokenizer_json: Path | None = None) -> dict:
     return out
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -100,7 +102,8 @@ def copy_tokenizer(src_dirs: Iterable[Path], dst: Path) -> list[str]:
                 copied.append(name)
                 break
     if "tokenizer.json" not in copied:
-        raise JobError("UnsupportedModel", "no tokenizer.json (TEI only supports fast tokenizers) and none was converted")
+        raise JobError("UnsupportedModel",
+                       "no tokenizer.json (TEI only supports fast tokenizers) and none was converted")
     return copied
 
 
@@ -152,7 +155,7 @@ def check_tei_dir(d: Path, expect_token_type_ids: bool | None = None) -> list[st
         problems.append("graph output 'logits' missing")
     elif outs["logits"].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
         problems.append("logits is not float32")
-    locs = set()
+    locs: set[str] = set()
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     for t in _get_all_tensors(m):
@@ -175,7 +178,7 @@ def sha256_file(path: Path, chunk: int = 8 * 1024 * 1024) -> str:
     return h.hexdigest()
 
 
-def file_inventory(root: Path) -> list[dict]:
+def file_inventory(root: Path) -> list[dict[str, Any]]:
     """Every file under ``root`` (relative path, size, sha256), sorted by path."""
     out = []
     for p in sorted(root.rglob("*")):

@@ -7,8 +7,9 @@ import json
 import resource
 import sys
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
 
 STAGES = ("download", "export", "optimize", "quantize", "verify", "publish")
 
@@ -22,10 +23,8 @@ def peak_rss_bytes() -> int:
 
 def trim_memory() -> None:
     """Give freed heap back to the OS (glibc keeps it otherwise, and peaks add up across stages)."""
-    try:
+    with suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def log(stage: str, event: str, **fields: Any) -> None:
@@ -35,7 +34,7 @@ def log(stage: str, event: str, **fields: Any) -> None:
     sys.stderr.flush()
 
 
-class StageRecord(dict):
+class StageRecord(dict[str, Any]):
     """Fields a stage adds to its 'end' log line (sizes, counts)."""
 
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+#: Scores: a list or a numpy array of floats.
+Scores = Sequence[float] | npt.NDArray[np.floating[Any]]
 
 
-def rankdata(x: Sequence[float]) -> np.ndarray:
+def rankdata(x: Scores) -> np.ndarray:
     """Ranks starting at 1, ties get the average of their ranks (like scipy.stats.rankdata)."""
     a = np.asarray(x, dtype=np.float64)
     n = a.size
@@ -25,7 +30,7 @@ def rankdata(x: Sequence[float]) -> np.ndarray:
     return ranks
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+def spearman(a: Scores, b: Scores) -> float:
     """Spearman rank correlation; NaN when either side is constant or sizes differ/too small."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
@@ -42,7 +47,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float((rx * ry).sum() / denom)
 
 
-def topk_agreement(groups: Sequence[object], ref: Sequence[float], cand: Sequence[float], k: int) -> float:
+def topk_agreement(groups: Sequence[object], ref: Scores, cand: Scores, k: int) -> float:
     """Mean over queries of |top-k(ref) ∩ top-k(cand)| / k.
 
     ``groups`` gives each pair's query key. Queries with fewer than k+1 texts are skipped (their top-k is every
@@ -66,7 +71,7 @@ def topk_agreement(groups: Sequence[object], ref: Sequence[float], cand: Sequenc
     return float(np.mean(vals)) if vals else float("nan")
 
 
-def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+def max_abs_diff(a: Scores, b: Scores) -> float:
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     if x.size == 0:
@@ -74,16 +79,16 @@ def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
     return float(np.max(np.abs(x - y)))
 
 
-def all_finite(a: Sequence[float]) -> bool:
+def all_finite(a: Scores) -> bool:
     return bool(np.all(np.isfinite(np.asarray(a, dtype=np.float64))))
 
 
-def percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Scores, q: float) -> float:
     v = np.asarray(values, dtype=np.float64)
     return float(np.percentile(v, q)) if v.size else float("nan")
 
 
-def bootstrap_ci(stat, ref: Sequence[float], cand: Sequence[float], groups: Sequence[object] | None = None,
+def bootstrap_ci(stat: Callable[..., float], ref: Scores, cand: Scores, groups: Sequence[object] | None = None,
                  n_boot: int = 200, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of ``stat(ref, cand[, groups])`` over pairs resampled with replacement.
 

@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import Any
 
 from .contract import ARTIFACTS_DIR, MANIFEST_FILE, artifact_dir
 from .errors import JobError
@@ -37,15 +38,16 @@ def final_path(root: str, artifact_id: str) -> Path:
     return Path(artifact_dir(root, artifact_id))
 
 
-def read_published(root: str, artifact_id: str) -> dict | None:
+def read_published(root: str, artifact_id: str) -> dict[str, Any] | None:
     """The manifest of a finished artifact, or None when there is none."""
     p = final_path(root, artifact_id) / MANIFEST_FILE
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        manifest: dict[str, Any] = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise JobError("PublishFailed", f"{p} exists but is unreadable: {exc}") from None
+    return manifest
 
 
 class ArtifactLock:
@@ -76,7 +78,7 @@ class ArtifactLock:
 
 def clean_stale(root: str, artifact_id: str) -> list[str]:
     """Remove temp dirs of earlier, dead runs of this artifact (call while holding its lock)."""
-    removed = []
+    removed: list[str] = []
     base = artifacts_root(root)
     if not base.is_dir():
         return removed

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,9 +43,9 @@ class Recipe:
     fast_gelu: bool = False
     #: Static mode only: activation type, "u8" (U8S8, asymmetric) or "s8" (S8S8, symmetric).
     activation: str = "u8"
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["operators"] = list(self.operators)
         return d
@@ -61,13 +62,13 @@ def candidate_recipes(target: str, mode: str, explicit: Recipe | None = None,
     Static (calibrated) activation scales are tried too when calibration pairs exist.
     """
     rr = REDUCE_RANGE_REQUIRED.get(target, False)
-    base = dict(target=target, reduce_range=rr, embeddings="int8")
+    base: dict[str, Any] = {"target": target, "reduce_range": rr, "embeddings": "int8"}
     # Static QDQ needs shape inference through every node, which the com.microsoft fused ops defeat: quantize
     # the plain graph; the serving session (ORT_ENABLE_ALL) fuses the QDQ pairs into integer kernels.
     static = [Recipe(name="static-matmul-perchannel-emb8", mode="static", optimization_level=0, per_channel=True,
                      operators=("MatMul",), **base)]
     if mode == "static":
-        out = static + [Recipe(name="static-matmul-pertensor-emb8", mode="static", optimization_level=0,
+        out = [*static, Recipe(name="static-matmul-pertensor-emb8", mode="static", optimization_level=0,
                                per_channel=False, operators=("MatMul",), **base)]
         return out + ([explicit] if explicit is not None and explicit not in out else [])
     out = [
@@ -102,7 +103,8 @@ def _set_ir_version(path: Path) -> None:
             f.write(m.SerializeToString())
 
 
-def _model_bytes(path: Path) -> int:
+def model_bytes(path: Path) -> int:
+    """Size of an ONNX graph with its external data file (``model.onnx_data``)."""
     total = path.stat().st_size
     data = path.with_name(path.name + "_data")
     if data.exists():
@@ -131,12 +133,12 @@ def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int,
         # would bake CPU-specific layouts into the file, which the serving session re-derives anyway.
         m = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
                            optimization_options=opts, opt_level=0 if level in (1,) else level, use_gpu=False)
-        big = _model_bytes(src) > TWO_GB * 0.9
+        big = model_bytes(src) > TWO_GB * 0.9
         m.save_model_to_file(str(dst), use_external_data_format=big, all_tensors_to_one_file=True)
         stats = m.get_fused_operator_statistics()
         del m
         gc.collect()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise JobError("QuantizationFailed", f"transformer optimization failed: {type(exc).__name__}: {exc}") from exc
     _finish_saved_model(dst)
     optimize.last_stats = {k: int(v) for k, v in stats.items() if v}  # type: ignore[attr-defined]
@@ -156,7 +158,8 @@ def _fix_external_name(path: Path) -> None:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     m = onnx.load(str(path), load_external_data=False)
-    locs = {e.value for t in _get_all_tensors(m) if uses_external_data(t) for e in t.external_data if e.key == "location"}
+    locs = {e.value for t in _get_all_tensors(m) if uses_external_data(t)
+            for e in t.external_data if e.key == "location"}
     want = path.name + "_data"
     if not locs or locs == {want}:
         return
@@ -180,7 +183,7 @@ def quantize_dynamic(src: Path, dst: Path, recipe: Recipe) -> Path:
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    big = _model_bytes(src) > TWO_GB * 0.9
+    big = model_bytes(src) > TWO_GB * 0.9
     import onnx
 
     extra = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT, **recipe.extra}
@@ -188,7 +191,7 @@ def quantize_dynamic(src: Path, dst: Path, recipe: Recipe) -> Path:
         ort_quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(recipe.operators),
                              per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
                              weight_type=QuantType.QInt8, use_external_data_format=big, extra_options=extra)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise JobError("QuantizationFailed", f"dynamic quantization failed: {type(exc).__name__}: {exc}") from exc
     gc.collect()
     _finish_saved_model(dst)
@@ -202,24 +205,24 @@ class _FeedReader:
         names = set(input_names)
         self._it = iter([{k: v for k, v in f.items() if k in names} for f in feeds])
 
-    def get_next(self):
+    def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._it, None)
 
-    def rewind(self):  # pragma: no cover - ORT >= 1.17 may call it
+    def rewind(self) -> None:  # pragma: no cover - ORT >= 1.17 may call it
         pass
 
 
 def quantize_static(src: Path, dst: Path, recipe: Recipe, calib_feeds: Sequence[dict[str, np.ndarray]],
                     input_names: Iterable[str]) -> Path:
     """Static QDQ quantization: activation ranges from calibration pairs (balanced across length buckets)."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
     import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as ort_quantize_static
 
     if not calib_feeds:
         raise JobError("InvalidInput", "static quantization needs calibration pairs")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    big = _model_bytes(src) > TWO_GB * 0.9
+    big = model_bytes(src) > TWO_GB * 0.9
     reader = _FeedReader(calib_feeds, input_names)
     # No CalibMaxIntermediateOutputs: in ONNX Runtime 1.22 the MinMax calibrator *drops* each full chunk of that many
     # batches without folding it into the ranges, so only the last partial chunk counted (and a multiple of the
@@ -236,7 +239,7 @@ def quantize_static(src: Path, dst: Path, recipe: Recipe, calib_feeds: Sequence[
                             use_external_data_format=big, extra_options=extra)
     except JobError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise JobError("QuantizationFailed", f"static quantization failed: {type(exc).__name__}: {exc}") from exc
     gc.collect()
     _finish_saved_model(dst)
@@ -247,7 +250,7 @@ def quantize_static(src: Path, dst: Path, recipe: Recipe, calib_feeds: Sequence[
 MIN_EMBEDDING_ROWS = 1000
 
 
-def quantize_embeddings(path: Path) -> dict:
+def quantize_embeddings(path: Path) -> dict[str, Any]:
     """Store every large ``Gather`` table (the word embeddings) as int8 with one symmetric scale per row, in place.
 
     ``Gather(W, ids)`` becomes ``Mul(Cast(Gather(W_int8, ids)), Gather(scale, ids))``: only the looked-up rows are
@@ -299,11 +302,16 @@ def quantize_embeddings(path: Path) -> dict:
     return {"tables": done}
 
 
-def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden_size: int, cache: dict) -> Path:
+#: Fused graphs already written, by fusion setting (:func:`optimized_for`); one per Job, shared between recipes.
+GraphCache = dict[tuple[object, ...], Path]
+
+
+def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden_size: int,
+                  cache: GraphCache) -> Path:
     """The graph ``recipe`` quantizes: the fused graph it asks for, made once per distinct fusion setting."""
     lvl = recipe.optimization_level
     eln = recipe.embeddings != "int8"
-    key = (lvl, eln, recipe.fast_gelu) if lvl > 0 else (0,)
+    key: tuple[object, ...] = (lvl, eln, recipe.fast_gelu) if lvl > 0 else (0,)
     if key not in cache:
         name = f"opt{lvl}{'' if eln else '-noeln'}{'-fastgelu' if recipe.fast_gelu else ''}"
         cache[key] = optimize(fp32, work / name / "model.onnx", lvl, num_heads, hidden_size, embed_layer_norm=eln,
@@ -313,7 +321,7 @@ def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden
 
 def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int, hidden_size: int,
                calib_feeds: Sequence[dict[str, np.ndarray]] = (), input_names: Iterable[str] = (),
-               cache: dict | None = None) -> Path:
+               cache: GraphCache | None = None) -> Path:
     """The whole recipe: transformer fusions (shared through ``cache`` between recipes that need the same graph),
     INT8 quantization, then the embedding table. Used by the Job and by the benchmarks alike."""
     src = optimized_for(recipe, fp32, work, num_heads, hidden_size, {} if cache is None else cache)
@@ -329,7 +337,7 @@ def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int
 def benchmark_recipes(target: str) -> list[Recipe]:
     """Every recipe the benchmarks compare (the auto search tries a subset: :func:`candidate_recipes`)."""
     rr = REDUCE_RANGE_REQUIRED.get(target, False)
-    b = dict(target=target, reduce_range=rr)
+    b: dict[str, Any] = {"target": target, "reduce_range": rr}
     return [
         # The seeds' recipe: optimum AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False).
         Recipe("seed-plain-pertensor", optimization_level=0, per_channel=False, operators=("MatMul",), **b),
@@ -366,5 +374,15 @@ def fixed_recipe(mode: str, target: str, optimization_level: int, per_channel: b
                   per_channel=per_channel, reduce_range=reduce_range, operators=ops, embeddings=emb)
 
 
-__all__ = ["Recipe", "candidate_recipes", "benchmark_recipes", "build_int8", "optimize", "quantize_dynamic",
-           "quantize_embeddings", "quantize_static", "fixed_recipe", "replace"]
+__all__ = [
+    "Recipe",
+    "benchmark_recipes",
+    "build_int8",
+    "candidate_recipes",
+    "fixed_recipe",
+    "optimize",
+    "quantize_dynamic",
+    "quantize_embeddings",
+    "quantize_static",
+    "replace",
+]

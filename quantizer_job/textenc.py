@@ -6,14 +6,18 @@ TEI's ONNX Runtime backend pads each batch to its longest sequence and feeds int
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+
+#: ``tokenizers.Tokenizer`` (the library ships no type information).
+Tokenizer = Any
 
 ROBERTA_FAMILY = ("xlm-roberta", "roberta", "camembert", "xlm-roberta-xl")
 
 
-def max_input_length(config: dict, cap: int = 512) -> int:
+def max_input_length(config: dict[str, Any], cap: int = 512) -> int:
     """TEI's max input length: ``max_position_embeddings``, minus ``pad_token_id + 1`` for RoBERTa-family models."""
     mpe = int(config.get("max_position_embeddings") or cap)
     if config.get("model_type") in ROBERTA_FAMILY:
@@ -21,16 +25,16 @@ def max_input_length(config: dict, cap: int = 512) -> int:
     return max(8, min(cap, mpe))
 
 
-def load_tokenizer(path: str, max_length: int):
-    from tokenizers import Tokenizer
+def load_tokenizer(path: str, max_length: int) -> Tokenizer:
+    import tokenizers
 
-    tok = Tokenizer.from_file(path)
+    tok = tokenizers.Tokenizer.from_file(path)
     tok.no_padding()
     tok.enable_truncation(max_length=max_length, strategy="longest_first")
     return tok
 
 
-def encode_pairs(tok, pairs: Sequence[tuple[str, str]], pad_id: int) -> dict[str, np.ndarray]:
+def encode_pairs(tok: Tokenizer, pairs: Sequence[tuple[str, str]], pad_id: int) -> dict[str, np.ndarray]:
     """One batch: int64 arrays [batch, longest] for input_ids, attention_mask, token_type_ids."""
     encs = tok.encode_batch([(q, t) for q, t in pairs])
     n = max(len(e.ids) for e in encs)
@@ -46,9 +50,10 @@ def encode_pairs(tok, pairs: Sequence[tuple[str, str]], pad_id: int) -> dict[str
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
 
 
-def make_batches(tok, pairs: Sequence[tuple[str, str]], pad_id: int, batch_size: int = 8) -> list[dict[str, np.ndarray]]:
+def make_batches(tok: Tokenizer, pairs: Sequence[tuple[str, str]], pad_id: int,
+                 batch_size: int = 8) -> list[dict[str, np.ndarray]]:
     return [encode_pairs(tok, pairs[i : i + batch_size], pad_id) for i in range(0, len(pairs), batch_size)]
 
 
-def token_lengths(tok, pairs: Sequence[tuple[str, str]]) -> list[int]:
+def token_lengths(tok: Tokenizer, pairs: Sequence[tuple[str, str]]) -> list[int]:
     return [len(e.ids) for e in tok.encode_batch([(q, t) for q, t in pairs])]

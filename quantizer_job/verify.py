@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
 from . import metrics
 
+#: ``onnxruntime.InferenceSession`` (the library ships no type information).
+Session = Any
+
 #: TEI sends at most this many pairs per forward pass on CPU.
 TEI_MAX_BATCH = 8
 
 
-def make_session(path: str | Path, threads: int):
+def make_session(path: str | Path, threads: int) -> Session:
     """The session TEI's ORT backend builds: all CPU threads, one inference at a time, ORT_ENABLE_ALL."""
     import onnxruntime as ort
 
@@ -28,7 +32,7 @@ def make_session(path: str | Path, threads: int):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def _feeds(sess, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def _feeds(sess: Session, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     names = [i.name for i in sess.get_inputs()]
     return [{n: b[n] for n in names} for b in batches]
 
@@ -47,7 +51,7 @@ class Timed:
                 "p95_ms": round(self.p95_ms, 3)}
 
 
-def score_timed(sess, batches: Sequence[dict[str, np.ndarray]], min_seconds: float = 2.0,
+def score_timed(sess: Session, batches: Sequence[dict[str, np.ndarray]], min_seconds: float = 2.0,
                 max_passes: int = 20) -> Timed:
     """Score every batch (first pass gives the scores); repeat passes until ``min_seconds`` to time throughput.
 
@@ -79,9 +83,9 @@ def score_timed(sess, batches: Sequence[dict[str, np.ndarray]], min_seconds: flo
                  passes=passes, seconds=total)
 
 
-def check_output(sess) -> list[str]:
+def check_output(sess: Session) -> list[str]:
     """What TEI requires of the graph's signature: int64 inputs it knows, float32 ``logits`` [batch, 1]."""
-    problems = []
+    problems: list[str] = []
     allowed = {"input_ids", "attention_mask", "token_type_ids"}
     names = [i.name for i in sess.get_inputs()]
     for i in sess.get_inputs():
@@ -132,10 +136,3 @@ def gate(q: dict[str, float], min_spearman: float, min_topk: float) -> list[str]
         why.append(f"top-k agreement {tk:.3f} < {min_topk}")
     return why
 
-
-def rounded(d: dict[str, float], nd: int = 5) -> dict[str, float]:
-    out = {}
-    for k, v in d.items():
-        v = float(v)
-        out[k] = v if not np.isfinite(v) else round(v, nd)
-    return out

@@ -1,0 +1,546 @@
+"""The quantization Job as a pipeline of stages, each a function returning a small dataclass:
+
+    fetch -> export (child process, torch) -> reference (FP32, part of verify) -> recipe search (optimize, quantize,
+    verify per candidate; :mod:`.search`) -> layout (the TEI directories and the manifest) -> publish (one rename)
+
+:class:`Job` runs them under the artifact's lock in a temp directory that a failure removes, so a crash never
+leaves half a model and a published artifact is never overwritten. Every stage logs one structured JSON line per
+event on stderr (:mod:`.logs`); :func:`execute` turns the outcome into the :class:`~quantizer_job.contract.JobResult`
+and the exit code the operator reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import evaldata, isa, layout, publish, search, textenc, verify
+from . import quantize as Q
+from .contract import CPU_SUBDIR, MANIFEST_FILE, ORIGINAL_SUBDIR, JobRequest, JobResult
+from .errors import EXIT_CODES, JobError
+from .fetch import Fetched, fetch
+from .logs import log, peak_rss_bytes, stage, trim_memory
+from .quantize import Recipe, model_bytes
+from .results import finite_values, rounded
+
+MANIFEST_VERSION = 1
+#: Pairs whose PyTorch logits the export child computes, to prove the ONNX graph matches the model.
+EXPORT_CHECK_PAIRS = 6
+#: Share of the time budget the default evaluation set may take for the FP32 reference (see _default_eval_size).
+EVAL_BUDGET_SHARE = 0.04
+MIN_DEFAULT_EVAL_PAIRS = 74
+#: Models whose FP32 ONNX is larger than this skip the offline transformer fusions (memory; see candidates).
+FUSION_MAX_BYTES = int(os.environ.get("RERANK_QUANTIZE_FUSION_MAX_BYTES", str(1 << 30)))
+#: TEI's CPU batch size, used for every measurement.
+BATCH_SIZE = 8
+
+
+class Terminated(BaseException):
+    """SIGTERM (the Job's deadline or a deleted pod): unwinds the pipeline so the temp directory is removed."""
+
+
+# -- what each stage hands on ---------------------------------------------------------------------------------------
+@dataclass
+class Context:
+    """One run: the request, its temp directory (renamed into place by publish) and the stage timings."""
+
+    req: JobRequest
+    tmp: Path
+    threads: int
+    elapsed: Callable[[], float]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def work(self) -> Path:
+        return self.tmp / "work"
+
+
+@dataclass(frozen=True)
+class Source:
+    """The fetched model: its directory, its config.json, and TEI's max input length for it."""
+
+    fetched: Fetched
+    config: dict[str, Any]
+    max_length: int
+
+    @property
+    def path(self) -> Path:
+        return self.fetched.path
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config["model_type"])
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Evaluation pairs (the gate's) and calibration pairs (static quantization's; may be empty)."""
+
+    eval_pairs: list[evaldata.Pair]
+    calib_pairs: list[evaldata.Pair]
+
+
+@dataclass(frozen=True)
+class Exported:
+    """The FP32 ONNX graph, the export child's report, and the tokenizer TEI will load."""
+
+    onnx: Path
+    info: dict[str, Any]
+    tokenizer_json: Path
+    tokenizer: textenc.Tokenizer
+    pad_id: int
+    #: Safetensors the export wrote for the GPU pool when the source had only .bin weights.
+    original_weights: Path | None
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The FP32 scores every candidate is compared with, on batches shared by every measurement."""
+
+    timed: verify.Timed
+    batches: list[dict[str, np.ndarray]]
+    #: Undoes the length sort of the batches: scores[inverse] is in evaluation-pair order.
+    inverse: np.ndarray
+    groups: list[str]
+    calib_feeds: list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The recipe search's winner, which passed the gate, with the recipe report for the manifest and result."""
+
+    trial: search.Trial
+    recipe_info: dict[str, Any]
+
+
+# -- the stages -----------------------------------------------------------------------------------------------------
+def fetch_source(ctx: Context) -> Source:
+    req = ctx.req
+    with stage("download", ctx.timings, model=req.model, revision=req.revision) as rec:
+        fetched = fetch(req.model, req.revision, ctx.work / "src")
+        src = fetched.path
+        cfg = layout.read_config(src)
+        layout.validate_source_config(cfg)
+        rec.update(source=fetched.source, resolved_revision=fetched.revision, files=len(fetched.files),
+                   bytes=sum(p.stat().st_size for p in src.iterdir() if p.is_file()), model_type=cfg["model_type"])
+    return Source(fetched=fetched, config=cfg, max_length=textenc.max_input_length(cfg))
+
+
+def load_inputs(req: JobRequest) -> Inputs:
+    """Evaluation (and calibration) pairs: bad input fails before any heavy work."""
+    try:
+        eval_pairs = evaldata.load_jsonl(req.eval_pairs) if req.eval_pairs else evaldata.default_pairs()
+        calib_pairs = evaldata.load_jsonl(req.calibration_pairs, min_pairs=1) if req.calibration_pairs else []
+    except evaldata.EvalDataError as exc:
+        raise JobError("InvalidInput", str(exc)) from None
+    return Inputs(eval_pairs=eval_pairs, calib_pairs=calib_pairs)
+
+
+def export_model(ctx: Context, source: Source, inputs: Inputs) -> Exported:
+    """FP32 ONNX export in a child process (the only one that imports torch), checked against PyTorch's logits."""
+    src, cfg, work = source.path, source.config, ctx.work
+    has_st = bool(layout.weight_files(src))
+    orig_tmp = work / "original-weights" if (ctx.req.keep_original and not has_st) else None
+    spec = {"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tokenizer"),
+            "original_dir": str(orig_tmp) if orig_tmp else None, "max_length": source.max_length,
+            "pad_id": layout.pad_token_id(cfg, src / "tokenizer.json"), "threads": ctx.threads,
+            "ref_pairs": [[p.query, p.text] for p in inputs.eval_pairs[:EXPORT_CHECK_PAIRS]],
+            "parent_pid": os.getpid()}
+    with stage("export", ctx.timings) as rec:
+        info = _run_export(spec, work, timeout=ctx.req.time_budget_seconds)
+        fp32 = Path(info["onnx_path"])
+        rec.update(bytes=model_bytes(fp32), inputs=info["input_names"], outputs=info["output_names"],
+                   opset=info["opset"], tokenizer_converted=info["tokenizer_converted"], child=info["timings"])
+    tok_json = Path(info["tokenizer_json"])
+    return Exported(onnx=fp32, info=info, tokenizer_json=tok_json,
+                    tokenizer=textenc.load_tokenizer(str(tok_json), source.max_length),
+                    pad_id=layout.pad_token_id(cfg, tok_json), original_weights=orig_tmp)
+
+
+def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
+    """Score the evaluation pairs with the FP32 graph (part of verify): the scores the gate compares with, and the
+    throughput the speedup is measured against. Also prepares the calibration feeds."""
+    req, tok, pad_id = ctx.req, exported.tokenizer, exported.pad_id
+    fp32_sess = verify.make_session(exported.onnx, ctx.threads)
+    eval_pairs = inputs.eval_pairs
+    if not req.eval_pairs:
+        n = _default_eval_size(fp32_sess, tok, pad_id, eval_pairs, req.time_budget_seconds)
+        if n < len(eval_pairs):
+            log("verify", "eval_set_capped", pairs=n, of=len(eval_pairs), reason="time budget")
+        eval_pairs = eval_pairs[:n]
+    pairs = [(p.query, p.text) for p in eval_pairs]
+    # Batches of pairs of similar length (TEI batches whatever arrives; sorting only removes padding waste from
+    # the measurement, which matters for 24-layer models on 2 cores). Scores are mapped back to input order.
+    order = np.argsort(textenc.token_lengths(tok, pairs), kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    batches = textenc.make_batches(tok, [pairs[i] for i in order], pad_id, batch_size=BATCH_SIZE)
+
+    with stage("verify", ctx.timings, model="fp32", pairs=len(pairs)) as rec:
+        ref = _score(ctx, exported.onnx, batches, inverse, failure_reason="ExportFailed", sess=fp32_sess)
+        del fp32_sess
+        if not np.all(np.isfinite(ref.scores)):
+            raise JobError("ExportFailed", "the FP32 ONNX model gives non-finite scores")
+        torch_ref = np.asarray(exported.info.get("torch_ref_logits", []), dtype=np.float64)
+        export_diff = float(np.max(np.abs(torch_ref - ref.scores[: len(torch_ref)]))) if len(torch_ref) else 0.0
+        scale = max(1.0, float(np.max(np.abs(torch_ref)))) if len(torch_ref) else 1.0
+        if export_diff > 1e-3 * scale:
+            raise JobError("ExportFailed", f"ONNX FP32 differs from PyTorch by {export_diff:.3g}")
+        rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
+
+    calib_feeds: list[dict[str, np.ndarray]] = []
+    calib_pairs = inputs.calib_pairs
+    if calib_pairs and (req.mode == "static" or req.recipe == "auto"):
+        lengths = textenc.token_lengths(tok, [(p.query, p.text) for p in calib_pairs])
+        chosen = evaldata.balance_by_length(lengths, n=min(len(calib_pairs), 256))
+        chosen_pairs = [(calib_pairs[i].query, calib_pairs[i].text) for i in chosen]
+        calib_feeds = textenc.make_batches(tok, chosen_pairs, pad_id, batch_size=BATCH_SIZE)
+    return Reference(timed=ref, batches=batches, inverse=inverse, groups=[p.query for p in eval_pairs],
+                     calib_feeds=calib_feeds)
+
+
+def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[Recipe]:
+    """The recipes to try: the auto search's list, or the one fixed recipe; unfused variants for large models."""
+    target = isa.detect_local_target() if req.target == "auto" else req.target
+    fixed = Q.fixed_recipe(req.mode, target, req.optimization_level, req.per_channel, req.reduce_range,
+                           req.operators)
+    found = (Q.candidate_recipes(target, req.mode, has_calibration=has_calibration)
+             if req.recipe == "auto" else [fixed])
+    if fp32_bytes <= FUSION_MAX_BYTES:
+        return found
+    # ORT's Python transformer optimizer holds several copies of the weights (10.5 GiB peak on a 2.2 GB
+    # XLM-R large); above this size the serving session's own ORT_ENABLE_ALL fusions have to do.
+    unfused: list[Recipe] = []
+    for r in found:
+        ops = tuple(o for o in r.operators if o != "Attention") or ("MatMul",)  # no fused Attention nodes
+        r2 = Q.replace(r, optimization_level=0, operators=ops, fast_gelu=False,
+                       name=r.name if r.optimization_level == 0 else r.name + "-unfused")
+        if all(Q.replace(u, name="") != Q.replace(r2, name="") for u in unfused):
+            unfused.append(r2)
+    if unfused != found:
+        log("optimize", "skipped", reason="model too large for the offline fusion pass within the memory budget",
+            fp32_bytes=fp32_bytes, limit_bytes=FUSION_MAX_BYTES)
+    return unfused
+
+
+def evaluator(ctx: Context, source: Source, exported: Exported,
+              ref: Reference) -> Callable[[int, Recipe], search.Trial]:
+    """The search's ``evaluate``: optimize, quantize and verify one recipe (fused graphs shared between recipes)."""
+    req, fp32, work = ctx.req, exported.onnx, ctx.work
+    heads = int(source.config.get("num_attention_heads") or 0)
+    hidden = int(source.config["hidden_size"])
+    fp32_bytes = model_bytes(fp32)
+    optimized: Q.GraphCache = {}
+
+    def evaluate(i: int, recipe: Recipe) -> search.Trial:
+        with stage("optimize", ctx.timings, level=recipe.optimization_level, recipe=recipe.name) as rec:
+            opt_path = Q.optimized_for(recipe, fp32, work, heads, hidden, optimized)
+            rec.update(bytes=model_bytes(opt_path),
+                       fusions=getattr(Q.optimize, "last_stats", {}) if recipe.optimization_level else {})
+            trim_memory()
+        cand_path = work / f"int8-{i}" / "model.onnx"
+        with stage("quantize", ctx.timings, recipe=recipe.to_dict()) as rec:
+            Q.build_int8(fp32, cand_path, recipe, work, heads, hidden, ref.calib_feeds, exported.info["input_names"],
+                         cache=optimized)
+            rec.update(bytes=model_bytes(cand_path))
+            trim_memory()
+        with stage("verify", ctx.timings, model="int8", recipe=recipe.name) as rec:
+            got = _score(ctx, cand_path, ref.batches, ref.inverse, failure_reason="QuantizationFailed")
+            fp = ref.timed
+            q = verify.quality(ref.groups, fp.scores, got.scores, req.topk)
+            why = verify.gate(q, req.min_spearman, req.min_topk_agreement)
+            speed = {"fp32_pairs_per_s": fp.pairs_per_s, "int8_pairs_per_s": got.pairs_per_s,
+                     "speedup": got.pairs_per_s / fp.pairs_per_s,
+                     "size_ratio": model_bytes(cand_path) / fp32_bytes, "fp32_p50_ms": fp.p50_ms,
+                     "fp32_p95_ms": fp.p95_ms, "int8_p50_ms": got.p50_ms, "int8_p95_ms": got.p95_ms}
+            rec.update(quality=rounded(q), speed=rounded(speed, 3), passed=not why, why=why)
+        return search.Trial(recipe=recipe, path=cand_path, quality=q, speed=speed, why=why)
+
+    return evaluate
+
+
+def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Reference) -> Choice:
+    """Run the recipe search within the time budget; the winner must pass the gate or the Job fails."""
+    req = ctx.req
+    found = candidates(req, model_bytes(exported.onnx), has_calibration=bool(ref.calib_feeds))
+    result = search.search(found, evaluator(ctx, source, exported, ref),
+                           search.Budget(seconds=float(req.time_budget_seconds), elapsed=ctx.elapsed),
+                           tolerate_failures=req.recipe == "auto")
+    for name, exc in result.failures:
+        log("quantize", "recipe_failed", recipe=name, reason=exc.reason, error=exc.message[:500])
+    if result.skipped:
+        log("quantize", "skipped", recipe=result.skipped[0], reason="time budget")
+    best = result.best
+    if best is None:
+        raise JobError("QuantizationFailed", f"no recipe produced a model: {result.tried}")
+    recipe_info = {**best.recipe.to_dict(), "tried": result.tried}
+    if best.why:
+        raise JobError("QualityGateFailed", f"INT8 ranks too differently from FP32 ({best.recipe.name}): "
+                                            + "; ".join(best.why),
+                       quality=finite_values(best.quality), speed=finite_values(best.speed), recipe=recipe_info)
+    return Choice(trial=best, recipe_info=recipe_info)
+
+
+def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice) -> dict[str, Any]:
+    """Turn the temp directory into the artifact: the TEI-loadable CPU directory, the GPU pool's original weights,
+    and the manifest (written last). Returns the manifest."""
+    req, tmp, src, tok_json = ctx.req, ctx.tmp, source.path, exported.tokenizer_json
+    tok_dirs = [tok_json.parent, src] if tok_json.parent != src else [src]
+    cpu = tmp / CPU_SUBDIR
+    cpu.mkdir()
+    chosen = choice.trial.path
+    os.replace(chosen, cpu / layout.MODEL_FILE)
+    data = chosen.with_name(chosen.name + "_data")
+    if data.exists():
+        os.replace(data, cpu / layout.DATA_FILE)
+    fixed_cfg = layout.tei_config(source.config, tok_json)
+    layout.write_json(cpu / "config.json", fixed_cfg)
+    layout.copy_tokenizer(tok_dirs, cpu)
+    problems = layout.check_tei_dir(cpu, expect_token_type_ids=source.model_type not in layout.NO_TOKEN_TYPES)
+    if problems:
+        raise JobError("PublishFailed", "CPU directory is not TEI-loadable: " + "; ".join(problems))
+    if req.keep_original:
+        orig = tmp / ORIGINAL_SUBDIR
+        orig.mkdir()
+        wsrc = exported.original_weights if exported.original_weights is not None else src
+        names = layout.weight_files(wsrc)
+        if not names:
+            raise JobError("PublishFailed", "no safetensors weights for the GPU pool")
+        inside = tmp in wsrc.resolve().parents
+        for name in names:
+            if inside:  # written or downloaded by this run: move, do not copy gigabytes
+                os.replace(wsrc / name, orig / name)
+            else:  # the user's directory: copy (a hard link would change with it)
+                shutil.copyfile(wsrc / name, orig / name)
+        layout.write_json(orig / "config.json", fixed_cfg)
+        layout.copy_tokenizer(tok_dirs, orig)
+    shutil.rmtree(ctx.work, ignore_errors=True)
+    files = layout.file_inventory(tmp)
+    info, best = exported.info, choice.trial
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "artifact_id": req.artifact_id,
+        "model": req.model,
+        "revision": source.fetched.revision or req.revision,
+        "source": source.fetched.source,
+        "model_type": source.model_type,
+        "files": files,
+        "size_bytes": sum(f["size"] for f in files),
+        "recipe": choice.recipe_info,
+        "quality": finite_values(best.quality),
+        "gate": {"min_spearman": req.min_spearman, "min_topk_agreement": req.min_topk_agreement, "topk": req.topk},
+        "speed": finite_values(best.speed),
+        "speed_settings": {"batch_size": BATCH_SIZE, "intra_op_threads": ctx.threads,
+                           "graph_optimization_level": "ORT_ENABLE_ALL"},
+        "export": {"opset": info["opset"], "inputs": info["input_names"], "outputs": info["output_names"],
+                   "tokenizer_converted": info["tokenizer_converted"]},
+        "versions": _versions(),
+        "timings": dict(ctx.timings),
+        "created_unix": int(time.time()),
+    }
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False))
+    return manifest
+
+
+def publish_artifact(ctx: Context, choice: Choice, manifest: dict[str, Any]) -> JobResult:
+    """Rename the finished temp directory into place; a run that lost the race reports the winner's artifact."""
+    req = ctx.req
+    try:
+        final = publish.commit(ctx.tmp, req.output_root, req.artifact_id)
+    except FileExistsError:
+        return already_published(req, publish.read_published(req.output_root, req.artifact_id) or {})
+    best = choice.trial
+    return JobResult(ok=True, reason="Published",
+                     message=f"published {best.recipe.name}: spearman {best.quality['spearman']:.4f}, "
+                             f"{best.speed['speedup']:.2f}x FP32",
+                     artifact_id=req.artifact_id, path=str(final),
+                     manifest_sha256=layout.sha256_file(final / MANIFEST_FILE),
+                     size_bytes=int(json.loads((final / MANIFEST_FILE).read_text())["size_bytes"]),
+                     quality=rounded(best.quality), speed=rounded(best.speed, 3),
+                     recipe=_result_recipe(choice.recipe_info))
+
+
+def already_published(req: JobRequest, manifest: dict[str, Any]) -> JobResult:
+    """The result of a run whose artifact exists: the manifest's figures, no second quantization."""
+    final = publish.final_path(req.output_root, req.artifact_id)
+    log("publish", "already_published", path=str(final))
+    return JobResult(ok=True, reason="AlreadyPublished", message=f"artifact {req.artifact_id} already published",
+                     artifact_id=req.artifact_id, path=str(final),
+                     manifest_sha256=layout.sha256_file(final / MANIFEST_FILE),
+                     size_bytes=int(manifest.get("size_bytes", 0)),
+                     quality=rounded(manifest.get("quality", {})), speed=rounded(manifest.get("speed", {})),
+                     recipe=_result_recipe(manifest.get("recipe", {})))
+
+
+# -- the run --------------------------------------------------------------------------------------------------------
+def validate(req: JobRequest) -> None:
+    """Flags the command line's types cannot check: refused before any work."""
+    if not publish.valid_artifact_id(req.artifact_id):
+        raise JobError("InvalidInput", f"artifact id {req.artifact_id!r}: use letters, digits, '.', '_', '-'")
+    if req.topk < 1 or not (0.0 <= req.min_spearman <= 1.0) or not (0.0 <= req.min_topk_agreement <= 1.0):
+        raise JobError("InvalidInput", "--topk must be >= 1 and the gate thresholds within [0, 1]")
+    if req.mode == "static" and not req.calibration_pairs:
+        raise JobError("InvalidInput", "--mode static needs --calibration-pairs")
+
+
+class Job:
+    """One quantization run: validation, then the stages under the artifact's lock in a temp directory."""
+
+    def __init__(self, req: JobRequest):
+        self.req = req
+        self.timings: dict[str, float] = {}
+        self.t0 = time.monotonic()
+        self.threads = isa.cpu_budget()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def run(self) -> JobResult:
+        req = self.req
+        validate(req)
+        done = publish.read_published(req.output_root, req.artifact_id)
+        if done is not None:
+            return already_published(req, done)
+        lock = publish.ArtifactLock(req.output_root, req.artifact_id)
+        if not lock.acquire():
+            raise JobError("PublishFailed", f"another run holds the lock of artifact {req.artifact_id}")
+        try:
+            done = publish.read_published(req.output_root, req.artifact_id)
+            if done is not None:
+                return already_published(req, done)
+            stale = publish.clean_stale(req.output_root, req.artifact_id)
+            if stale:
+                log("publish", "cleaned_stale_temp_dirs", dirs=stale)
+            tmp = publish.make_temp(req.output_root, req.artifact_id)
+            try:
+                return self._build(Context(req=req, tmp=tmp, threads=self.threads, elapsed=self.elapsed,
+                                           timings=self.timings))
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            lock.release()
+
+    def _build(self, ctx: Context) -> JobResult:
+        ctx.work.mkdir()
+        source = fetch_source(ctx)
+        inputs = load_inputs(ctx.req)
+        exported = export_model(ctx, source, inputs)
+        ref = reference(ctx, exported, inputs)
+        choice = search_recipes(ctx, source, exported, ref)
+        with stage("publish", ctx.timings) as rec:
+            manifest = lay_out(ctx, source, exported, choice)
+            result = publish_artifact(ctx, choice, manifest)
+            if result.reason == "Published":
+                rec.update(path=result.path, bytes=result.size_bytes)
+        return result
+
+
+def execute(req: JobRequest) -> tuple[JobResult, int]:
+    """Run the Job and map every outcome to its result and exit code (0, or the failure reason's)."""
+    job = Job(req)
+    log("job", "start", request=dict(req.__dict__), threads=job.threads, target=isa.detect_local_target())
+    code = 0
+    try:
+        res = job.run()
+    except JobError as exc:
+        d = exc.details
+        res = JobResult(ok=False, reason=exc.reason, message=exc.message, artifact_id=req.artifact_id,
+                        quality=rounded(d.get("quality", {})), speed=rounded(d.get("speed", {})),
+                        recipe=_result_recipe(d.get("recipe", {})))
+        code = EXIT_CODES[exc.reason]
+    except Terminated as exc:
+        res = JobResult(ok=False, reason="InternalError", message=f"terminated ({exc})", artifact_id=req.artifact_id)
+        code = EXIT_CODES["InternalError"]
+    except Exception as exc:  # a bug: still a result the operator can read, never a bare traceback
+        res = JobResult(ok=False, reason="InternalError", message=f"{type(exc).__name__}: {exc}",
+                        artifact_id=req.artifact_id)
+        code = EXIT_CODES["InternalError"]
+    log("job", "end", ok=res.ok, reason=res.reason, seconds=round(job.elapsed(), 3), peak_rss_bytes=peak_rss_bytes(),
+        timings=job.timings)
+    return res, code
+
+
+# -- helpers of the stages ------------------------------------------------------------------------------------------
+def _result_recipe(recipe_info: dict[str, Any]) -> dict[str, Any]:
+    """The recipe as the Job result reports it: without ``extra`` (the termination message holds 4 KB)."""
+    return {k: v for k, v in recipe_info.items() if k != "extra"}
+
+
+def _run_export(spec: dict[str, Any], work: Path, timeout: float) -> dict[str, Any]:
+    spec_path, result_path = work / "export-spec.json", work / "export-result.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "quantizer_job.export", str(spec_path), str(result_path)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=max(60.0, timeout), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, check=False)
+    except subprocess.TimeoutExpired:
+        raise JobError("ExportFailed", f"export did not finish within {int(timeout)} s") from None
+    res: dict[str, Any] | None = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if proc.returncode != 0 or res is None or "error" in res:
+        if res and "error" in res:
+            raise JobError(res["error"]["reason"], res["error"]["message"])
+        tail = (proc.stdout or "")[-1500:]
+        sig = -proc.returncode if proc.returncode < 0 else None
+        what = f"killed by signal {sig} (out of memory?)" if sig else f"exit {proc.returncode}"
+        raise JobError("ExportFailed", f"export child {what}: {tail}")
+    return res
+
+
+def _default_eval_size(sess: verify.Session, tok: textenc.Tokenizer, pad_id: int, eval_pairs: list[evaldata.Pair],
+                       time_budget_seconds: float) -> int:
+    """How many of the default pairs to score: all of them (840) when the FP32 model is fast enough to score
+    them in EVAL_BUDGET_SHARE of the time budget, else fewer (never fewer than the built-in 74): a 568M model
+    on 2 cores scores about one pair a second, and the gate has to leave time for quantizing."""
+    probe = textenc.make_batches(tok, [(p.query, p.text) for p in eval_pairs[:24]], pad_id, batch_size=BATCH_SIZE)
+    names = [i.name for i in sess.get_inputs()]
+    sess.run(["logits"], {k: probe[0][k] for k in names})
+    t0 = time.perf_counter()
+    for b in probe:
+        sess.run(["logits"], {k: b[k] for k in names})
+    pps = 24 / max(1e-6, time.perf_counter() - t0)
+    n = int(pps * EVAL_BUDGET_SHARE * time_budget_seconds)
+    return max(min(len(eval_pairs), MIN_DEFAULT_EVAL_PAIRS), min(len(eval_pairs), n))
+
+
+def _score(ctx: Context, model: Path, batches: list[dict[str, np.ndarray]], inverse: np.ndarray, *,
+           failure_reason: str, sess: verify.Session | None = None) -> verify.Timed:
+    """Score ``batches`` with ``model`` in a session built as TEI builds it, timed; scores come back in input
+    order (``inverse`` undoes the length sort). A graph TEI could not serve raises ``failure_reason``."""
+    sess = sess if sess is not None else verify.make_session(model, ctx.threads)
+    problems = verify.check_output(sess)
+    if problems:
+        raise JobError(failure_reason, "; ".join(problems))
+    timed = verify.score_timed(sess, batches, min_seconds=_timing_seconds())
+    timed.scores = timed.scores[inverse]
+    del sess
+    trim_memory()
+    return timed
+
+
+def _timing_seconds() -> float:
+    """How long to time each model (at least one pass over the eval batches is always made)."""
+    return float(os.environ.get("RERANK_QUANTIZE_TIMING_SECONDS", "2.0"))
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for mod in ("onnxruntime", "onnx", "numpy", "tokenizers", "optimum", "transformers", "torch"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[mod] = version(mod)
+    return out

@@ -11,7 +11,7 @@ The termination message lives only as long as the pod. When a Job succeeds while
 is removed before it returns (a node scaled away, pod garbage collection), the result is gone but the artifact was
 published: its ``manifest.json`` on the volume is the durable result. The operator cannot mount tenant volumes, so
 it reads that manifest through the quantizer: the next attempt finds the artifact published and returns at once
-with ``AlreadyPublished`` and the manifest's figures (``quantizer_job.cli.Job.run``), no second quantization.
+with ``AlreadyPublished`` and the manifest's figures (``quantizer_job.pipeline.Job.run``), no second quantization.
 """
 
 from __future__ import annotations

@@ -66,8 +66,11 @@ class Decision:
         return {"time": now_iso, "reason": self.reason, "held": self.held}
 
 
+DEFAULT_TUNING = routing.Tuning()  # the routing constants the autoscaler ships with (tests pass others)
+
+
 def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
-           tuning: routing.Tuning = routing.Tuning()) -> Decision:
+           tuning: routing.Tuning = DEFAULT_TUNING) -> Decision:
     """Desired replicas per pool, CPU traffic share, and why. See the module docstring for the order.
 
     `tuning` is for the simulator's ablation only (production uses the defaults)."""

@@ -28,7 +28,8 @@ from typing import Any
 from . import classes, conditions, events, metrics, names
 from . import spec as specs
 from . import status as statuses
-from .apply import Cluster, TransientApiError
+from .access import ClusterAccess
+from .apply import TransientApiError
 from .autoscale import config, direct, endpoints, history, policy, prometheus
 from .autoscale import routing as autoscale_routing
 from .autoscale.signals import Signals
@@ -183,7 +184,7 @@ def count(namespace: str, model: str, current: policy.Current, decision: policy.
 class ModelAutoscaler:
     """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
 
-    def __init__(self, cluster: Cluster, namespace: str, name: str, *,
+    def __init__(self, cluster: ClusterAccess, namespace: str, name: str, *,
                  registry: classes.Registry | None = None, settings: Settings | None = None,
                  after_decision: Callable[[], Any] = lambda: None, fetch: direct.Fetch = direct.http_fetch,
                  clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:

@@ -10,8 +10,10 @@ Writes happen only when the decision changes (replicas, split, held or not) or a
 reason: the raw signals (which move every tick) and the decision's reason and time are recorded with such a
 change, never alone, so a model under steady load costs no write at all. The policy's memory (history) lives in
 this process and is saved to an annotation when a pool was scaled or traffic shifted, so a restarted operator
-keeps its cooldowns. Status writes are serialized with the reconcile loop's (``model_lock``): both replace the
-conditions list, so neither may write between the other's read and write.
+keeps its cooldowns. The status it writes is built by ``status.autoscaler_part`` (the autoscaler's half of the status
+pipeline; ``status.compute`` builds the reconcile loop's and carries this part over). Status writes are serialized
+with the reconcile loop's (``model_lock``): both replace the conditions list, so neither may write between the
+other's read and write.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 from . import classes, conditions, events, metrics, names
 from . import spec as specs
 from . import status as statuses
-from .apply import Cluster, TransientApiError
+from .access import ClusterAccess
+from .apply import TransientApiError
 from .autoscale import config, direct, endpoints, history, policy, prometheus
 from .autoscale import routing as autoscale_routing
 from .autoscale.signals import Signals
@@ -120,38 +123,6 @@ def decision_status(auto: config.AutoscalingSpec, decision: policy.Decision, now
     return record
 
 
-def material(status: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What must differ for the autoscaler to write: not the signals, the time, the reason or a stale message."""
-    auto = status.get("autoscaling") or {}
-    last = auto.get("lastDecision") or {}
-    conds = []
-    for cond in status.get("conditions") or ():
-        kind = cond.get("type")
-        if kind in OWNED_CONDITIONS:
-            message = cond.get("message") if kind == TRAFFIC_ENFORCED else None
-            conds.append((kind, cond.get("status"), cond.get("reason"), cond.get("observedGeneration"), message))
-    return (auto.get("fresh"),
-            tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
-            tuple(sorted(conds, key=lambda c: str(c[0]))))
-
-
-def status_patch(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] | None,
-                 new_conditions: Sequence[Condition], generation: int, now_iso: str) -> dict[str, Any]:
-    """Merge patch for the autoscaler's part of the status (``autoscaling`` None: remove it and its conditions);
-    empty when nothing material changed."""
-    conds = [dict(c) for c in previous.get("conditions") or ()]
-    if autoscaling is None:
-        conds = [c for c in conds if c.get("type") not in OWNED_CONDITIONS]
-    else:
-        conds = conditions.set_conditions(conds, new_conditions, generation=generation, now=now_iso)
-    old = {"autoscaling": previous.get("autoscaling"), "conditions": previous.get("conditions") or []}
-    new = {"autoscaling": autoscaling, "conditions": conds}
-    if material(old) == material(new) and (autoscaling is None) == (previous.get("autoscaling") is None):
-        return {}
-    return statuses.merge_patch({k: v for k, v in old.items() if v is not None},
-                                {k: v for k, v in new.items() if v is not None})
-
-
 def changes(current: policy.Current, decision: policy.Decision, recorded: Mapping[str, Any]) -> list[events.Event]:
     """Events for a decision that is being recorded: the policy's (against what is in effect), plus a shift the
     reconcile loop already made on its own (no ready replica in a pool) that the autoscaler now takes over."""
@@ -183,7 +154,7 @@ def count(namespace: str, model: str, current: policy.Current, decision: policy.
 class ModelAutoscaler:
     """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
 
-    def __init__(self, cluster: Cluster, namespace: str, name: str, *,
+    def __init__(self, cluster: ClusterAccess, namespace: str, name: str, *,
                  registry: classes.Registry | None = None, settings: Settings | None = None,
                  after_decision: Callable[[], Any] = lambda: None, fetch: direct.Fetch = direct.http_fetch,
                  clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:
@@ -270,7 +241,7 @@ class ModelAutoscaler:
                 return None
             previous = body.get("status") or {}
             generation = int(body["metadata"].get("generation", owner.generation))
-            patch = status_patch(previous, record, conds, generation, self.now_iso())
+            patch = statuses.autoscaler_patch(previous, record, conds, generation=generation, now=self.now_iso())
             if not patch:
                 return None
             self.cluster.patch_status(owner, patch)

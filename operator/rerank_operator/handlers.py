@@ -12,8 +12,8 @@ RerankModel needs the operator running, as for any kopf operator with timers.
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,54 +25,80 @@ from .apply import Cluster
 from .reconcile import Result, reconcile
 from .settings import Settings
 
-RESYNC_SECONDS = float(os.environ.get("RERANK_RESYNC_SECONDS", "30"))
-WATCH_TIMEOUT = os.environ.get("RERANK_WATCH_SERVER_TIMEOUT")
 USER_AGENT = f"{names.OPERATOR_NAME}/0.1.0"
 
-#: The process's class registry and settings: created here, once, and passed to every reconcile and autoscaler.
-REGISTRY = classes.Registry()
-SETTINGS = Settings.from_env(os.environ)
 
-_cluster: Cluster | None = None
-_guard = threading.Lock()
-_running: dict[tuple[str, str], bool] = {}  # key -> run again after the current reconcile
+class Process:
+    """What one operator process shares between its handlers: the settings it was started with, its class registry
+    and API client (created here, once, and passed to every reconcile and autoscaler), and which models are being
+    reconciled right now."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.registry = classes.Registry()
+        self._cluster: Cluster | None = None
+        self._guard = threading.Lock()
+        self._running: dict[tuple[str, str], bool] = {}  # key -> run again after the current reconcile
+
+    def cluster(self) -> Cluster:
+        with self._guard:
+            if self._cluster is None:
+                self._cluster = Cluster.from_environment(USER_AGENT)
+            return self._cluster
+
+    def reconciling(self) -> int:
+        with self._guard:
+            return len(self._running)
+
+    def reconcile(self, namespace: str, name: str, trigger: str) -> Result | None:
+        def run() -> Result | None:
+            with autoscaler.model_lock(namespace, name):  # status writes never interleave with the autoscaler's
+                return reconcile(self.cluster(), namespace, name, trigger, registry=self.registry,
+                                 settings=self.settings)
+        return self._coalesced((namespace, name), run)
+
+    def _coalesced(self, key: tuple[str, str], run: Callable[[], Result | None]) -> Result | None:
+        with self._guard:
+            if key in self._running:
+                self._running[key] = True
+                return None
+            self._running[key] = False
+        try:
+            while True:
+                result = run()
+                with self._guard:
+                    if not self._running[key]:
+                        return result
+                    self._running[key] = False
+        finally:
+            with self._guard:
+                self._running.pop(key, None)
 
 
-def cluster() -> Cluster:
-    global _cluster
-    with _guard:
-        if _cluster is None:
-            _cluster = Cluster.from_environment(USER_AGENT)
-        return _cluster
+def install(settings: Settings) -> kopf.OperatorRegistry:
+    """A kopf registry with every handler below bound to one ``Process`` built from ``settings`` (main.py passes it
+    to ``kopf.operator``). Handler ids are the functions' names, as kopf stores them in annotations."""
+    process = Process(settings)
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(registry=registry)(kopf.login_via_client)  # kopf's default, from the kubernetes client's config
+    rrm = (names.GROUP, names.VERSION, names.PLURAL)
+    kopf.on.startup(registry=registry)(functools.partial(configure, process))
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(*rrm, registry=registry)(functools.partial(on_change, process))
+    kopf.timer(*rrm, interval=settings.resync_seconds, initial_delay=settings.resync_seconds,
+               registry=registry)(functools.partial(resync, process))
+    kopf.daemon(*rrm, id="autoscaler", cancellation_backoff=1.0, cancellation_timeout=10.0,
+                registry=registry)(functools.partial(autoscale, process))
+    for group, version, plural in (("batch", "v1", "jobs"), ("apps", "v1", "deployments")):
+        kopf.on.event(group, version, plural, labels=_OWNED, registry=registry)(
+            functools.partial(on_child_event, process))
+    kopf.on.event(names.GROUP, names.VERSION, "rerankclasses", registry=registry)(
+        functools.partial(on_class_event, process))
+    kopf.on.probe(id="reconciling", registry=registry)(functools.partial(probe, process))
+    return registry
 
 
-def _coalesced(key: tuple[str, str], run: Callable[[], Result | None]) -> Result | None:
-    with _guard:
-        if key in _running:
-            _running[key] = True
-            return None
-        _running[key] = False
-    try:
-        while True:
-            result = run()
-            with _guard:
-                if not _running[key]:
-                    return result
-                _running[key] = False
-    finally:
-        with _guard:
-            _running.pop(key, None)
-
-
-def _reconcile(namespace: str, name: str, trigger: str) -> Result | None:
-    def run() -> Result | None:
-        with autoscaler.model_lock(namespace, name):  # status writes never interleave with the autoscaler's
-            return reconcile(cluster(), namespace, name, trigger, registry=REGISTRY, settings=SETTINGS)
-    return _coalesced((namespace, name), run)
-
-
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(process: Process, settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{names.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     # Only the spec drives children: labels and annotations (an autoscaler's memory, a user's notes) must neither
@@ -81,38 +107,33 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=names.GROUP, key="last-handled-configuration", ignored_fields=["metadata"])
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 8
-    if WATCH_TIMEOUT:
-        settings.watching.server_timeout = int(WATCH_TIMEOUT)
-        settings.watching.client_timeout = int(WATCH_TIMEOUT) + 5
-    cluster()
+    if process.settings.watch_server_timeout:
+        settings.watching.server_timeout = process.settings.watch_server_timeout
+        settings.watching.client_timeout = process.settings.watch_server_timeout + 5
+    process.cluster()
 
 
-@kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL)
-@kopf.on.create(names.GROUP, names.VERSION, names.PLURAL)
-@kopf.on.update(names.GROUP, names.VERSION, names.PLURAL)
-def on_change(*, namespace: str | None, name: str, reason: str, **_: Any) -> None:
-    _reconcile(namespace or "", name, str(reason))
+def on_change(process: Process, *, namespace: str | None, name: str, reason: str, **_: Any) -> None:
+    process.reconcile(namespace or "", name, str(reason))
 
 
-@kopf.timer(names.GROUP, names.VERSION, names.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(*, namespace: str | None, name: str, **_: Any) -> None:
-    _reconcile(namespace or "", name, "timer")
+def resync(process: Process, *, namespace: str | None, name: str, **_: Any) -> None:
+    process.reconcile(namespace or "", name, "timer")
 
 
-@kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, id="autoscaler", cancellation_backoff=1.0,
-             cancellation_timeout=10.0)
-async def autoscale(*, namespace: str | None, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def autoscale(process: Process, *, namespace: str | None, name: str, stopped: kopf.DaemonStopped,
+                    **_: Any) -> None:
     """The autoscaler's loop for one model (autoscaler.py); a changed decision is applied by a reconcile at once."""
     ns = namespace or ""
 
     def apply_decision() -> None:
         try:
-            _reconcile(ns, name, "autoscaler")
+            process.reconcile(ns, name, "autoscaler")
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the resync timer catches up
             logging.getLogger(__name__).warning("reconcile of %s/%s after a decision failed: %s", ns, name, exc)
 
-    model = autoscaler.ModelAutoscaler(cluster(), ns, name, registry=REGISTRY, settings=SETTINGS,
-                                       after_decision=apply_decision)
+    model = autoscaler.ModelAutoscaler(process.cluster(), ns, name, registry=process.registry,
+                                       settings=process.settings, after_decision=apply_decision)
     await autoscaler.run(model, stopped)
 
 
@@ -127,32 +148,27 @@ def _owner_name(body: kopf.Body) -> str | None:
     return None
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=_OWNED)
-@kopf.on.event("apps", "v1", "deployments", labels=_OWNED)
-def on_child_event(*, body: kopf.Body, namespace: str | None, type: str, **_: Any) -> None:
+def on_child_event(process: Process, *, body: kopf.Body, namespace: str | None, type: str, **_: Any) -> None:
     owner = _owner_name(body)
     if owner and namespace and type:  # no type: the initial listing, already covered by resume
         try:
-            _reconcile(namespace, owner, "child")
+            process.reconcile(namespace, owner, "child")
         except kopf.TemporaryError as exc:  # event handlers are not retried: the timer will catch up
             logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s",
                                                 namespace, owner, exc)
 
 
-@kopf.on.event(names.GROUP, names.VERSION, "rerankclasses")
-def on_class_event(*, body: kopf.Body, type: str | None, **_: Any) -> None:
+def on_class_event(process: Process, *, body: kopf.Body, type: str | None, **_: Any) -> None:
     """A RerankClass changed: reconcile now the models it concerns (classes.py). An event handler writes nothing on
     the class (on.create/update/delete would keep kopf's state and a finalizer on it)."""
-    for namespace, owner in classes.class_event(type, body, REGISTRY.classes, REGISTRY.models):
+    for namespace, owner in classes.class_event(type, body, process.registry.classes, process.registry.models):
         try:
-            _reconcile(namespace, owner, "class")
+            process.reconcile(namespace, owner, "class")
         except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the model's own timer will catch up
             logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s",
                                                 namespace, owner, exc)
 
 
-@kopf.on.probe(id="reconciling")
-def probe(**_: Any) -> int:
+def probe(process: Process, **_: Any) -> int:
     """The liveness endpoint answers only while the operator's loop runs; reports models being reconciled."""
-    with _guard:
-        return len(_running)
+    return process.reconciling()

@@ -2,6 +2,8 @@
 
 Flags follow docs/design-notes.md: ``--namespace NS`` (repeatable) or ``--all-namespaces`` (default),
 ``--health-port`` (serves ``/healthz``), ``--metrics-port`` (Prometheus ``/metrics``), ``--log-format json|text``.
+The flags become one typed ``settings.Settings``, handed to ``handlers.install``: nothing travels through the
+environment.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import kopf
 from prometheus_client import start_http_server
+
+from .autoscale.config import PrometheusSettings
+from .settings import DEFAULT_RESYNC_SECONDS, Settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -26,8 +31,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=int, default=9090, help="port of Prometheus /metrics (0: none)")
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--resync-seconds", type=float, default=30.0,
+    parser.add_argument("--resync-seconds", type=float, default=DEFAULT_RESYNC_SECONDS,
                         help="how often every RerankModel is reconciled even without a change")
+    parser.add_argument("--watch-server-timeout", type=int, default=None,
+                        help="seconds one watch request lasts before kopf renews it (default: kopf's)")
     prom = parser.add_argument_group("metrics sources", "the Prometheus server the autoscaler queries for models "
                                      "with autoscaling.metrics.source prometheus whose RerankClass names none")
     prom.add_argument("--prometheus-url", default="", help="base URL of the Prometheus HTTP API")
@@ -38,29 +45,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def export_metrics_sources(args: argparse.Namespace, env: dict[str, str] | os._Environ[str] = os.environ) -> None:
-    """Hand the platform's Prometheus settings to the autoscaler (autoscale/endpoints.py reads them)."""
-    from .autoscale import endpoints
-
-    for name, value in ((endpoints.URL_ENV, args.prometheus_url),
-                        (endpoints.USED_QUERY_ENV, args.prometheus_gpu_memory_used_query),
-                        (endpoints.TOTAL_QUERY_ENV, args.prometheus_gpu_memory_total_query)):
-        if value:
-            env[name] = value
+def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """The typed settings the handlers get: the flags, and the pod's own identity from its environment."""
+    prometheus = PrometheusSettings(url=args.prometheus_url or None,
+                                    gpu_memory_used_query=args.prometheus_gpu_memory_used_query or None,
+                                    gpu_memory_total_query=args.prometheus_gpu_memory_total_query or None)
+    return Settings.from_env(env, prometheus=prometheus, resync_seconds=args.resync_seconds,
+                             watch_server_timeout=args.watch_server_timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["RERANK_RESYNC_SECONDS"] = str(args.resync_seconds)  # read when the handlers register
-    export_metrics_sources(args)
+    settings = settings_from(args, os.environ)
     kopf.configure(verbose=args.verbose,
                    log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    from . import handlers  # noqa: F401  (registers the handlers with kopf)
+    from . import handlers  # kopf and the API client are loaded only when the operator really starts
 
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     asyncio.run(kopf.operator(
+        registry=handlers.install(settings),
         standalone=True,
         clusterwide=not args.namespaces,
         namespaces=args.namespaces,

@@ -19,7 +19,8 @@ from . import classes, events, metrics, names
 from . import plan as plans
 from . import spec as specs
 from . import status as statuses
-from .apply import Cluster, TransientApiError
+from .access import ClusterAccess
+from .apply import TransientApiError
 from .conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from .observed import ObjectRef, ref_of
 from .settings import Settings
@@ -37,7 +38,7 @@ class Result:
     ready: bool
 
 
-def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str, *, registry: classes.Registry,
+def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *, registry: classes.Registry,
               settings: Settings, now: Callable[[], str] = utcnow) -> Result | None:
     """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest).
     ``registry`` and ``settings`` are the process's, created once by handlers.py."""
@@ -63,7 +64,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, trigger: str, *, regi
     return None
 
 
-def _reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str], registry: classes.Registry,
+def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[[], str], registry: classes.Registry,
                settings: Settings) -> bool | None:
     body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -125,7 +126,7 @@ def _count_jobs(plan: plans.Plan, done: Sequence[ObjectRef], previous: Mapping[s
         metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
 
 
-def _refuse(cluster: Cluster, owner: names.Owner, previous: Mapping[str, Any], tenant: classes.Tenancy,
+def _refuse(cluster: ClusterAccess, owner: names.Owner, previous: Mapping[str, Any], tenant: classes.Tenancy,
             refusal: statuses.Refusal, now: str) -> None:
     """Record why nothing was applied (children that already run are left alone) and post its transitions."""
     new_status = statuses.compute(owner.generation, previous, now, refusal, compliance=tenant.condition())

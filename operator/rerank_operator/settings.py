@@ -1,7 +1,8 @@
 """What the operator process was started with, read once by the shell and passed down.
 
-handlers.py builds one ``Settings`` from the environment (main.py turns its flags into variables there; the chart
-sets ``POD_NAMESPACE`` and may set ``RERANK_OPERATOR_POD_LABELS``), so no pure module ever reads the environment.
+main.py builds one ``Settings`` from its flags and the pod's environment (the chart sets ``POD_NAMESPACE`` and may
+set ``RERANK_OPERATOR_POD_LABELS``) and hands it to ``handlers.install``, so no other module reads flags or the
+environment.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .autoscale import endpoints
 from .autoscale.config import PrometheusSettings
 
 #: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
@@ -18,22 +18,30 @@ DEFAULT_OPERATOR_POD_LABELS: Mapping[str, str] = {"app.kubernetes.io/part-of": "
                                                   "app.kubernetes.io/component": "operator"}
 POD_LABELS_ENV = "RERANK_OPERATOR_POD_LABELS"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
+DEFAULT_RESYNC_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
 class Settings:
     """The operator's own namespace and pod labels (the NetworkPolicy's operator peer; no namespace outside a pod,
-    and then no peer), and the Prometheus server the platform configured (``--prometheus-url``)."""
+    and then no peer), the Prometheus server the platform configured (``--prometheus-url``), how often every model
+    is reconciled without a change (``--resync-seconds``) and, when set, how long one watch request lasts
+    (``--watch-server-timeout``; kopf's default otherwise)."""
 
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    watch_server_timeout: int | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
+                 resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None) -> Settings:
+        """The pod's own identity from ``env``; the rest as main.py parsed it from the flags."""
         return cls(operator_namespace=env.get(POD_NAMESPACE_ENV) or None,
                    operator_pod_labels=operator_pod_labels(env),
-                   prometheus=endpoints.operator_default(env))
+                   prometheus=prometheus or PrometheusSettings(),
+                   resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout)
 
 
 def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:

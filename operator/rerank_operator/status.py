@@ -9,12 +9,17 @@ status, so a condition's lastTransitionTime only moves when its status does.
 The reconcile loop owns every status field except ``status.autoscaling`` and the autoscaler's conditions
 (MetricsAvailable, TrafficEnforced), which are carried over untouched. The patch is empty when nothing changed, and
 then no write happens.
+
+``autoscaler_part`` is the other half, the only builder of the autoscaler's fields: the previous status with
+``status.autoscaling`` and the autoscaler's conditions replaced, everything else carried over untouched.
+``autoscaler_patch`` turns it into a merge patch, empty unless something material changed (not the signals or the
+decision's time and reason alone, which move every tick).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +30,7 @@ from .plan import Plan
 from .spec import RerankModelSpec
 from .tenancy import QuotaBlock
 
+AUTOSCALER_KEYS = ("autoscaling",)  # and the conditions in conditions.AUTOSCALER_OWNED
 OWNED_KEYS = ("observedGeneration", "phase", "model", "artifact", "pendingArtifact", "pools", "traffic", "conditions")
 
 
@@ -238,3 +244,46 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         elif key not in old or before != value:
             patch[key] = copy.deepcopy(value)
     return patch
+
+
+# -- the autoscaler's part --------------------------------------------------------------------------------------------
+
+def autoscaler_part(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] | None,
+                    decided: Sequence[Condition], *, generation: int, now: str) -> dict[str, Any]:
+    """The complete new status with the autoscaler's fields set (``autoscaling`` None: autoscaling is off, so
+    ``status.autoscaling`` and its conditions go); the reconcile loop's fields carried over untouched."""
+    result = {k: copy.deepcopy(v) for k, v in previous.items() if k not in AUTOSCALER_KEYS}
+    kept = [dict(c) for c in previous.get("conditions") or ()]
+    if autoscaling is None:
+        result["conditions"] = [c for c in kept if c.get("type") not in conditions.AUTOSCALER_OWNED]
+    else:
+        result["autoscaling"] = copy.deepcopy(dict(autoscaling))
+        result["conditions"] = conditions.set_conditions(kept, list(decided), generation=generation, now=now)
+    if not result["conditions"] and "conditions" not in previous:
+        del result["conditions"]
+    return result
+
+
+def autoscaler_patch(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] | None,
+                     decided: Sequence[Condition], *, generation: int, now: str) -> dict[str, Any]:
+    """Merge patch for the autoscaler's part of the status; empty when nothing material changed."""
+    new = autoscaler_part(previous, autoscaling, decided, generation=generation, now=now)
+    if _autoscaler_material(previous) == _autoscaler_material(new) and \
+            ("autoscaling" in new) == (previous.get("autoscaling") is not None):
+        return {}
+    return merge_patch(previous, new)
+
+
+def _autoscaler_material(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must differ for the autoscaler to write: not the signals, the time, the reason or a stale message."""
+    auto = status.get("autoscaling") or {}
+    last = auto.get("lastDecision") or {}
+    conds = []
+    for cond in status.get("conditions") or ():
+        kind = cond.get("type")
+        if kind in conditions.AUTOSCALER_OWNED:
+            message = cond.get("message") if kind == conditions.TRAFFIC_ENFORCED else None
+            conds.append((kind, cond.get("status"), cond.get("reason"), cond.get("observedGeneration"), message))
+    return (auto.get("fresh"),
+            tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
+            tuple(sorted(conds, key=lambda c: str(c[0]))))

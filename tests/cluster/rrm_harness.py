@@ -104,9 +104,8 @@ class OperatorProcess:
         self.metrics_port, self.health_port = free_port(), free_port()
         self.starts += 1
         self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
-        env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), "RERANK_WATCH_SERVER_TIMEOUT": "20",
-               **self.extra_env}
-        argv = [sys.executable, *self.launcher, "--log-format", "json",
+        env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), **self.extra_env}
+        argv = [sys.executable, *self.launcher, "--log-format", "json", "--watch-server-timeout", "20",
                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                 "--resync-seconds", str(RESYNC_SECONDS)]
         for ns in self.namespaces:

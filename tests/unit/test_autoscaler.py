@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 from rerank_operator import autoscaler, names
+from rerank_operator import status as statuses
 from rerank_operator.autoscale import policy
 from rerank_operator.conditions import Condition
 from rerank_operator.observed import PoolsView
+from fake_cluster import FakeCluster, merge
 
 NS, NAME = "ns", "m"
 
@@ -29,46 +31,9 @@ def route(gpu: int, cpu: int) -> dict[str, Any]:
                                                 {"name": f"{NAME}-cpu", "weight": cpu}]}]}}
 
 
-class FakeCluster:
-    def __init__(self, spec: dict[str, Any], view: PoolsView) -> None:
-        self.body: dict[str, Any] = {"metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1},
-                                     "spec": spec, "status": {"traffic": {"gpuPercent": 100, "cpuPercent": 0}}}
-        self.view = view
-        self.patches: list[dict[str, Any]] = []
-        self.events: list[tuple[str, str]] = []
-        self.annotations: list[dict[str, Any]] = []
-
-    def get_model(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.body)
-
-    def list_classes(self) -> list[dict[str, Any]]:
-        return []
-
-    def observe_pools(self, owner: names.Owner) -> PoolsView:
-        return self.view
-
-    def patch_status(self, owner: names.Owner, patch: dict[str, Any]) -> None:
-        self.patches.append(patch)
-        self.body["status"] = _merge(self.body["status"], patch)
-
-    def post_event(self, owner: names.Owner, event: Any) -> None:
-        self.events.append((event.reason, event.message))
-
-    def annotate_model(self, owner: names.Owner, annotations: dict[str, Any]) -> None:
-        self.annotations.append(annotations)
-        self.body["metadata"].setdefault("annotations", {}).update(annotations)
-
-
-def _merge(old: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(old, dict):
-        return copy.deepcopy(patch)
-    out = dict(old)
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge(out.get(k), v)
-    return out
+def stored(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": NAME, "namespace": NS, "uid": "u1", "generation": 1},
+            "spec": spec, "status": {"traffic": {"gpuPercent": 100, "cpuPercent": 0}}}
 
 
 class FakeTei:
@@ -101,9 +66,9 @@ def loop(spec: dict[str, Any] = SPEC, rate: float = 5.0, latency: float = 0.03,
     tei = FakeTei(clock, rate, latency)
     view = view or PoolsView(deployments={"gpu": dep("gpu", 1), "cpu": dep("cpu", 1)},
                              pods=(pod("gpu", 1), pod("cpu", 2)), route=route(100, 0))
-    fake = FakeCluster(copy.deepcopy(spec), view)
+    fake = FakeCluster(stored(copy.deepcopy(spec)), view=view)
     applied: list[int] = []
-    a = autoscaler.ModelAutoscaler(fake, NS, NAME, after_decision=lambda: applied.append(1),  # type: ignore[arg-type]
+    a = autoscaler.ModelAutoscaler(fake, NS, NAME, after_decision=lambda: applied.append(1),
                                    fetch=tei, clock=lambda: clock[0], now_iso=lambda: f"t{clock[0]:.0f}")
     return a, fake, tei, clock
 
@@ -196,14 +161,14 @@ def test_status_patch_ignores_what_moves_every_tick() -> None:
     record = {"signals": {"gpu": {"requestRate": 1.0}}, "fresh": True, "lastDecision": {"gpuReplicas": 2,
               "cpuReplicas": 1, "gpuPercent": 75, "cpuPercent": 25, "held": False, "time": "t1", "reason": d.reason}}
     conds = [Condition("MetricsAvailable", "True", "MetricsFresh", "a")]
-    patch = autoscaler.status_patch({}, record, conds, 1, "t1")
-    previous = _merge({}, patch)
+    patch = statuses.autoscaler_patch({}, record, conds, generation=1, now="t1")
+    previous = merge({}, patch)
     moved = {**record, "signals": {"gpu": {"requestRate": 9.0}},
              "lastDecision": {**record["lastDecision"], "time": "t2", "reason": "reason two"}}
-    assert autoscaler.status_patch(previous, moved, [Condition("MetricsAvailable", "True", "MetricsFresh", "b")],
-                                   1, "t2") == {}
+    assert statuses.autoscaler_patch(previous, moved, [Condition("MetricsAvailable", "True", "MetricsFresh", "b")],
+                                     generation=1, now="t2") == {}
     changed = {**moved, "lastDecision": {**moved["lastDecision"], "gpuReplicas": 3}}
-    patch = autoscaler.status_patch(previous, changed, conds, 1, "t2")
+    patch = statuses.autoscaler_patch(previous, changed, conds, generation=1, now="t2")
     assert patch["autoscaling"]["lastDecision"]["gpuReplicas"] == 3 and patch["autoscaling"]["signals"]
 
 
@@ -211,3 +176,21 @@ def test_current_split_comes_from_the_route_else_the_status() -> None:
     assert autoscaler.current_cpu_percent(route(3, 1), NAME, {}) == 25
     assert autoscaler.current_cpu_percent(None, NAME, {"traffic": {"cpuPercent": 40}}) == 40
     assert autoscaler.current_cpu_percent(route(0, 0), NAME, {}) == 0
+
+
+def test_the_two_builders_own_disjoint_fields_and_carry_the_others_over() -> None:
+    """status.compute (the reconcile loop's) and status.autoscaler_part (the autoscaler's) split the status: each
+    replaces only its own fields and conditions, so either may write after the other without losing anything."""
+    reconciled = {"observedGeneration": 1, "phase": "Ready", "traffic": {"gpuPercent": 100, "cpuPercent": 0},
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "",
+                                  "observedGeneration": 1, "lastTransitionTime": "t0"}]}
+    record = {"fresh": True, "lastDecision": {"gpuReplicas": 2, "cpuReplicas": 1, "gpuPercent": 75, "cpuPercent": 25}}
+    both = statuses.autoscaler_part(reconciled, record, [Condition("MetricsAvailable", "True", "MetricsFresh", "m")],
+                                    generation=1, now="t1")
+    assert {k: v for k, v in both.items() if k != "conditions"} == {
+        **{k: v for k, v in reconciled.items() if k != "conditions"}, "autoscaling": record}
+    assert [c["type"] for c in both["conditions"]] == ["Ready", "MetricsAvailable"]
+    assert both["conditions"][0] == reconciled["conditions"][0]
+    off = statuses.autoscaler_part(both, None, [], generation=1, now="t2")
+    assert off == reconciled
+    assert statuses.merge_patch(both, off) == {"autoscaling": None, "conditions": reconciled["conditions"]}

@@ -15,18 +15,7 @@ from typing import Any
 
 from .config import InvalidAutoscalingSpec, PrometheusSettings
 
-URL_ENV = "RERANK_PROMETHEUS_URL"
-USED_QUERY_ENV = "RERANK_PROMETHEUS_GPU_MEMORY_USED_QUERY"
-TOTAL_QUERY_ENV = "RERANK_PROMETHEUS_GPU_MEMORY_TOTAL_QUERY"
 SOURCES = ("direct", "prometheus")
-
-
-def operator_default(env: Mapping[str, str]) -> PrometheusSettings:
-    """The operator's own Prometheus server from its environment (main.py turns its flags into these variables;
-    settings.Settings reads them once)."""
-    return PrometheusSettings(url=env.get(URL_ENV) or None,
-                              gpu_memory_used_query=env.get(USED_QUERY_ENV) or None,
-                              gpu_memory_total_query=env.get(TOTAL_QUERY_ENV) or None)
 
 
 def allowed_sources(class_spec: Mapping[str, Any] | None) -> tuple[str, ...]:

@@ -1,6 +1,8 @@
 """Double-check of an effective spec against its RerankClass. The API server already refuses these
 (policies/rerankmodel-class-policy.yaml, same wording); the operator reports them in condition
-``ClassCompliant`` because a class may be tightened after a model was admitted. Pure."""
+``ClassCompliant`` because a class may be tightened after a model was admitted. Pure.
+
+One case table, tests/class_policy_cases.py, runs against both this module and the policy, so they cannot drift."""
 
 from __future__ import annotations
 

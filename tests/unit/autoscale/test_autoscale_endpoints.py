@@ -35,12 +35,10 @@ def test_class_may_forbid_a_source() -> None:
 
 
 def test_operator_flags_reach_the_autoscaler() -> None:
-    env: dict[str, str] = {}
-    main.export_metrics_sources(main.parse_args(["--prometheus-url", "http://p.monitoring:9090",
-                                                 "--prometheus-gpu-memory-used-query", "sum(used)"]), env)
-    assert endpoints.operator_default(env) == PrometheusSettings(url="http://p.monitoring:9090",
-                                                                 gpu_memory_used_query="sum(used)")
-    assert endpoints.operator_default({}) == PrometheusSettings()
+    settings = main.settings_from(main.parse_args(["--prometheus-url", "http://p.monitoring:9090",
+                                                   "--prometheus-gpu-memory-used-query", "sum(used)"]), {})
+    assert settings.prometheus == PrometheusSettings(url="http://p.monitoring:9090", gpu_memory_used_query="sum(used)")
+    assert main.settings_from(main.parse_args([]), {}).prometheus == PrometheusSettings()
 
 
 def test_the_direct_source_never_scrapes_a_pod_on_the_host_network() -> None:

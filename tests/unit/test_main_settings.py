@@ -1,0 +1,40 @@
+"""main.py's flags reach the handlers as one typed Settings (handlers.install), never through the environment."""
+
+from __future__ import annotations
+
+import os
+
+from rerank_operator import handlers, main
+from rerank_operator.autoscale.config import PrometheusSettings
+from rerank_operator.settings import DEFAULT_OPERATOR_POD_LABELS, Settings
+
+
+def test_flags_and_the_pods_identity_become_settings() -> None:
+    args = main.parse_args(["--resync-seconds", "7.5", "--watch-server-timeout", "20",
+                            "--prometheus-url", "http://p.monitoring:9090",
+                            "--prometheus-gpu-memory-total-query", "sum(total)"])
+    env = {"POD_NAMESPACE": "rerank-system", "RERANK_OPERATOR_POD_LABELS": "app=op, tier = control"}
+    assert main.settings_from(args, env) == Settings(
+        operator_namespace="rerank-system", operator_pod_labels={"app": "op", "tier": "control"},
+        prometheus=PrometheusSettings(url="http://p.monitoring:9090", gpu_memory_total_query="sum(total)"),
+        resync_seconds=7.5, watch_server_timeout=20)
+
+
+def test_defaults_without_flags_or_a_pod() -> None:
+    settings = main.settings_from(main.parse_args([]), {})
+    assert settings == Settings() and settings.operator_pod_labels == DEFAULT_OPERATOR_POD_LABELS
+    assert settings.resync_seconds == 30.0 and settings.watch_server_timeout is None
+
+
+def test_install_registers_every_handler_with_the_settings_it_was_given() -> None:
+    before = dict(os.environ)
+    registry = handlers.install(Settings(resync_seconds=7.5))
+    assert dict(os.environ) == before  # nothing is handed over through the environment
+    timers = {h.id: h for h in registry._spawning.get_all_handlers()}
+    assert set(timers) == {"resync", "autoscaler"}
+    assert (timers["resync"].interval, timers["resync"].initial_delay) == (7.5, 7.5)
+    assert sorted(h.id for h in registry._changing.get_all_handlers()) == ["on_change"] * 3
+    assert sorted(h.id for h in registry._watching.get_all_handlers()) == ["on_child_event", "on_child_event",
+                                                                            "on_class_event"]
+    assert sorted(h.id for h in registry._activities.get_all_handlers()) == ["configure", "login_via_client",
+                                                                             "reconciling"]

@@ -1,0 +1,71 @@
+"""reconcile.py, the shell of one reconcile, against the shared fake cluster (fake_cluster.py, the same one the
+autoscaler's tests use): what it reads, executes, writes to the status and posts, and that a second run over what the
+first wrote is idle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+
+from fake_cluster import FakeCluster
+from rerank_operator import classes, conditions
+from rerank_operator.reconcile import reconcile
+from rerank_operator.settings import Settings
+from rerankmodel_gen import model, set_
+
+NOW = "2025-01-01T00:00:00Z"
+
+
+def run(fake: FakeCluster, registry: classes.Registry | None = None) -> Any:
+    body = fake.body or {"metadata": {"namespace": "search", "name": "bge-m3"}}
+    return reconcile(fake, body["metadata"]["namespace"], body["metadata"]["name"], "test",
+                     registry=registry or classes.Registry(), settings=Settings(), now=lambda: NOW)
+
+
+def reason(fake: FakeCluster, kind: str) -> str:
+    assert fake.body is not None
+    found = conditions.find(fake.body["status"]["conditions"], kind)
+    assert found is not None, fake.body["status"]
+    return str(found["reason"])
+
+
+def test_a_new_model_gets_its_claim_and_job_a_status_and_events_and_a_second_run_is_idle() -> None:
+    fake = FakeCluster(model())
+    result = run(fake)
+    assert result is not None and result.ready is False
+    kinds = sorted(k for k, _ in fake.world.objects)
+    assert "PersistentVolumeClaim" in kinds and "Job" in kinds, kinds
+    assert fake.body is not None and fake.body["status"]["observedGeneration"] == 1
+    assert fake.events, "the Job's creation is announced"
+    for _ in range(3):  # the Deployments it created report ready replicas: the status follows, then settles
+        before = (fake.world.writes, len(fake.patches), len(fake.events))
+        run(fake)
+        if (fake.world.writes, len(fake.patches), len(fake.events)) == before:
+            break
+    else:
+        raise AssertionError(f"still writing after 3 reconciles: {fake.patches[-1]}")
+
+
+def test_a_missing_model_is_forgotten() -> None:
+    fake = FakeCluster(None)
+    assert run(fake) is None
+    assert fake.plans == [] and fake.patches == []
+
+
+def test_a_missing_class_applies_nothing_and_says_why() -> None:
+    other = {"apiVersion": "rerank.io/v1alpha1", "kind": "RerankClass",
+             "metadata": {"name": "standard", "creationTimestamp": NOW}, "spec": {}}
+    fake = FakeCluster(model(set_("className", "gold")), classes=[other])
+    assert run(fake) is not None
+    assert fake.plans == [] and fake.world.objects == {}
+    assert reason(fake, conditions.READY) == conditions.REASON_CLASS_NOT_FOUND
+
+
+def test_an_invalid_spec_is_reported_then_refused_for_good() -> None:
+    fake = FakeCluster(model(set_("pools.cpu.maxReplicas", 0), set_("pools.cpu.minReplicas", 3)))
+    with pytest.raises(kopf.PermanentError, match="invalid spec"):
+        run(fake)
+    assert fake.plans == []
+    assert reason(fake, conditions.READY) == conditions.REASON_INVALID_SPEC

@@ -1,7 +1,7 @@
 """The policy side of the shared class-limits table (tests/class_policy_cases.py): the shipped ValidatingAdmissionPolicy
 on the real API server must refuse exactly what the table says, with the words ``tenancy.violations`` uses.
 
-The unit side (tests/unit/tenancy/test_class_policy_cases.py) runs the same table against the operator's checks.
+The unit side (tests/unit/tenancy/test_tenancy_class_policy_cases.py) runs the same table against the operator's checks.
 One RerankClass per class of the table; every model names its class (spec.className) and is created by a cluster
 admin (who passes the ``use`` check) as a server-side dry run. The binding is narrowed to this module's namespace.
 """

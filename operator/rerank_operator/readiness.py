@@ -20,6 +20,9 @@ from .spec import RerankModelSpec
 
 @dataclass(frozen=True)
 class Facts:
+    """What one reconcile acted on (``status.World``): the parsed spec, the children it observed, its plan, and the
+    writes that were refused (quota refusals excluded)."""
+
     spec: RerankModelSpec
     observed: Observed
     plan: Plan

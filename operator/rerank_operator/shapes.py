@@ -76,8 +76,7 @@ def operator_type(value: str) -> bool:
     return len(value) <= 64 and bool(_OPERATOR_TYPE.fullmatch(value))
 
 
-_QUALIFIED = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-                        r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_QUALIFIED = re.compile(f"{_DNS_SUBDOMAIN.pattern}/{_LABEL_NAME.pattern}")  # <DNS subdomain>/<label name>
 
 
 def resource_name(value: str) -> bool:

@@ -120,15 +120,9 @@ def degraded(facts: readiness.Facts) -> Condition:
     return Condition(conditions.DEGRADED, "False", conditions.REASON_AS_EXPECTED, "nothing is failing")
 
 
-@dataclass(frozen=True)
-class World:
-    """What a reconcile acted on: the parsed spec, the children it observed, its plan, the writes it had refused
-    (quota refusals excluded: they arrive as ``quota``)."""
-
-    spec: RerankModelSpec
-    observed: Observed
-    plan: Plan
-    apply_errors: tuple[str, ...] = ()
+# What a reconcile acted on: the parsed spec, the children it observed, its plan, the writes it had refused (quota
+# refusals excluded: they arrive as ``quota``). The readiness chain judges exactly these facts, so it is one type.
+World = readiness.Facts
 
 
 @dataclass(frozen=True)
@@ -196,8 +190,7 @@ def compute(
                    Condition(conditions.DEGRADED, "True", outcome.reason, outcome.message)]
         return {**copy.deepcopy(dict(previous)), "observedGeneration": generation, "phase": outcome.phase(previous),
                 "conditions": _merged(previous, refused, compliance, generation=generation, now=now)}
-    spec, observed, plan = outcome.spec, outcome.observed, outcome.plan
-    facts = readiness.Facts(spec, observed, plan, outcome.apply_errors)
+    spec, observed, plan, facts = outcome.spec, outcome.observed, outcome.plan, outcome
     ready, verdict = readiness.evaluate(facts)
     deg = degraded(facts)
     decided = {c.type: c for c in (

@@ -225,12 +225,7 @@ def test_quantization_disabled_serves_the_source_at_once() -> None:
 
 
 def test_one_event_per_publication_and_per_failure() -> None:
-    life = Life(model())
-    life.step()
-    artifact_id = artifact.artifact_id(spec_of(life.body))
-    assert artifact_id
-    life.finish_job(True, published(artifact_id))
-    life.settle()
+    life, _ = serving_life()
     assert [e.reason for e in life.events].count("ArtifactPublished") == 1
 
     life.events.clear()

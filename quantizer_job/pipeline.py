@@ -253,7 +253,7 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
         cand_path = work / f"int8-{i}" / "model.onnx"
         with stage("quantize", ctx.timings, recipe=recipe.to_dict()) as rec:
             Q.build_int8(fp32, cand_path, recipe, work, heads, hidden, ref.calib_feeds, exported.info["input_names"],
-                         cache=optimized)
+                         cache=optimized, probe_feeds=probe_feeds(ref))
             rec.update(bytes=model_bytes(cand_path))
             trim_memory()
         with stage("verify", ctx.timings, model="int8", recipe=recipe.name) as rec:
@@ -269,6 +269,15 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
         return search.Trial(recipe=recipe, path=cand_path, quality=q, speed=speed, why=why)
 
     return evaluate
+
+
+def probe_feeds(ref: Reference) -> list[dict[str, np.ndarray]]:
+    """Batches a mixed recipe ranks FFN outliers on: the calibration batches, else evaluation batches spread over
+    the lengths (they are sorted by length). Only activation ranges are read, never the scores the gate compares."""
+    if ref.calib_feeds:
+        return ref.calib_feeds
+    step = max(1, len(ref.batches) // Q.PROBE_BATCHES)
+    return list(ref.batches[::step][: Q.PROBE_BATCHES])
 
 
 def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Reference) -> Choice:

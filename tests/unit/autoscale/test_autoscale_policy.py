@@ -29,7 +29,7 @@ def test_calm_gpu_keeps_everything_and_all_traffic_on_gpu():
 
 def test_overloaded_gpu_below_max_scales_up_by_at_most_max_step_and_spills_meanwhile():
     decision = run(Signals(HOT_GPU, CALM_CPU), Current(2, 1, 0), gpu=(1, 10))
-    assert decision.gpu_replicas == 2 + 2          # scaleUp.maxStep default 2
+    assert decision.gpu_replicas == 2 + 2          # scaleUp.maxStep 2 (WORKED)
     assert decision.cpu_percent == 1               # GPU waits for replicas; the CPU's capacity is unknown: probe 1%
     reasons = {e.reason for e in decision.events}
     assert {"ScaledUp", "TrafficShifted"} <= reasons
@@ -153,7 +153,7 @@ def test_scale_down_waits_for_the_stabilization_window_then_steps():
     def with_high_at(age: float) -> History:
         return History(gpu=PoolHistory(recommendations=((NOW - age, 4),), last_scale_up=NOW - 1000,
                                        capacity=100.0, capacity_from_saturation=True))
-    light = Signals(pool(4, rate=50, p95=60), CALM_CPU)   # 50 rps fits one replica of 100 rps at 85%
+    light = Signals(pool(4, rate=50, p95=60), CALM_CPU)   # 50 rps fits one replica of 100 rps at 80%
     assert run(light, Current(4, 1, 0), with_high_at(100)).gpu_replicas == 4   # inside the 300 s window
     assert run(light, Current(4, 1, 0), with_high_at(400)).gpu_replicas == 3   # scaleDown.maxStep default 1
 

@@ -7,8 +7,9 @@ Model (1 s steps, every controller sees the same world):
 - a second violates the SLO when the p95 of the mixture of both pools' latency distributions (weighted by the
   traffic each receives) exceeds it, or when more than 5% of its requests are rejected;
 - what controllers see is what TEI exposes: counters (te_request_count/success/failure), the te_queue_size gauge
-  and te_request_duration as TEI's histogram (buckets 1e-5 * 1.5^k s, k = 1..35), scraped every 15 s; each pool's
-  scrape fails with probability --scrape-failure (default 5%);
+  and te_request_duration as TEI's histogram (buckets 1e-5 * 1.5^k s, k = 1..35), scraped every 15 s by Prometheus
+  and at each of its ticks by the policy (the direct source scrapes the pods itself); each pool's scrape fails with
+  probability --scrape-failure (default 5%);
 - the policy (`rerank_operator.autoscale.policy.decide`, the real function) reads them like the direct source:
   deltas between the two latest successful scrapes, p95 by `exposition.quantile` over the bucket deltas, and holds
   when a scrape failed; baselines read them like an HPA or KEDA through Prometheus: rate() over a 1 m window of the

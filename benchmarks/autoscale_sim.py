@@ -328,7 +328,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     replica_seconds = np.zeros((k, 2))
     controllers = [r.make() for r in runs]
     # Each run's own random stream (start-up jitter, failed scrapes), independent of its position in the list.
-    rngs = [random.Random(seed * 1_000_003 + zlib.crc32(r.label.encode())) for r in runs]
+    # The policy's ablations share the policy's stream (common random numbers): they differ only by the part switched.
+    rngs = [random.Random(seed * 1_000_003 + zlib.crc32(_stream(r.label).encode())) for r in runs]
     starting: list[list[list[float]]] = [[[], []] for _ in range(k)]
     intent = [[gpu.min_replicas, cpu.min_replicas] for _ in range(k)]
     intent_share = [0.0] * k
@@ -458,6 +459,12 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             "causes": causes[i],
         })
     return results
+
+
+def _stream(label: str) -> str:
+    """The random stream a run draws from: its label, except that a policy ablation draws the policy's."""
+    variant, _, name = label.partition("|")
+    return f"{variant}|policy" if name.startswith("ablation:") else label
 
 
 def _split_stats(shares: list[int]) -> dict[str, Any]:
@@ -854,7 +861,6 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_damping": {"tuning": {"damping": False}},
     "no_surge": {"tuning": {"surge": False}},
     "no_probe": {"tuning": {"probe": False}},
-    "utilization_85": {"tuning": {"utilization": 0.85}},
     "interval_15s": {"intervalSeconds": 15},
     "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }

@@ -21,9 +21,7 @@ from .config import AutoscalingSpec, Pool
 from .history import PoolHistory
 from .signals import PoolSignals
 
-# Size pools for this fraction of the learned capacity: the headroom is what serves a spike's onset before any new
-# replica can start. 80% beat 85% (and 75%) cost-matched in benchmarks/autoscale_sim.py (its utilization_85 row).
-UTILIZATION = 0.8
+UTILIZATION = 0.85     # size pools for this fraction of the learned capacity
 BACKLOG_EVIDENCE = 0.05  # completions this far (relative) from arrivals: the pool works at its ceiling
 MAX_REPLICAS = 10_000   # recommendations are clamped by the pool bounds anyway; this keeps arithmetic finite
 MAX_DECREASE = 0.8       # one over-target tick lowers the capacity estimate by at most 20%
@@ -83,8 +81,7 @@ def learn_capacity(history: PoolHistory, signals: PoolSignals, load: Load) -> Po
     return replace(history, capacity=lowered, capacity_from_saturation=True)
 
 
-def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: float, current: int,
-              utilization: float = UTILIZATION) -> int:
+def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: float, current: int) -> int:
     """Replicas this pool should have for `demand` requests/s (before bounds, windows, steps, cooldowns).
 
     Overloaded: to the size learned at saturation, and by one more than ready while the backlog grows; without
@@ -94,7 +91,7 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
     ready = signals.ready_replicas
     sized = None
     if history.capacity and demand > 0:
-        sized = math.ceil(min(demand / (history.capacity * utilization), MAX_REPLICAS))
+        sized = math.ceil(min(demand / (history.capacity * UTILIZATION), MAX_REPLICAS))
     if ready <= 0:
         if sized is not None and history.capacity_from_saturation:
             return max(sized, 1)

@@ -90,8 +90,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     gpu_demand = signals.total_request_rate if policy == "gpu-first" else (signals.gpu.request_rate or 0.0)
     if policy == "cpu-only":
         gpu_demand = 0.0
-    gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
-                                  utilization=tuning.utilization)
+    gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes)
 
     gpu_state = routing.GpuState(gpu_load, gpu_replicas, spec.gpu.max_replicas)
     split = routing.route(spec, signals, current.cpu_percent, gpu_state, cpu_load, history, now, tuning)
@@ -109,7 +108,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     release = (policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas > 0
                and signals.gpu.ready_replicas >= gpu_replicas)
     cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
-                                  surge, release, grow=not shrinking, utilization=tuning.utilization)
+                                  surge, release, grow=not shrinking)
 
     reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
     decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)
@@ -119,13 +118,13 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
 def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,
           current: Current, history: History, now: float, external: bool,
           notes: list[str], surge_step: int | None = None, release: bool = False,
-          grow: bool = True, utilization: float = loads.UTILIZATION) -> tuple[int, History]:
+          grow: bool = True) -> tuple[int, History]:
     """Replicas for one pool this tick and the updated history (external management: leave replicas alone)."""
     bounds = spec.bounds(pool)
     if external or not bounds.enabled:
         return (current.replicas(pool) if external else 0), history
     pool_history = history.pool(pool)
-    wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool), utilization)
+    wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool))
     if not grow:
         wanted = min(wanted, current.replicas(pool))
     result = scaling.scale(bounds, spec.scale_up, spec.scale_down, current.replicas(pool), wanted,

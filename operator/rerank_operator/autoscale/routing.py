@@ -38,15 +38,14 @@ SETTLE_UTILIZATION = 0.95    # shifting back stops where the GPU's ready replica
 
 @dataclass(frozen=True)
 class Tuning:
-    """Parts of gpu-first spillover, all on in production, and the sizing headroom; benchmarks/autoscale_sim.py
-    changes them one at a time to measure what each buys (the ablation)."""
+    """Parts of gpu-first spillover, all on in production; benchmarks/autoscale_sim.py turns them off one at a time
+    to measure what each buys (the ablation)."""
 
     exact_spill: bool = True   # spill the GPU's measured excess (not stepPercent steps) once any capacity is learned
     drain: bool = True         # add what works off the GPU's queue beyond target within one interval
     damping: bool = True       # shift back no lower than the share the GPU still cannot serve
     surge: bool = True         # the CPU pool may grow to the excess in one step (spillover.surgeMaxStep)
     probe: bool = True         # before the CPU's capacity is measured, double its share per tick from 1%
-    utilization: float = UTILIZATION  # pools are sized for this fraction of their learned capacity (load.py)
 
 
 PRODUCTION = Tuning()  # every part on: what the operator runs
@@ -143,8 +142,7 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     # With a capacity measured at saturation, the share the GPU cannot serve replaces the one-step projection.
     need = (_gpu_excess_percent(signals, history, tuning, SETTLE_UTILIZATION)
             if tuning.damping and history.gpu.capacity_from_saturation else None)
-    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now, project=need is None,
-                                utilization=tuning.utilization)
+    blocker = _recovery_blocker(spec, signals, cpu_percent, gpu, cpu_load, history, now, project=need is None)
     if blocker:
         return Split(cpu_percent, f"keeping {cpu_percent}% on CPU: {blocker}")
     after = max(cpu_percent - spill.recover_step_percent, 0)
@@ -206,8 +204,7 @@ def _gpu_pressure(spec: AutoscalingSpec, signals: Signals, gpu: GpuState) -> str
 
 
 def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
-                      history: History, now: float, project: bool = True,
-                      utilization: float = UTILIZATION) -> str | None:
+                      history: History, now: float, project: bool = True) -> str | None:
     memory = signals.gpu.gpu_memory_fraction
     if memory is not None and memory >= spec.targets.gpu_memory_watermark - MEMORY_HYSTERESIS:
         return f"GPU memory {memory:.0%} within {MEMORY_HYSTERESIS:.0%} of the watermark"
@@ -223,7 +220,7 @@ def _recovery_blocker(spec: AutoscalingSpec, signals: Signals, cpu_percent: int,
     gpu_percent = 100 - cpu_percent
     after = gpu_percent + min(spec.spillover.recover_step_percent, cpu_percent)
     projected = _projected_gpu_ratio(signals, gpu, history, gpu_percent, after) if project else None
-    if projected is not None and projected > (utilization if history.gpu.capacity_from_saturation else
+    if projected is not None and projected > (UTILIZATION if history.gpu.capacity_from_saturation else
                                               RECOVER_RATIO) and not cpu_in_trouble:
         return f"GPU would be at {projected:.0%} of its capacity after the step"
     return None

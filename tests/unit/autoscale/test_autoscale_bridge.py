@@ -1,6 +1,6 @@
 """The CPU bridge once capacities are learned: proportional spill, surge scale-up, release, and GPU sizing.
 
-Every expected number is worked out in the comment next to it from the spec defaults (UTILIZATION 80%, queue
+Every expected number is worked out in the comment next to it from the spec defaults (UTILIZATION 85%, queue
 target 16/replica, scaleDown cooldown 120 s) and autoscale_helpers.WORKED (interval 15 s, scaleUp maxStep 2 /
 cooldown 15 s).
 """
@@ -46,18 +46,18 @@ def test_spill_adds_what_works_off_the_gpu_queue_within_one_interval():
 
 def test_spill_stops_at_what_the_ready_cpu_replicas_serve_and_the_cpu_pool_surges_to_the_excess():
     # 10 ready CPU replicas serve 10 x 10 = 100 rps = 15.4% -> 15%. The CPU pool is sized for the 39% excess:
-    # 0.39 x 650 = 253.5 rps / 8 rps per replica = 31.7 -> 32 replicas, in one step (+22 > maxStep 2).
+    # 0.39 x 650 = 253.5 rps / 8.5 rps per replica = 29.8 -> 30 replicas, in one step (+20 > maxStep 2).
     decision = run(Signals(HOT_AT_MAX, pool(10, rate=0, p95=None)), Current(4, 10, 0))
     assert decision.cpu_percent == 15
-    assert decision.cpu_replicas == 32
+    assert decision.cpu_replicas == 30
 
 
 def test_the_first_spill_onto_a_single_cpu_replica_is_what_it_can_take_now():
     # One ready CPU replica serves 10 of 650 rps: 1.5% -> 1%, not a 25% step (that queued on it on a slow ramp);
-    # the pool is still sized for the whole excess (32, as above), the share follows as its replicas get ready.
+    # the pool is still sized for the whole excess (30, as above), the share follows as its replicas get ready.
     decision = run(Signals(HOT_AT_MAX, pool(1, rate=0, p95=None)), Current(4, 1, 0))
     assert decision.cpu_percent == 1
-    assert decision.cpu_replicas == 32
+    assert decision.cpu_replicas == 30
 
 
 def test_no_spill_while_the_ready_gpu_replicas_serve_what_arrives():
@@ -109,7 +109,7 @@ def test_memory_pressure_without_load_spills_one_step_and_does_not_surge():
     calm_but_full = pool(4, rate=200, p95=80, queue=0, memory=0.95)
     decision = run(Signals(calm_but_full, pool(30, rate=0, p95=None)), Current(4, 30, 0))
     assert decision.cpu_percent == 25            # stepPercent: the load says nothing about how much to move
-    # 2 CPU replicas serve 2 x 10 = 20 of 200 rps: 10%. Sized for the 25% step (50 rps / 8 -> 7), but with
+    # 2 CPU replicas serve 2 x 10 = 20 of 200 rps: 10%. Sized for the 25% step (50 rps / 8.5 -> 6), but with
     # no measured excess the pool grows by scaleUp.maxStep only: 2 -> 4.
     small = run(Signals(calm_but_full, pool(2, rate=0, p95=None)), Current(4, 2, 0))
     assert (small.cpu_percent, small.cpu_replicas) == (10, 4)
@@ -117,7 +117,7 @@ def test_memory_pressure_without_load_spills_one_step_and_does_not_surge():
 
 def test_the_cpu_pool_does_not_grow_for_a_share_it_is_losing():
     # Shifting back 30% -> 20% of 286 rps (the CPU's last interval predates its share): the 57 rps left would
-    # size it at 57 / 8 -> 8 replicas, +2 from 3; but its share is falling and it is under target: it keeps 3.
+    # size it at 57 / 8.5 -> 7 replicas, +2 from 3; but its share is falling and it is under target: it keeps 3.
     history = replace(LEARNED, last_spill=NOW - 600)
     signals = Signals(pool(6, rate=280, p95=70), pool(3, rate=6, p95=150))
     decision = run(signals, Current(6, 3, 30), history, gpu=(1, 6))
@@ -126,7 +126,7 @@ def test_the_cpu_pool_does_not_grow_for_a_share_it_is_losing():
 
 
 def test_overloaded_gpu_working_off_a_backlog_is_sized_from_its_capacity_not_doubled():
-    # Just scaled up: p95 is the old backlog's, but it completes more than arrives. 300 rps / 80 = 3.75 -> 4.
+    # Just scaled up: p95 is the old backlog's, but it completes more than arrives. 300 rps / 85 = 3.5 -> 4.
     draining = pool(4, rate=300, p95=900, queue=30, served=340)
     decision = run(Signals(draining, pool(1, rate=0, p95=None)), Current(4, 1, 0), gpu=(1, 8))
     assert decision.gpu_replicas == 4
@@ -168,8 +168,8 @@ def test_the_cpu_bridge_is_kept_while_the_gpu_still_waits_for_replicas():
 
 
 def test_shift_back_needs_no_hold_once_the_gpu_is_settled_with_a_measured_capacity():
-    # 4 ready = 4 wanted (300 rps / 80 -> 4); after a 10-point step the GPU carries 60% of 300 = 180 rps,
-    # 45% of 4 x 100: under 80%, so the step is taken 30 s after the last spill.
+    # 4 ready = 4 wanted (300 rps / 85 -> 4); after a 10-point step the GPU carries 60% of 300 = 180 rps,
+    # 45% of 4 x 100: under 85%, so the step is taken 30 s after the last spill.
     history = replace(LEARNED, last_spill=NOW - 30)
     signals = Signals(pool(4, rate=150, p95=70), pool(3, rate=150, p95=200))
     assert run(signals, Current(4, 3, 50), history).cpu_percent == 40

@@ -153,7 +153,7 @@ def test_scale_down_waits_for_the_stabilization_window_then_steps():
     def with_high_at(age: float) -> History:
         return History(gpu=PoolHistory(recommendations=((NOW - age, 4),), last_scale_up=NOW - 1000,
                                        capacity=100.0, capacity_from_saturation=True))
-    light = Signals(pool(4, rate=50, p95=60), CALM_CPU)   # 50 rps fits one replica of 100 rps at 80%
+    light = Signals(pool(4, rate=50, p95=60), CALM_CPU)   # 50 rps fits one replica of 100 rps at 85%
     assert run(light, Current(4, 1, 0), with_high_at(100)).gpu_replicas == 4   # inside the 300 s window
     assert run(light, Current(4, 1, 0), with_high_at(400)).gpu_replicas == 3   # scaleDown.maxStep default 1
 

@@ -7,8 +7,9 @@ Model (1 s steps, every controller sees the same world):
 - a second violates the SLO when the p95 of the mixture of both pools' latency distributions (weighted by the
   traffic each receives) exceeds it, or when more than 5% of its requests are rejected;
 - what controllers see is what TEI exposes: counters (te_request_count/success/failure), the te_queue_size gauge
-  and te_request_duration as TEI's histogram (buckets 1e-5 * 1.5^k s, k = 1..35), scraped every 15 s; each pool's
-  scrape fails with probability --scrape-failure (default 5%);
+  and te_request_duration as TEI's histogram (buckets 1e-5 * 1.5^k s, k = 1..35), scraped every 15 s by Prometheus
+  and at each of its ticks by the policy (the direct source scrapes the pods itself); each pool's scrape fails with
+  probability --scrape-failure (default 5%);
 - the policy (`rerank_operator.autoscale.policy.decide`, the real function) reads them like the direct source:
   deltas between the two latest successful scrapes, p95 by `exposition.quantile` over the bucket deltas, and holds
   when a scrape failed; baselines read them like an HPA or KEDA through Prometheus: rate() over a 1 m window of the
@@ -29,7 +30,11 @@ Traffic shapes: diurnal + spikes (per seed; seeds 9-12 are held out of any tunin
 50 -> 650 -> 50 rps over 6 h, flat with noise, square waves of 10 and 30 min periods, and an overload above what all
 GPUs can serve. All traces carry Poisson-like noise. Variants: nominal (CPU start-up 40 s), delay10 (10 s between
 decision and effect), cpu90 (CPU start-up 90 s); start-ups have +0-30% jitter in all.
-The policy runs with TUNED_SPEC (below); --ablations adds the policy with each part switched off (ABLATIONS).
+Attribution: each violation-second of each run is given one cause (`attribute`: cold start, spike onset before any
+new pod can be ready, the CPU bridge's time, late in a spike, a stale scrape, a recent scale-down, ramps and noise);
+`summary[...]["attribution"]` has them for the policy, the best cost-matched baseline and the bounds.
+The policy runs with the CRD's defaults (spec.autoscaling empty); --ablations adds the policy with each part switched
+off, and with the earlier defaults (ABLATIONS).
 
 Run: python benchmarks/autoscale_sim.py --ablations --bounds   (full: 12 seeds, all shapes and variants; JSON)
      python benchmarks/autoscale_sim.py --quick                 (2 seeds of 6 h, nominal variant only)
@@ -109,19 +114,28 @@ def _noisy(base: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.maximum(0.0, base + rng.normal(0.0, 1.0, base.size) * np.sqrt(np.maximum(base, 0.0)))
 
 
-def diurnal(hours: float, seed: int, low: float = 100, high: float = 450, spikes_per_day: float = 24,
-            spike_low: float = 80, spike_high: float = 300) -> np.ndarray:
-    rng = random.Random(seed)
+def diurnal(hours: float, seed: int, low: float = 100, high: float = 450) -> np.ndarray:
     seconds = int(hours * 3600)
     t = np.arange(seconds)
     rates = low + (high - low) * (1 - np.cos(2 * np.pi * t / 86400.0)) / 2
+    for a, b, height in diurnal_spikes(hours, seed):
+        rates[a:b] += height
+    return _noisy(rates, np.random.default_rng(seed))
+
+
+def diurnal_spikes(hours: float, seed: int, spikes_per_day: float = 24, spike_low: float = 80,
+                   spike_high: float = 300) -> list[tuple[int, int, float]]:
+    """The spikes `diurnal` adds: (onset s, end s, extra rps), 2-10 min each, Poisson onsets (also the attribution's
+    spike windows)."""
+    rng = random.Random(seed)
+    seconds = int(hours * 3600)
+    spikes = []
     start = rng.expovariate(spikes_per_day / 86400)
     while start < seconds - 600:
         duration = rng.uniform(120, 600)
-        a, b = int(start), int(start + duration)
-        rates[a:b] += rng.uniform(spike_low, spike_high)
+        spikes.append((int(start), int(start + duration), rng.uniform(spike_low, spike_high)))
         start += duration + rng.expovariate(spikes_per_day / 86400)
-    return _noisy(rates, np.random.default_rng(seed))
+    return spikes
 
 
 def ramp(hours: float = 6, low: float = 50, high: float = 650, seed: int = 1) -> np.ndarray:
@@ -255,10 +269,47 @@ class RunSpec:
     histogram: bool = False  # it reads te_request_duration (only the policy does: the others cost less without)
 
 
+CAUSES = ("cold_start", "spike_onset", "spike_bridge", "spike_late", "stale_scrape", "scale_down", "ramp_or_noise")
+SCALE_DOWN_BLAME_S = 120   # a violation this soon after capacity was removed is blamed on the removal
+SPIKE_TAIL_S = 60          # a spike's backlog is its own for this long after it ends
+
+
+def attribute(now: int, since_onset: int, realism: Realism, gpu: PoolModel, stale: bool, since_reduce: float) -> str:
+    """Why a second violated the SLO, first match wins:
+    - cold_start: before a GPU pod asked for at the first scrape is surely ready (every trace starts at the pools'
+      minimum size, whatever the traffic);
+    - spike_onset: within a spike, before any pod started at its onset could be ready (CPU start-up + actuation
+      delay): only capacity that was already ready, or spilled to at once, could have served it;
+    - spike_bridge: later, before a GPU pod started at the onset could be ready (only the CPU bridge helps);
+    - spike_late: later still in the spike (or its backlog, SPIKE_TAIL_S after it);
+    - stale_scrape: outside spikes, the controller's latest tick saw a failed scrape (the policy holds);
+    - scale_down: outside spikes, capacity (replicas or the CPU share) was removed in the last SCALE_DOWN_BLAME_S;
+    - ramp_or_noise: the rest, the diurnal ramps and the noise on them."""
+    if now < SCRAPE_S + realism.delay_s + gpu.startup * (1 + realism.jitter):
+        return "cold_start"
+    if since_onset >= 0:
+        if since_onset < realism.cpu_startup_s + realism.delay_s:
+            return "spike_onset"
+        return "spike_bridge" if since_onset < gpu.startup + realism.delay_s else "spike_late"
+    if stale:
+        return "stale_scrape"
+    return "scale_down" if since_reduce <= SCALE_DOWN_BLAME_S else "ramp_or_noise"
+
+
 def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: PoolModel, slo: float,
-             seed: int, record: list[np.ndarray] | None = None) -> list[dict[str, Any]]:
-    """Run every controller over the same trace; `record`, if given, receives each second's violations."""
+             seed: int, record: list[np.ndarray] | None = None,
+             spikes: Sequence[tuple[int, int, float]] = ()) -> list[dict[str, Any]]:
+    """Run every controller over the same trace; `record`, if given, receives each second's violations; `spikes`
+    (onset, end, height) are the trace's spikes, for the attribution of violations (`attribute`)."""
     k = len(runs)
+    since_onset = np.full(rates.size, -1, dtype=int)
+    for a, b, _ in spikes:
+        window = np.arange(a, min(b + SPIKE_TAIL_S, rates.size))
+        since_onset[window] = np.where(since_onset[window] >= 0, np.minimum(since_onset[window], window - a),
+                                       window - a)
+    causes = [dict.fromkeys(CAUSES, 0) for _ in range(k)]
+    stale_tick = [False] * k
+    last_reduce = [-math.inf] * k
     models = (gpu, cpu)
     mu = np.array([gpu.throughput, cpu.throughput])
     base = np.array([gpu.base_latency, cpu.base_latency])
@@ -277,7 +328,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     replica_seconds = np.zeros((k, 2))
     controllers = [r.make() for r in runs]
     # Each run's own random stream (start-up jitter, failed scrapes), independent of its position in the list.
-    rngs = [random.Random(seed * 1_000_003 + zlib.crc32(r.label.encode())) for r in runs]
+    # The policy's ablations share the policy's stream (common random numbers): they differ only by the part switched.
+    rngs = [random.Random(seed * 1_000_003 + zlib.crc32(_stream(r.label).encode())) for r in runs]
     starting: list[list[list[float]]] = [[[], []] for _ in range(k)]
     intent = [[gpu.min_replicas, cpu.min_replicas] for _ in range(k)]
     intent_share = [0.0] * k
@@ -300,6 +352,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         for p, desired in enumerate(action[:2]):
             model = models[p]
             desired = max(model.min_replicas, min(model.max_replicas, int(desired)))
+            if desired < total[i, p]:
+                last_reduce[i] = now
             pods = starting[i][p]
             startup = model.startup if p == 0 else runs[i].realism.cpu_startup_s
             while int(ready[i, p]) + len(pods) < desired:
@@ -310,6 +364,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             while int(ready[i, p]) + len(pods) > desired:
                 ready[i, p] -= 1
             total[i, p] = ready[i, p] + len(pods)
+        if action[2] < share[i]:
+            last_reduce[i] = now
         share[i] = action[2]
 
     for now, rate in enumerate(rates.tolist()):
@@ -345,6 +401,9 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         violations += violated
         if record is not None:
             record.append(violated)
+        for i in np.flatnonzero(violated).tolist():
+            causes[i][attribute(now, int(since_onset[now]), runs[i].realism, gpu, stale_tick[i],
+                                now - last_reduce[i])] += 1
         rejected_total += rejected.sum(axis=1)
         admitted = arrivals - rejected
         if hist_runs.size:
@@ -372,6 +431,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
                         list(intent[i]), intent_share[i], scrapes[i], failed[i], rates,
                         (float(backlog[i, 0]), float(backlog[i, 1])))
             action = controllers[i](view)
+            stale_tick[i] = failed[i][0] or failed[i][1]
             intent[i] = [action[0], action[1]]
             intent_share[i] = action[2]
             shares_seen[i].append(round(action[2] * 100))
@@ -396,8 +456,15 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             "cpu_replica_h": round(float(replica_seconds[i, 1]) / 3600, 2),
             "rejected_fraction": round(float(rejected_total[i] / max(float(rates.sum()), 1.0)), 5),
             **_split_stats(shares_seen[i]),
+            "causes": causes[i],
         })
     return results
+
+
+def _stream(label: str) -> str:
+    """The random stream a run draws from: its label, except that a policy ablation draws the policy's."""
+    variant, _, name = label.partition("|")
+    return f"{variant}|policy" if name.startswith("ablation:") else label
 
 
 def _split_stats(shares: list[int]) -> dict[str, Any]:
@@ -698,6 +765,7 @@ def cost_matched(points: list[tuple[float, float, float]], cost: float) -> dict[
 def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
     """Pooled figures per controller, the strongest baseline, and the cost-matched comparison."""
     pooled: dict[str, dict[str, float]] = {}
+    causes: dict[str, dict[str, int]] = {}
     for row in rows:
         v, label = row["controller"].split("|", 1)
         if v != variant:
@@ -706,6 +774,8 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
                                           "split_travel_pct": 0})
         for key in entry:
             entry[key] += row[key]
+        for cause, seconds in row.get("causes", {}).items():
+            causes.setdefault(label, dict.fromkeys(CAUSES, 0))[cause] += seconds
     for entry in pooled.values():
         entry["cost_usd"] = round(entry["cost_usd"], 2)
     if "policy" not in pooled:
@@ -740,9 +810,26 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
                   if label.startswith(f"{name}@")]
         if len(points) > 1:
             bounds[name] = cost_matched(points, policy["cost_usd"])
+    best = _best_matched(pooled, policy["cost_usd"])
     return {"policy": policy, "hpa_util": pooled.get("hpa_util@0.7"), "baselines": baselines, "bounds": bounds,
-            "strongest_baseline": strongest, "policy_vs_best_cost_matched": _best_matched(pooled, policy["cost_usd"]),
-            "ablations": ablations}
+            "strongest_baseline": strongest, "policy_vs_best_cost_matched": best,
+            "ablations": ablations, "attribution": _attribution(pooled, causes, policy["cost_usd"],
+                                                                 [best["baseline"]] if best else [])}
+
+
+def _attribution(pooled: dict[str, dict[str, float]], causes: dict[str, dict[str, int]], cost: float,
+                 names: Sequence[str]) -> dict[str, Any]:
+    """Violation-seconds by cause (`attribute`) for the policy and, for each named baseline and each bound, its swept
+    setting whose pooled cost is nearest the policy's (causes are counted per run, so they are not interpolated)."""
+    out: dict[str, Any] = {}
+    if "policy" in causes:
+        out["policy"] = causes["policy"]
+    for name in [*names, *BOUNDS]:
+        labels = [label for label in pooled if label.startswith(f"{name}@") and label in causes]
+        if labels:
+            label = min(labels, key=lambda lb: abs(pooled[lb]["cost_usd"] - cost))
+            out[name] = {"setting": label, "cost_usd": pooled[label]["cost_usd"], **causes[label]}
+    return out
 
 
 def _best_matched(pooled: dict[str, dict[str, float]], cost: float) -> dict[str, Any] | None:
@@ -766,11 +853,8 @@ def _ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b > 0 else (0.0 if a == 0 else math.inf)
 
 
-# The policy's spec in the benchmark: CRD defaults except a 5 s interval (the direct source scrapes the pods itself,
-# so it need not wait for Prometheus' 15 s) and a GPU scale-up of up to 4 replicas per decision without cooldown
-# (the HPA's default allows 4 per 15 s too). Chosen on seeds 1-8; `--autoscaling '{}'` runs the CRD defaults.
-TUNED_SPEC: dict[str, Any] = {"intervalSeconds": 5, "scaleUp": {"maxStep": 4, "cooldownSeconds": 0}}
-# The ablation: each part of the policy switched off alone (routing.Tuning), and the spec settings above undone.
+# The ablation: each part of the policy switched off alone (routing.Tuning), and the CRD defaults undone: the 15 s
+# interval alone, and the defaults before issue 12 (15 s, scaleUp maxStep 2 with a 15 s cooldown).
 ABLATIONS: dict[str, dict[str, Any]] = {
     "no_exact_spill": {"tuning": {"exact_spill": False}},
     "no_drain": {"tuning": {"drain": False}},
@@ -778,7 +862,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_surge": {"tuning": {"surge": False}},
     "no_probe": {"tuning": {"probe": False}},
     "interval_15s": {"intervalSeconds": 15},
-    "crd_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
+    "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }
 
 
@@ -805,8 +889,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-rps", type=float, default=10.0, help="one CPU INT8 replica's throughput")
     parser.add_argument("--cpu-max", type=int, default=32)
     parser.add_argument("--cpu-price", type=float, default=0.2, help="$ per CPU replica-hour")
-    parser.add_argument("--autoscaling", type=json.loads, default=TUNED_SPEC, metavar="JSON",
-                        help="policy spec.autoscaling fields (default: TUNED_SPEC; '{}' for the CRD defaults)")
+    parser.add_argument("--autoscaling", type=json.loads, default={}, metavar="JSON",
+                        help="policy spec.autoscaling fields over the CRD defaults (default: none)")
     parser.add_argument("--out", type=str, default=None, help="also write the JSON here")
     parser.add_argument("--from-rows", type=str, default=None, metavar="JSON",
                         help="summarize the rows of an earlier run's JSON again instead of simulating")
@@ -832,24 +916,24 @@ def main(argv: list[str] | None = None) -> None:
                 "cpu90": Realism(scrape_failure=args.scrape_failure, cpu_startup_s=90.0)}
     chosen = [v for v in args.variants.split(",") if v]
     seeds = _seeds(args.seeds)
-    traces: list[tuple[str, int, np.ndarray]] = []
+    traces: list[tuple[str, int, np.ndarray, list[tuple[int, int, float]]]] = []
     for shape in args.shapes.split(","):
         if shape == "diurnal":
-            traces += [("diurnal", s, diurnal(args.hours, s)) for s in seeds]
+            traces += [("diurnal", s, diurnal(args.hours, s), diurnal_spikes(args.hours, s)) for s in seeds]
         elif shape in SHAPES:
-            traces += [(shape, s, SHAPES[shape](s)) for s in _seeds(args.shape_seeds)]
+            traces += [(shape, s, SHAPES[shape](s), []) for s in _seeds(args.shape_seeds)]
         else:
             parser.error(f"--shapes: unknown shape {shape!r}")
 
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
-    for shape, seed, rates in traces:
+    for shape, seed, rates, spikes in traces:
         runs: list[RunSpec] = []
         for variant in chosen:
             runs += runs_for(variant, variants[variant], gpu, cpu, slo, spec, not args.no_sweep,
                              ablations if variant == "nominal" else {}, args.baselines.split(","),
                              args.bounds and variant == "nominal")
-        for row in simulate(rates, runs, gpu, cpu, slo, seed):
+        for row in simulate(rates, runs, gpu, cpu, slo, seed, spikes=spikes):
             rows.append({"shape": shape, "seed": seed, **row})
         print(f"{shape} seed {seed}: {time.monotonic() - started:.0f}s", file=sys.stderr)
 

@@ -192,7 +192,10 @@ class Spillover:
     surge_max_step: int = 32
 
 
-SCALE_UP = StepBehavior(stabilization_seconds=0.0, max_step=2, cooldown_seconds=15.0)
+# Scale up by as much as 4 replicas per decision, with no cooldown (the HPA's default allows 4 pods per 15 s too);
+# with the 5 s interval this is what benchmarks/autoscale_sim.py measured working (the earlier 15 s, +2, 15 s
+# cooldown had 1.3x the violations on diurnal traffic with spikes: its `old_defaults` ablation row).
+SCALE_UP = StepBehavior(stabilization_seconds=0.0, max_step=4, cooldown_seconds=0.0)
 SCALE_DOWN = StepBehavior(stabilization_seconds=300.0, max_step=1, cooldown_seconds=120.0)
 MetricsSource = Literal["direct", "prometheus"]
 
@@ -203,7 +206,7 @@ class Autoscaling:
     loop reads the first three; ``autoscale.config.AutoscalingSpec`` derives the policy's view from the rest."""
 
     enabled: bool = True
-    interval_seconds: int = 15
+    interval_seconds: int = 5
     replica_management: Literal["operator", "external"] = "operator"
     source: MetricsSource = "direct"
     stale_after_seconds: float = 60.0

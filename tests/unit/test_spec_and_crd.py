@@ -87,11 +87,11 @@ def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
 
 
 @pytest.mark.parametrize("path,expected", [
-    ("autoscaling.intervalSeconds", 15), ("autoscaling.metrics.source", "direct"),
+    ("autoscaling.intervalSeconds", 5), ("autoscaling.metrics.source", "direct"),
     ("autoscaling.metrics.staleAfterSeconds", 60), ("autoscaling.targets.gpuLatencyP95Ms", 250),
     ("autoscaling.targets.cpuLatencyP95Ms", 500), ("autoscaling.targets.queuePerReplica", 16),
     ("autoscaling.targets.gpuMemoryWatermark", 0.9), ("autoscaling.scaleUp.stabilizationSeconds", 0),
-    ("autoscaling.scaleUp.maxStep", 2), ("autoscaling.scaleUp.cooldownSeconds", 15),
+    ("autoscaling.scaleUp.maxStep", 4), ("autoscaling.scaleUp.cooldownSeconds", 0),
     ("autoscaling.scaleDown.stabilizationSeconds", 300), ("autoscaling.scaleDown.maxStep", 1),
     ("autoscaling.scaleDown.cooldownSeconds", 120), ("autoscaling.spillover.stepPercent", 25),
     ("autoscaling.spillover.recoverStepPercent", 10), ("autoscaling.spillover.maxCpuPercent", 100),

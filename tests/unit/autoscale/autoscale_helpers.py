@@ -10,8 +10,17 @@ from rerank_operator.autoscale.signals import PoolSignals
 NOW = 10_000.0
 
 
+#: What the worked numbers in the tests' comments assume: the defaults before issue 12 (interval 15 s, scaleUp
+#: maxStep 2 with a 15 s cooldown). Pinned so their arithmetic stays true; `spec(crd_defaults=True)` runs the CRD's.
+WORKED: dict[str, Any] = {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}}
+
+
 def spec(gpu: tuple[int, int] | None = (1, 4), cpu: tuple[int, int] | None = (1, 6), policy: str = "gpu-first",
-         **autoscaling: Any) -> AutoscalingSpec:
+         crd_defaults: bool = False, **autoscaling: Any) -> AutoscalingSpec:
+    """A spec with the given pool bounds and spec.autoscaling fields over WORKED (or over nothing: the CRD's)."""
+    if not crd_defaults:
+        autoscaling = {**WORKED, **autoscaling,
+                       "scaleUp": {**WORKED["scaleUp"], **autoscaling.get("scaleUp", {})}}
     pools: dict[str, Any] = {}
     pools["gpu"] = {"enabled": False} if gpu is None else {"minReplicas": gpu[0], "maxReplicas": gpu[1]}
     pools["cpu"] = {"enabled": False} if cpu is None else {"minReplicas": cpu[0], "maxReplicas": cpu[1]}

@@ -1,7 +1,8 @@
 """The CPU bridge once capacities are learned: proportional spill, surge scale-up, release, and GPU sizing.
 
 Every expected number is worked out in the comment next to it from the spec defaults (UTILIZATION 85%, queue
-target 16/replica, interval 15 s, scaleUp maxStep 2 / cooldown 15 s, scaleDown cooldown 120 s).
+target 16/replica, scaleDown cooldown 120 s) and autoscale_helpers.WORKED (interval 15 s, scaleUp maxStep 2 /
+cooldown 15 s).
 """
 
 from __future__ import annotations

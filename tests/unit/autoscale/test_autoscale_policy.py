@@ -29,7 +29,7 @@ def test_calm_gpu_keeps_everything_and_all_traffic_on_gpu():
 
 def test_overloaded_gpu_below_max_scales_up_by_at_most_max_step_and_spills_meanwhile():
     decision = run(Signals(HOT_GPU, CALM_CPU), Current(2, 1, 0), gpu=(1, 10))
-    assert decision.gpu_replicas == 2 + 2          # scaleUp.maxStep default 2
+    assert decision.gpu_replicas == 2 + 2          # scaleUp.maxStep 2 (WORKED)
     assert decision.cpu_percent == 1               # GPU waits for replicas; the CPU's capacity is unknown: probe 1%
     reasons = {e.reason for e in decision.events}
     assert {"ScaledUp", "TrafficShifted"} <= reasons

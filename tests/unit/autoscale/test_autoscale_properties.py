@@ -12,7 +12,7 @@ from rerank_operator.autoscale.history import History
 from rerank_operator.autoscale.policy import Current, decide
 from rerank_operator.autoscale.signals import PoolSignals, Signals
 
-SPEC = spec(gpu=(1, 6), cpu=(1, 8))
+SPEC = spec(gpu=(1, 6), cpu=(1, 8), crd_defaults=True)  # the shipped defaults
 settings.register_profile("autoscale", max_examples=150, deadline=None)
 settings.load_profile("autoscale")
 

@@ -60,11 +60,11 @@ def test_history_is_bounded():
 def test_defaults_match_the_agreed_crd_defaults():
     s = AutoscalingSpec.from_spec({"pools": {"gpu": {}, "cpu": {}}})
     assert (s.enabled, s.interval_seconds, s.source, s.stale_after_seconds, s.replica_management) == \
-        (True, 15, "direct", 60, "operator")
+        (True, 5, "direct", 60, "operator")
     t = s.targets
     assert (t.gpu_latency_p95_ms, t.cpu_latency_p95_ms, t.queue_per_replica, t.gpu_memory_watermark) == \
         (250, 500, 16, 0.9)
-    assert s.scale_up == StepBehavior(0, 2, 15)
+    assert s.scale_up == StepBehavior(0, 4, 0)
     assert s.scale_down == StepBehavior(300, 1, 120)
     sp = s.spillover
     assert (sp.step_percent, sp.recover_step_percent, sp.max_cpu_percent, sp.surge_max_step) == (25, 10, 100, 32)

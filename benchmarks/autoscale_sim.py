@@ -14,7 +14,9 @@ Model (1 s steps, every controller sees the same world):
   deltas between the two latest successful scrapes, p95 by `exposition.quantile` over the bucket deltas, and holds
   when a scrape failed; baselines read them like an HPA or KEDA through Prometheus: rate() over a 1 m window of the
   15 s scrapes, read 8 s after the scrape (their sync is not aligned with the scrape);
-- decisions take effect after --delay-s (actuation delay); cost is replica-seconds (starting pods included) x price.
+- decisions take effect after --delay-s (actuation delay); cost is replica-seconds (starting pods included) x price;
+  each row also has late_fraction, the share of all requests served past the SLO or rejected (a violation-second
+  counts the seconds, this the requests: a policy must not trade one for the other unseen).
 Baselines (each with a tuning factor that cost-matching sweeps):
 - hpa_util: the project's old baseline, HPA on capped utilization, CPU pool idle (reference only);
 - hpa_rps: HPA v2 on per-pod request rate (uncapped), target f x throughput;
@@ -325,6 +327,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     buckets = np.zeros((hist_runs.size, 2, active.size))
     violations = np.zeros(k)
     rejected_total = np.zeros(k)
+    late_total = np.zeros(k)
     replica_seconds = np.zeros((k, 2))
     controllers = [r.make() for r in runs]
     # Each run's own random stream (start-up jitter, failed scrapes), independent of its position in the list.
@@ -405,6 +408,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             causes[i][attribute(now, int(since_onset[now]), runs[i].realism, gpu, stale_tick[i],
                                 now - last_reduce[i])] += 1
         rejected_total += rejected.sum(axis=1)
+        late_total += late + rejected.sum(axis=1)
         admitted = arrivals - rejected
         if hist_runs.size:
             h_start, h_rho, h_decay = start[hist_runs], rho[hist_runs], decay[hist_runs]
@@ -455,6 +459,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             "gpu_replica_h": round(float(replica_seconds[i, 0]) / 3600, 2),
             "cpu_replica_h": round(float(replica_seconds[i, 1]) / 3600, 2),
             "rejected_fraction": round(float(rejected_total[i] / max(float(rates.sum()), 1.0)), 5),
+            "late_fraction": round(float(late_total[i] / max(float(rates.sum()), 1.0)), 5),
             **_split_stats(shares_seen[i]),
             "causes": causes[i],
         })
@@ -766,18 +771,23 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
     """Pooled figures per controller, the strongest baseline, and the cost-matched comparison."""
     pooled: dict[str, dict[str, float]] = {}
     causes: dict[str, dict[str, int]] = {}
+    late_sums: dict[str, list[float]] = {}
     for row in rows:
         v, label = row["controller"].split("|", 1)
         if v != variant:
             continue
         entry = pooled.setdefault(label, {"violation_s": 0, "cost_usd": 0.0, "split_reversals": 0,
                                           "split_travel_pct": 0})
-        for key in entry:
+        for key in ("violation_s", "cost_usd", "split_reversals", "split_travel_pct"):
             entry[key] += row[key]
+        late = late_sums.setdefault(label, [0.0, 0])
+        late[0] += row.get("late_fraction", 0.0)
+        late[1] += 1
         for cause, seconds in row.get("causes", {}).items():
             causes.setdefault(label, dict.fromkeys(CAUSES, 0))[cause] += seconds
-    for entry in pooled.values():
+    for label, entry in pooled.items():
         entry["cost_usd"] = round(entry["cost_usd"], 2)
+        entry["late_fraction_mean"] = round(late_sums[label][0] / late_sums[label][1], 5)
     if "policy" not in pooled:
         return {}
     policy = pooled["policy"]
@@ -861,6 +871,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_damping": {"tuning": {"damping": False}},
     "no_surge": {"tuning": {"surge": False}},
     "no_probe": {"tuning": {"probe": False}},
+    "no_bridge_drain": {"tuning": {"bridge_drain": False}},
+    "no_drain_room": {"tuning": {"drain_room": False}},
     "interval_15s": {"intervalSeconds": 15},
     "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }

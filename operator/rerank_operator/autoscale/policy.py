@@ -7,7 +7,7 @@ Order of a tick, each step explained where it lives:
 3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), then
    apply HPA-like windows/steps/cooldowns (`scaling`);
 4. move the split (`routing`), knowing whether the GPU is still waiting for replicas;
-5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess), so it starts scaling
+5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess and queue), so it starts scaling
    with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
    measured; once the route sends it nothing and the GPU has every replica it asked for ready, its replicas are
    released after the scale-down cooldown instead of being kept for the stabilization window.

@@ -6,13 +6,16 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   learned (`load.learn_capacity`; a lower bound will do, it only makes the spill generous), the CPU share goes
   straight to the GPU's measured excess, the share its ready replicas cannot serve within target, plus what lets
   it work off its queue beyond target within one interval; no fixed step. Before that, stepPercent at a time.
-  The CPU pool is sized for that excess (`Split.wanted_cpu_percent`) and may grow to it in one step
-  (`Split.surge`);
+  The CPU pool is sized for that excess plus the queue's drain (`Split.wanted_cpu_percent`) and may grow to it in
+  one step (`Split.surge`);
 - never give the CPU pool more than its ready replicas can serve within its target, once that capacity is known:
   the first spill onto a small CPU pool is what it can take now, the rest follows as its replicas become ready.
   Before it is measured, what the CPU replicas served within target is a lower bound to go to, and beyond it the
   share probes upwards (1%, then doubling per tick, at most stepPercent more), never one blind step onto a single
-  replica; when both pools are over target, hold, or shrink the CPU share to that capacity;
+  replica; when both pools are over target, hold, or shrink the CPU share to that capacity. One exception: while
+  the GPU waits for replicas and its queue alone keeps its requests past target (late whatever the CPU does), the
+  CPU pool may take up to DRAIN_ROOM x that share, as long as it completes what it gets, so the queue is worked off
+  sooner;
 - shift back (by at most recoverStepPercent per tick) once the GPU has headroom, but never below the share the GPU's
   ready replicas still cannot serve within target: the split settles where it is needed instead of swinging to 0
   and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
@@ -28,12 +31,13 @@ from dataclasses import dataclass
 
 from .config import AutoscalingSpec
 from .history import History
-from .load import UTILIZATION, Load
+from .load import UTILIZATION, Load, keeping_up
 from .signals import Signals
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
 SETTLE_UTILIZATION = 0.95    # shifting back stops where the GPU's ready replicas run at 95% of their capacity
+DRAIN_ROOM = 2.0             # CPU room multiplier while the GPU's queue alone is later than its target (drain_room)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class Tuning:
     damping: bool = True       # shift back no lower than the share the GPU still cannot serve
     surge: bool = True         # the CPU pool may grow to the excess in one step (spillover.surgeMaxStep)
     probe: bool = True         # before the CPU's capacity is measured, double its share per tick from 1%
+    bridge_drain: bool = True  # the CPU pool is sized for the excess plus the GPU queue's drain, not the excess alone
+    drain_room: bool = True    # while the GPU's queue alone outlasts its target, the CPU may take DRAIN_ROOM x its room
 
 
 PRODUCTION = Tuning()  # every part on: what the operator runs
@@ -104,18 +110,27 @@ def _gpu_first(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: G
     spill = spec.spillover
     pressure = _gpu_pressure(spec, signals, gpu)
     room = _cpu_room_percent(signals, history)
+    if (room is not None and tuning.drain_room and gpu.desired > signals.gpu.ready_replicas
+            and _gpu_queue_late(spec, signals, history) and keeping_up(signals.cpu)):
+        # The GPU's queue alone keeps its requests past target: those seconds are lost whatever the CPU does, and
+        # they end when the queue is worked off. While GPU replicas are on their way (the bridge: a GPU at its max
+        # would only hand its overload to the CPU) and the CPU pool keeps up with what it gets, the CPU may run past
+        # its own target, up to DRAIN_ROOM x its room, so the GPU drains sooner; fewer requests end up late overall
+        # (the simulator's late_fraction). Back to its room once the queue is gone (the branch below shrinks the
+        # share when the CPU is over target) or the CPU stops keeping up.
+        room = min(100, int(room * DRAIN_ROOM))
     if pressure:
         # Straight to the GPU's measured excess (plus what works off its queue within a tick) once a capacity is
-        # known, one step at a time before. The CPU pool is sized for the excess itself: the queue is gone by the
-        # time new CPU replicas are ready.
+        # known, one step at a time before. The CPU pool is sized for both: a spike's queue builds on the GPU for as
+        # long as new CPU replicas take to start, and it is their room that works it off once they are ready.
         excess = _gpu_excess_percent(signals, history, tuning) if gpu.load.overloaded else None
         drain = _drain_percent(spec, signals) if tuning.drain else 0
         if excess is not None and tuning.exact_spill:
             wanted = min(spill.max_cpu_percent, excess + drain)
         else:
             wanted = min(spill.max_cpu_percent, max(cpu_percent + spill.step_percent, (excess or 0) + drain))
-        sizing = min(spill.max_cpu_percent, max(cpu_percent, excess) if excess is not None else
-                     cpu_percent + spill.step_percent)
+        sizing = min(spill.max_cpu_percent, max(cpu_percent, excess + (drain if tuning.bridge_drain else 0))
+                     if excess is not None else cpu_percent + spill.step_percent)
         surge = excess is not None and tuning.surge
         if cpu_load.overloaded:
             if room is not None and room < cpu_percent:
@@ -166,6 +181,15 @@ def _gpu_excess_percent(signals: Signals, history: History, tuning: Tuning,
         return None
     served = signals.gpu.ready_replicas * capacity * utilization
     return int(max(0.0, min(100.0, math.ceil(round(max(-1.0, min(1.0, 1 - served / total)) * 100, 6)))))
+
+
+def _gpu_queue_late(spec: AutoscalingSpec, signals: Signals, history: History) -> bool:
+    """Whether the GPU's queue alone takes longer than its latency target to serve at its learned capacity: every
+    request it gets waits past target until that queue is worked off."""
+    queue, capacity, ready = signals.gpu.queue_size, history.gpu.capacity, signals.gpu.ready_replicas
+    if queue is None or not capacity or ready <= 0:
+        return False
+    return queue / (ready * capacity) > spec.targets.gpu_latency_p95_ms / 1000
 
 
 def _drain_percent(spec: AutoscalingSpec, signals: Signals) -> int:

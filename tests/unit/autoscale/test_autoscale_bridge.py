@@ -60,6 +60,35 @@ def test_the_first_spill_onto_a_single_cpu_replica_is_what_it_can_take_now():
     assert decision.cpu_replicas == 30
 
 
+def test_while_the_gpu_queue_alone_is_late_the_bridge_takes_up_to_twice_its_room_and_is_sized_for_the_drain():
+    # 4 of the 6 GPU replicas asked for are ready, 40 queued per replica: 160 / (4 x 100 rps) = 0.4 s of queue, past
+    # the GPU's 250 ms target, so its requests are late whatever the CPU does. 10 ready CPU replicas, keeping up
+    # (nothing arrives there): their room, 100 of 650 rps = 15%, doubles (DRAIN_ROOM) to 30%, below the 40% wanted
+    # (39% excess + 1% drain, as in test_spill_adds_what_works_off_the_gpu_queue_within_one_interval). The pool is
+    # sized for excess and drain: 0.40 x 650 = 260 rps / 8.5 rps per replica = 30.6 -> 31 (30 for the excess alone).
+    late = replace(HOT_AT_MAX, queue_size=160.0)
+    decision = run(Signals(late, pool(10, rate=0, p95=None)), Current(6, 10, 0), gpu=(1, 6))
+    assert decision.cpu_percent == 30
+    assert decision.cpu_replicas == 31
+    # 16 queued per replica (its target): 64 / 400 = 0.16 s, not late: the room stays 15% and the pool 30.
+    calm = run(Signals(replace(HOT_AT_MAX, queue_size=64.0), pool(10, rate=0, p95=None)), Current(6, 10, 0),
+               gpu=(1, 6))
+    assert calm.cpu_percent == 15
+    assert calm.cpu_replicas == 30
+    # A GPU pool at its max has no replicas coming: doubling the room would only hand its overload to the CPU.
+    assert run(Signals(late, pool(10, rate=0, p95=None)), Current(4, 10, 0)).cpu_percent == 15
+
+
+def test_the_bridge_takes_no_more_than_its_room_once_it_stops_keeping_up():
+    # As above, but 50 rps already go to the CPU (700 in all): its room is 100 / 700 = 14%. While it completes what
+    # arrives, 2 x 14 = 28%; completing 40 of 50 rps (its backlog grows), it gets its room, 14%, and no more.
+    late = replace(HOT_AT_MAX, queue_size=160.0)
+    keeping_up = run(Signals(late, pool(10, rate=50, p95=100)), Current(6, 10, 7), gpu=(1, 6))
+    falling_behind = run(Signals(late, pool(10, rate=50, p95=100, served=40)), Current(6, 10, 7), gpu=(1, 6))
+    assert keeping_up.cpu_percent == 28
+    assert falling_behind.cpu_percent == 14
+
+
 def test_no_spill_while_the_ready_gpu_replicas_serve_what_arrives():
     # p95 over its 250 ms target and waiting for a fifth replica, but 380 rps is within 4 x 100: the GPU alone
     # copes (the p95 is a passing backlog's), so nothing moves to the slower pool and the CPU pool stays as is.

@@ -1,0 +1,110 @@
+"""Where the INT8 ranking error comes from: each MatMul group (and each FFN down-projection alone) kept FP32 while
+everything else is quantized as the fastest auto recipe does it. Prints JSON: Spearman and top-3 agreement vs the
+FP32 graph, speed vs FP32 (ONNX Runtime set up as TEI sets it up, all pairs once, batches of 8 in arrival order),
+and the outlier coarseness :mod:`quantizer_job.outliers` ranks FFN down-projections by.
+
+    python benchmarks/int8_sensitivity.py --fixture minilm-ce [--per-layer]
+
+This is what chose the mixed-precision recipe (``fp32_ffn_down``): the group whose FP32 copy buys the most quality
+per speed lost, and whether the coarseness ranking picks the layers that matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import trained_fixture
+
+from quantizer_job import evaldata, export, isa, layout, metrics, outliers, textenc, verify
+from quantizer_job import quantize as Q
+
+BASE = Q.Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
+                operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True)
+
+
+def roles(model: Any) -> dict[str, str]:
+    """Every quantizable node of a fused BERT-family graph by what it computes."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    down = outliers.ffn_down_inputs(model)
+    out: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type == "Attention":
+            out[n.name] = "qkv_projection"
+        elif n.op_type == "MatMul" and n.name in down:
+            out[n.name] = "ffn_down"
+        elif n.op_type == "MatMul":
+            p = producers.get(n.input[0])
+            out[n.name] = "attention_output" if p is not None and p.op_type == "Attention" else "ffn_up_and_head"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fixture", default="minilm-ce")
+    ap.add_argument("--per-layer", action="store_true", help="also each FFN down-projection alone")
+    a = ap.parse_args()
+    import onnx
+
+    threads = isa.cpu_budget()
+    fx = trained_fixture.make_fixture(a.fixture, threads=threads)
+    src = Path(fx["model_dir"])
+    cfg = layout.read_config(src)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        exp = export.run({"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tok"),
+                          "max_length": textenc.max_input_length(cfg), "pad_id": layout.pad_token_id(cfg),
+                          "threads": threads})
+        fp32, tok_json = Path(exp["onnx_path"]), Path(exp["tokenizer_json"])
+        tok = textenc.load_tokenizer(str(tok_json), textenc.max_input_length(cfg))
+        pairs = [(p.query, p.text) for p in evaldata.load_jsonl(fx["eval_jsonl"])]
+        keys = [q for q, _ in pairs]
+        batches = textenc.make_batches(tok, pairs, layout.pad_token_id(cfg, tok_json), batch_size=8)
+
+        def score(path: Path) -> verify.Timed:
+            return verify.score_timed(verify.make_session(path, threads), batches, min_seconds=0.0, max_passes=1)
+
+        ref = score(fp32)
+        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        cache: Q.GraphCache = {}
+        graph = Q.optimized_for(BASE, fp32, work, heads, hidden, cache)
+        by_role = roles(onnx.load(str(graph), load_external_data=False))
+        coarse = outliers.measure(graph, batches[:: max(1, len(batches) // Q.PROBE_BATCHES)][:Q.PROBE_BATCHES],
+                                  threads)
+        rows: dict[str, dict[str, Any]] = {}
+
+        def trial(name: str, keep: list[str]) -> None:
+            dst = work / name / "model.onnx"
+            Q.quantize_dynamic(graph, dst, BASE, exclude=keep)
+            Q.quantize_embeddings(dst)
+            got = score(dst)
+            rows[name] = {"kept_fp32": len(keep), "spearman": round(metrics.spearman(ref.scores, got.scores), 5),
+                          "top3": round(metrics.topk_agreement(keys, ref.scores, got.scores, 3), 4),
+                          "x_fp32": round(got.pairs_per_s / ref.pairs_per_s, 2)}
+            print(name, rows[name], file=sys.stderr, flush=True)
+
+        trial("all_int8", [])
+        for role in sorted(set(by_role.values())):
+            trial(f"fp32_{role}", [n for n, r in by_role.items() if r == role])
+        downs = [n for n, r in by_role.items() if r == "ffn_down"]
+        if a.per_layer:
+            for i, n in enumerate(downs):
+                trial(f"fp32_ffn_down_layer{i}", [n])
+        for share in (1 / 3, 2 / 3):
+            trial(f"fp32_ffn_down_coarsest_{round(share * 100)}pct", outliers.keep_fp32(coarse, share))
+    print(json.dumps({"fixture": a.fixture, "pairs": len(pairs), "threads": threads,
+                      "fp32_pairs_per_s": round(ref.pairs_per_s, 2), "base_recipe": BASE.name,
+                      "ffn_down_coarseness_in_layer_order": [round(coarse[n], 1) for n in downs],
+                      "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -76,8 +76,7 @@ def main() -> None:
         cache: Q.GraphCache = {}
         graph = Q.optimized_for(BASE, fp32, work, heads, hidden, cache)
         by_role = roles(onnx.load(str(graph), load_external_data=False))
-        coarse = outliers.measure(graph, batches[:: max(1, len(batches) // Q.PROBE_BATCHES)][:Q.PROBE_BATCHES],
-                                  threads)
+        coarse = outliers.measure(graph, outliers.spread(batches, Q.PROBE_BATCHES), threads)
         rows: dict[str, dict[str, Any]] = {}
 
         def trial(name: str, keep: list[str]) -> None:

@@ -87,6 +87,12 @@ def measure(model_path: Path, feeds: Sequence[dict[str, np.ndarray]], threads: i
     return {node: coarseness(seen[t]) for node, t in targets.items()}
 
 
+def spread(batches: Sequence[dict[str, np.ndarray]], n: int) -> list[dict[str, np.ndarray]]:
+    """``n`` batches evenly spaced over ``batches`` (sorted by length, they then cover short and long pairs)."""
+    step = max(1, len(batches) // max(1, n))
+    return list(batches[::step][:n])
+
+
 def keep_fp32(scores: dict[str, float], share: float) -> list[str]:
     """The ``share`` (0..1, at least one when positive) of FFN down-projections with the coarsest input."""
     if share <= 0 or not scores:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import evaldata, isa, layout, publish, search, textenc, verify
+from . import evaldata, isa, layout, outliers, publish, search, textenc, verify
 from . import quantize as Q
 from .contract import CPU_SUBDIR, MANIFEST_FILE, ORIGINAL_SUBDIR, JobRequest, JobResult
 from .errors import EXIT_CODES, JobError
@@ -276,8 +276,7 @@ def probe_feeds(ref: Reference) -> list[dict[str, np.ndarray]]:
     the lengths (they are sorted by length). Only activation ranges are read, never the scores the gate compares."""
     if ref.calib_feeds:
         return ref.calib_feeds
-    step = max(1, len(ref.batches) // Q.PROBE_BATCHES)
-    return list(ref.batches[::step][: Q.PROBE_BATCHES])
+    return outliers.spread(ref.batches, Q.PROBE_BATCHES)
 
 
 def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Reference) -> Choice:

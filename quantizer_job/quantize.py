@@ -357,6 +357,11 @@ def fp32_nodes(graph: Path, recipe: Recipe, feeds: Sequence[dict[str, np.ndarray
     if not feeds:
         raise JobError("QuantizationFailed", f"recipe {recipe.name} needs batches to rank FFN outliers on")
     from . import outliers
+
+    if recipe.fp32_ffn_down >= 1.0:  # every one of them: no ranking to measure (a session over the whole FP32 graph)
+        import onnx
+
+        return list(outliers.ffn_down_inputs(onnx.load(str(graph), load_external_data=False)))
     from .isa import cpu_budget
 
     return outliers.keep_fp32(outliers.measure(graph, feeds[:PROBE_BATCHES], cpu_budget()), recipe.fp32_ffn_down)

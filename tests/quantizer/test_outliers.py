@@ -101,6 +101,19 @@ def test_outlier_layer_is_ranked_first_kept_fp32_and_that_cuts_the_int8_error(tm
     assert err_mixed < 0.5 * err_full, (err_mixed, err_full)
 
 
+def test_spread_takes_evenly_spaced_batches():
+    batches = [{"i": np.array([i])} for i in range(10)]
+    assert [int(b["i"][0]) for b in outliers.spread(batches, 4)] == [0, 2, 4, 6]
+    assert [int(b["i"][0]) for b in outliers.spread(batches[:3], 4)] == [0, 1, 2]
+
+
+def test_share_one_keeps_every_down_projection(tmp_path):
+    src = tmp_path / "src.onnx"
+    two_ffn_layers(src, outlier_gain=40.0)
+    feeds = [{"x": np.ones((4, HIDDEN), np.float32)}]
+    assert sorted(Q.fp32_nodes(src, Q.Recipe(name="all", fp32_ffn_down=1.0), feeds)) == ["down_a", "down_b"]
+
+
 def test_mixed_recipe_without_batches_to_measure_is_an_error(tmp_path):
     src = tmp_path / "src.onnx"
     two_ffn_layers(src, outlier_gain=1.0)

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-MAX_RECOMMENDATIONS = 64  # per pool; covers a 300 s window at a 5 s interval
+# Per pool, a safety cap only: `record` keeps just the recommendations that can still be some window's highest or
+# lowest, at most two per distinct replica count, so any window (up to the CRD's 3600 s) at any interval fits.
+MAX_RECOMMENDATIONS = 256
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,21 @@ class PoolHistory:
     last_state: tuple[int, bool] | None = None  # (ready replicas, over target) at the previous fresh tick
 
     def record(self, now: float, replicas: int, keep_seconds: float) -> PoolHistory:
-        kept = tuple((t, r) for t, r in self.recommendations if now - t <= keep_seconds and t <= now)
-        return replace(self, recommendations=(*kept, (now, replicas))[-MAX_RECOMMENDATIONS:])
+        """Add this tick's recommendation; forget what no window up to `keep_seconds` can need.
+
+        Windows only ask for the highest (scale-down) or lowest (scale-up) recommendation since some time, and such
+        a window always ends now. A recommendation with a later one at least as high can never be a window's
+        highest, nor one with a later one at least as low its lowest: dropping those keeps every answer exact and
+        the history at most two entries per distinct replica count, however long the window or short the interval
+        (a plain list of the last N ticks silently shortened windows longer than N intervals)."""
+        recent = [(t, r) for t, r in self.recommendations if now - t <= keep_seconds and t <= now]
+        kept: list[tuple[float, int]] = []
+        highest, lowest = -1, None
+        for t, r in reversed([*recent, (now, replicas)]):
+            if r > highest or lowest is None or r < lowest:
+                kept.append((t, r))
+            highest, lowest = max(highest, r), r if lowest is None else min(lowest, r)
+        return replace(self, recommendations=tuple(reversed(kept))[-MAX_RECOMMENDATIONS:])
 
     def within(self, now: float, seconds: float) -> list[int]:
         return [r for t, r in self.recommendations if now - t <= seconds]

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rerank_operator.autoscale.config import (AutoscalingSpec, InvalidAutoscalingSpec, PoolBounds, PrometheusSettings,
-                                              StepBehavior)
+from rerank_operator.autoscale.config import (
+    AutoscalingSpec,
+    InvalidAutoscalingSpec,
+    PoolBounds,
+    PrometheusSettings,
+    StepBehavior,
+)
 from rerank_operator.autoscale.history import MAX_RECOMMENDATIONS, History, PoolHistory
 from rerank_operator.autoscale.scaling import scale
 
@@ -49,12 +56,38 @@ def test_history_round_trips_and_survives_garbage():
         assert isinstance(History.from_dict(garbage), History)
 
 
-def test_history_is_bounded():
+def test_history_keeps_only_what_a_window_can_need():
     pool = PoolHistory()
     for t in range(500):
         pool = pool.record(float(t), t % 7, keep_seconds=10_000)
-    assert len(pool.recommendations) == MAX_RECOMMENDATIONS
+    # Every window ends now: of a sawtooth 0..6 only the latest 6 and what came after it can still be a window's
+    # highest or lowest (t = 496..499: 6, 0, 1, 2).
+    assert pool.recommendations == ((496.0, 6), (497.0, 0), (498.0, 1), (499.0, 2))
     assert pool.record(1000.0, 1, keep_seconds=10).recommendations == ((1000.0, 1),)
+    assert MAX_RECOMMENDATIONS >= 2 * 65  # two per replica count of a 64-replica pool fit under the safety cap
+
+
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=400), st.integers(1, 3600))
+@settings(max_examples=200, deadline=None)
+def test_windows_see_the_same_extremes_as_the_full_history(recommendations: list[int], window: int) -> None:
+    """Whatever is forgotten, a window's highest and lowest are those of every tick in it (5 s ticks)."""
+    pool = PoolHistory()
+    for i, replicas in enumerate(recommendations):
+        pool = pool.record(5.0 * i, replicas, keep_seconds=3600)
+    now = 5.0 * (len(recommendations) - 1)
+    full = [r for i, r in enumerate(recommendations) if now - 5.0 * i <= window]
+    assert max(pool.within(now, window)) == max(full)
+    assert min(pool.within(now, window)) == min(full)
+
+
+def test_a_long_scale_down_window_is_not_cut_short():
+    """A 600 s window at a 5 s interval (120 ticks) still holds a recommendation from 590 s ago."""
+    pool = PoolHistory().record(0.0, 6, keep_seconds=600)
+    for t in range(5, 595, 5):
+        pool = pool.record(float(t), 2, keep_seconds=600)
+    result = scale(BOUNDS, UP, StepBehavior(600, 1, 0), 6, 2, pool, 590.0)
+    assert result.replicas == 6
+    assert scale(BOUNDS, UP, StepBehavior(600, 1, 0), 6, 2, result.history, 605.0).replicas == 5
 
 
 def test_defaults_match_the_agreed_crd_defaults():

@@ -29,8 +29,9 @@ the future; `foresight` also sees the next 3 minutes (more than a GPU's start-up
 Cost-matching: each baseline's sweep is reduced to its Pareto frontier (cost up, violations down) and interpolated
 at the policy's cost; a cost outside the swept range takes the nearest end and is flagged `extrapolated`.
 Traffic shapes: diurnal + spikes (per seed; seeds 9-12 are held out of any tuning and reported apart), slow ramp
-50 -> 650 -> 50 rps over 6 h, flat with noise, square waves of 10 and 30 min periods, and an overload above what all
-GPUs can serve. All traces carry Poisson-like noise. Variants: nominal (CPU start-up 40 s), delay10 (10 s between
+50 -> 650 -> 50 rps over 6 h, flat with noise, square waves of 10 and 30 min periods (each seed its own phase, so
+edges do not all fall on the controllers' tick grid), and an overload above what all GPUs can serve, 8 seeds each
+(with 3, one unlucky cold start or scrape decided a comparison). All traces carry Poisson-like noise. Variants: nominal (CPU start-up 40 s), delay10 (10 s between
 decision and effect), cpu90 (CPU start-up 90 s); start-ups have +0-30% jitter in all.
 Attribution: each violation-second of each run is given one cause (`attribute`: cold start, spike onset before any
 new pod can be ready, the CPU bridge's time, late in a spike, a stale scrape, a recent scale-down, ramps and noise);
@@ -159,9 +160,13 @@ def flat(hours: float = 6, level: float = 350, seed: int = 1) -> np.ndarray:
 
 
 def square(period_min: float, hours: float = 4, low: float = 150, high: float = 550, seed: int = 1) -> np.ndarray:
+    """Low and high halves of `period_min`, shifted by a per-seed random phase: edges on exact multiples of the
+    half-period also fell on the 5 s policy ticks and the 15 s scrapes, which decided at every edge which
+    controller saw it first (the same one each time), a property of the grid rather than of the controllers."""
     seconds = int(hours * 3600)
-    t = np.arange(seconds)
-    rates = np.where((t // int(period_min * 30)) % 2 == 1, high, low).astype(float)
+    half = int(period_min * 30)
+    t = np.arange(seconds) + int(np.random.default_rng([seed, 2]).integers(0, 2 * half))
+    rates = np.where((t // half) % 2 == 1, high, low).astype(float)
     return _noisy(rates, np.random.default_rng(seed))
 
 
@@ -873,6 +878,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_probe": {"tuning": {"probe": False}},
     "no_bridge_drain": {"tuning": {"bridge_drain": False}},
     "no_drain_room": {"tuning": {"drain_room": False}},
+    "no_backoff": {"tuning": {"backoff": False}},
     "interval_15s": {"intervalSeconds": 15},
     "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }
@@ -883,7 +889,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="2 seeds of 6 h, nominal only, no other shapes")
     parser.add_argument("--seeds", type=str, default="1-12", help="diurnal seeds, e.g. 1-12 or 3,7")
     parser.add_argument("--hours", type=float, default=24, help="length of each diurnal trace")
-    parser.add_argument("--shape-seeds", type=str, default="1-3", help="noise seeds of the other shapes")
+    parser.add_argument("--shape-seeds", type=str, default="1-8",
+                        help="seeds of the other shapes (noise, and the square waves' phase)")
     parser.add_argument("--shapes", type=str, default="diurnal,ramp,flat,square10,square30,overload")
     parser.add_argument("--variants", type=str, default="nominal,delay10,cpu90",
                         help="nominal (CPU start-up 40 s), delay10 (10 s actuation delay), cpu90 (90 s CPU start-up)")

@@ -14,6 +14,7 @@ from typing import Any
 # Per pool, a safety cap only: `record` keeps just the recommendations that can still be some window's highest or
 # lowest, at most two per distinct replica count, so any window (up to the CRD's 3600 s) at any interval fits.
 MAX_RECOMMENDATIONS = 256
+MAX_REVERSALS = 8
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class PoolHistory:
     capacity: float | None = None
     capacity_from_saturation: bool = False
     last_state: tuple[int, bool] | None = None  # (ready replicas, over target) at the previous fresh tick
+    # Scale-ups that undid a scale-down within its stabilization window (`scaling.scale`), newest last.
+    reversals: tuple[float, ...] = ()
 
     def record(self, now: float, replicas: int, keep_seconds: float) -> PoolHistory:
         """Add this tick's recommendation; forget what no window up to `keep_seconds` can need.
@@ -54,6 +57,7 @@ class PoolHistory:
             "capacity": None if self.capacity is None else round(self.capacity, 4),
             "saturated": self.capacity_from_saturation,
             "last": None if self.last_state is None else list(self.last_state),
+            "rev": [round(t, 3) for t in self.reversals],
         }
 
     @classmethod
@@ -71,6 +75,7 @@ class PoolHistory:
                 capacity=_optional_float(capacity) if capacity and float(capacity) > 0 else None,
                 capacity_from_saturation=bool(data.get("saturated", False)),
                 last_state=None if not last else (int(last[0]), bool(last[1])),
+                reversals=tuple(float(t) for t in data.get("rev") or ())[-MAX_REVERSALS:],
             )
         except (TypeError, ValueError):
             return cls()

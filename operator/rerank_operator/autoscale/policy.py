@@ -5,7 +5,8 @@ Order of a tick, each step explained where it lives:
    pools without ready replicas still apply), record nothing, say why;
 2. judge each pool's load and refine its learned capacity (`load`);
 3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), then
-   apply HPA-like windows/steps/cooldowns (`scaling`);
+   apply HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being undone within the
+   window gets a longer one);
 4. move the split (`routing`), knowing whether the GPU is still waiting for replicas;
 5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess and queue), so it starts scaling
    with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
@@ -90,7 +91,8 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     gpu_demand = signals.total_request_rate if policy == "gpu-first" else (signals.gpu.request_rate or 0.0)
     if policy == "cpu-only":
         gpu_demand = 0.0
-    gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes)
+    gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
+                                  backoff=tuning.backoff)
 
     gpu_state = routing.GpuState(gpu_load, gpu_replicas, spec.gpu.max_replicas)
     split = routing.route(spec, signals, current.cpu_percent, gpu_state, cpu_load, history, now, tuning)
@@ -108,7 +110,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     release = (policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas > 0
                and signals.gpu.ready_replicas >= gpu_replicas)
     cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
-                                  surge, release, grow=not shrinking)
+                                  surge, release, grow=not shrinking, backoff=tuning.backoff)
 
     reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
     decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)
@@ -118,7 +120,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
 def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,
           current: Current, history: History, now: float, external: bool,
           notes: list[str], surge_step: int | None = None, release: bool = False,
-          grow: bool = True) -> tuple[int, History]:
+          grow: bool = True, backoff: bool = True) -> tuple[int, History]:
     """Replicas for one pool this tick and the updated history (external management: leave replicas alone)."""
     bounds = spec.bounds(pool)
     if external or not bounds.enabled:
@@ -128,7 +130,8 @@ def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load,
     if not grow:
         wanted = min(wanted, current.replicas(pool))
     result = scaling.scale(bounds, spec.scale_up, spec.scale_down, current.replicas(pool), wanted,
-                           pool_history, now, idle=demand <= 0, surge_step=surge_step, release=release)
+                           pool_history, now, idle=demand <= 0, surge_step=surge_step, release=release,
+                           backoff=backoff)
     if result.note:
         notes.append(f"{pool}: {result.note}")
     return result.replicas, history.with_pool(pool, result.history)

@@ -14,7 +14,7 @@ from rerank_operator.autoscale.config import (
     StepBehavior,
 )
 from rerank_operator.autoscale.history import MAX_RECOMMENDATIONS, History, PoolHistory
-from rerank_operator.autoscale.scaling import scale
+from rerank_operator.autoscale.scaling import MAX_BACKOFF, REVERSAL_MEMORY_S, backed_off, scale
 
 BOUNDS = PoolBounds(True, 1, 10)
 UP = StepBehavior(0, 2, 30)
@@ -49,7 +49,7 @@ def test_up_stabilization_takes_the_lowest_recent_recommendation():
 
 
 def test_history_round_trips_and_survives_garbage():
-    history = History(gpu=PoolHistory(((1.0, 2), (2.0, 3)), 1.0, None, 87.5, True, (3, True)),
+    history = History(gpu=PoolHistory(((1.0, 2), (2.0, 3)), 1.0, None, 87.5, True, (3, True), (0.5, 1.5)),
                       cpu=PoolHistory(), last_spill=5.0, last_recover=None)
     assert History.from_dict(history.to_dict()) == history
     for garbage in (None, "x", {"v": 2}, {"v": 1, "gpu": {"recs": [["a", "b"]]}}, {"v": 1, "gpu": 3}):
@@ -88,6 +88,51 @@ def test_a_long_scale_down_window_is_not_cut_short():
     result = scale(BOUNDS, UP, StepBehavior(600, 1, 0), 6, 2, pool, 590.0)
     assert result.replicas == 6
     assert scale(BOUNDS, UP, StepBehavior(600, 1, 0), 6, 2, result.history, 605.0).replicas == 5
+
+
+FAST_DOWN = StepBehavior(300, 1, 0)   # the default window, no cooldown: one replica per 5 s tick once it lapses
+
+
+def _ticks(recommendations: list[tuple[int, int]], replicas: int, history: PoolHistory, start: float = 0.0,
+           down: StepBehavior = FAST_DOWN, backoff: bool = True) -> tuple[list[int], PoolHistory, float]:
+    """Drive one pool through (seconds, recommendation) phases at a 5 s interval; replicas after each tick."""
+    seen, now = [], start
+    for seconds, recommended in recommendations:
+        for _ in range(seconds // 5):
+            result = scale(BOUNDS, StepBehavior(0, 4, 0), down, replicas, recommended, history, now, backoff=backoff)
+            replicas, history, now = result.replicas, result.history, now + 5
+            seen.append(replicas)
+    return seen, history, now
+
+
+def test_a_scale_down_undone_within_the_window_lengthens_it():
+    """Square-wave traffic whose lulls last as long as the window: the first lull costs a replica that is needed
+    again at once (a reversal); after that the window is doubled and the next lull is held through."""
+    seen, history, now = _ticks([(60, 6), (305, 2), (60, 6)], 6, PoolHistory())
+    assert min(seen) == 5 and seen[-1] == 6               # removed at the end of the lull, back when load returned
+    assert len(history.reversals) == 1
+    assert backed_off(FAST_DOWN, history, now).stabilization_seconds == 600
+    seen, history, now = _ticks([(305, 2), (60, 6)], 6, history, now)
+    assert min(seen) == 6                                 # the same lull no longer removes anything
+    assert len(history.reversals) == 2                    # ... and holding through it renews the lesson
+    assert backed_off(FAST_DOWN, history, now).stabilization_seconds == 300 * (1 + MAX_BACKOFF)
+
+
+def test_without_reversals_the_window_is_the_configured_one():
+    # A lull longer than the window: replicas go, and come back only well after the window: nothing learned.
+    seen, history, now = _ticks([(60, 6), (900, 2), (60, 6)], 6, PoolHistory())
+    assert min(seen) == 2 and history.reversals == ()
+    assert backed_off(FAST_DOWN, history, now) == FAST_DOWN
+    # Switched off (the simulator's ablation), a reversal is still recorded but never lengthens the window.
+    seen, history, now = _ticks([(60, 6), (305, 2), (60, 6), (305, 2)], 6, PoolHistory(), backoff=False)
+    assert seen[-1] < 6
+
+
+def test_the_lesson_lapses_when_the_traffic_stops_teaching_it():
+    _, history, now = _ticks([(60, 6), (305, 2), (60, 6)], 6, PoolHistory())
+    assert backed_off(FAST_DOWN, history, now + REVERSAL_MEMORY_S - 60).stabilization_seconds == 600
+    assert backed_off(FAST_DOWN, history, now + REVERSAL_MEMORY_S + 1) == FAST_DOWN
+    assert backed_off(StepBehavior(0, 1, 0), history, now).stabilization_seconds == 0  # no window: nothing to lengthen
 
 
 def test_defaults_match_the_agreed_crd_defaults():

@@ -112,6 +112,8 @@ def test_a_scale_down_undone_within_the_window_lengthens_it():
     assert min(seen) == 5 and seen[-1] == 6               # removed at the end of the lull, back when load returned
     assert len(history.reversals) == 1
     assert backed_off(FAST_DOWN, history, now).stabilization_seconds == 600
+    lull = scale(BOUNDS, StepBehavior(0, 4, 0), FAST_DOWN, 6, 2, history, now)
+    assert "held by the 600s stabilization window" in lull.note   # what the decision's reason tells the user
     seen, history, now = _ticks([(305, 2), (60, 6)], 6, history, now)
     assert min(seen) == 6                                 # the same lull no longer removes anything
     assert len(history.reversals) == 2                    # ... and holding through it renews the lesson

@@ -44,7 +44,7 @@ def scale(bounds: PoolBounds, up: StepBehavior, down: StepBehavior, current: int
     down = backed_off(down, history, now) if backoff else down
     if down.stabilization_seconds > base_down and _held_through_a_lull(history, base_down, current, recommended,
                                                                        now):
-        history = replace(history, reversals=(*history.reversals, now)[-MAX_REVERSALS:])
+        history = _reversal(history, now)
     history = history.record(now, recommended, max(up.stabilization_seconds, down.stabilization_seconds))
     clamped = bounds.clamp(current)
     if clamped != current:
@@ -91,6 +91,10 @@ def _held_through_a_lull(history: PoolHistory, base_window: float, current: int,
     return bool(earlier) and max(earlier) < current
 
 
+def _reversal(history: PoolHistory, now: float) -> PoolHistory:
+    return replace(history, reversals=(*history.reversals, now)[-MAX_REVERSALS:])
+
+
 def _up(up: StepBehavior, current: int, target: int, recommended: int, history: PoolHistory,
         now: float, down_window: float) -> PoolScale:
     since = None if history.last_scale_up is None else now - history.last_scale_up
@@ -100,7 +104,7 @@ def _up(up: StepBehavior, current: int, target: int, recommended: int, history: 
     limited = min(target, current + up.max_step)
     note = f"limited to +{up.max_step} per step (recommended {recommended})" if limited < target else ""
     if history.last_scale_down is not None and now - history.last_scale_down <= down_window:
-        history = replace(history, reversals=(*history.reversals, now)[-MAX_REVERSALS:])
+        history = _reversal(history, now)   # undoing a scale-down the window should have prevented
     return _moved(history, current, limited, now, note)
 
 

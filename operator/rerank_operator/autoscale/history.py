@@ -38,12 +38,12 @@ class PoolHistory:
         the history at most two entries per distinct replica count, however long the window or short the interval
         (a plain list of the last N ticks silently shortened windows longer than N intervals)."""
         recent = [(t, r) for t, r in self.recommendations if now - t <= keep_seconds and t <= now]
-        kept: list[tuple[float, int]] = []
-        highest, lowest = -1, None
-        for t, r in reversed([*recent, (now, replicas)]):
-            if r > highest or lowest is None or r < lowest:
+        kept = [(now, replicas)]              # the newest always answers the shortest window
+        highest = lowest = replicas
+        for t, r in reversed(recent):
+            if r > highest or r < lowest:
                 kept.append((t, r))
-            highest, lowest = max(highest, r), r if lowest is None else min(lowest, r)
+                highest, lowest = max(highest, r), min(lowest, r)
         return replace(self, recommendations=tuple(reversed(kept))[-MAX_RECOMMENDATIONS:])
 
     def within(self, now: float, seconds: float) -> list[int]:

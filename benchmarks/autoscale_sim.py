@@ -37,6 +37,10 @@ start-ups have +0-30% jitter in all.
 Attribution: each violation-second of each run is given one cause (`attribute`: cold start, spike onset before any
 new pod can be ready, the CPU bridge's time, late in a spike, a stale scrape, a recent scale-down, ramps and noise);
 `summary[...]["attribution"]` has them for the policy, the best cost-matched baseline and the bounds.
+`targets` has issue 12's targets and, where they cannot all hold, what bounds them: `oracle_ratio` (the reactive
+oracle at the policy's cost), `beyond_onset` (the ratio outside the spikes' onset windows, and the policy's onset
+seconds alone as a share of the baseline's total) and, for the delay, `delay_per_episode` (violation-seconds the
+delay adds per spike with any violation, for the policy and the oracle, and what they imply).
 The policy runs with the CRD's defaults (spec.autoscaling empty); --ablations adds the policy with each part switched
 off, and with the earlier defaults (ABLATIONS).
 
@@ -50,6 +54,7 @@ cost-matched, the strongest baseline, the bounds, the ablations).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -57,28 +62,29 @@ import sys
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
-from rerank_operator.autoscale import exposition  # noqa: E402
-from rerank_operator.autoscale import policy as autoscale_policy  # noqa: E402
-from rerank_operator.autoscale import routing  # noqa: E402
-from rerank_operator.autoscale.config import AutoscalingSpec  # noqa: E402
-from rerank_operator.autoscale.history import History  # noqa: E402
-from rerank_operator.autoscale.signals import PoolSignals, Signals  # noqa: E402
+from rerank_operator.autoscale import exposition, routing
+from rerank_operator.autoscale import policy as autoscale_policy
+from rerank_operator.autoscale.config import AutoscalingSpec
+from rerank_operator.autoscale.history import History
+from rerank_operator.autoscale.signals import PoolSignals, Signals
 
 MAX_CONCURRENT = 512
 TAIL = 0.05
 SCRAPE_S = 15            # Prometheus scrape interval, and the direct source's tick
 RATE_WINDOW_S = 60       # rate(...[1m]) for the Prometheus-fed baselines
 BASELINE_LAG_S = 8       # HPA/KEDA sync relative to the scrape
+DELAY_S = 10             # the delay10 variant's actuation delay
 TEI_BUCKETS = np.array([1e-5 * 1.5 ** k for k in range(1, 36)])
-TEI_BOUNDS = tuple(float(b) for b in TEI_BUCKETS) + (math.inf,)
+TEI_BOUNDS = (*(float(b) for b in TEI_BUCKETS), math.inf)
 HELD_OUT = (9, 10, 11, 12)
 
 
@@ -235,7 +241,7 @@ class View:
         span = max(now.time - before.time, 1)
         delta = exposition.Histogram(dict(zip(TEI_BOUNDS, [*(now.buckets - before.buckets).tolist(),
                                                             (now.requests - now.failure)
-                                                            - (before.requests - before.failure)])),
+                                                            - (before.requests - before.failure)], strict=True)),
                                      now.requests - before.requests, 0.0)
         p95 = exposition.quantile(0.95, delta)
         return PoolSignals(
@@ -311,11 +317,14 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     (onset, end, height) are the trace's spikes, for the attribution of violations (`attribute`)."""
     k = len(runs)
     since_onset = np.full(rates.size, -1, dtype=int)
-    for a, b, _ in spikes:
+    spike_of = np.full(rates.size, -1, dtype=int)     # the spike whose window a second is in (the latest onset)
+    for n, (a, b, _) in enumerate(spikes):
         window = np.arange(a, min(b + SPIKE_TAIL_S, rates.size))
-        since_onset[window] = np.where(since_onset[window] >= 0, np.minimum(since_onset[window], window - a),
-                                       window - a)
+        newer = (since_onset[window] < 0) | (window - a < since_onset[window])
+        since_onset[window] = np.where(newer, window - a, since_onset[window])
+        spike_of[window] = np.where(newer, n, spike_of[window])
     causes = [dict.fromkeys(CAUSES, 0) for _ in range(k)]
+    episodes: list[set[int]] = [set() for _ in range(k)]   # spikes with at least one second over the SLO
     stale_tick = [False] * k
     last_reduce = [-math.inf] * k
     models = (gpu, cpu)
@@ -413,6 +422,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         for i in np.flatnonzero(violated).tolist():
             causes[i][attribute(now, int(since_onset[now]), runs[i].realism, gpu, stale_tick[i],
                                 now - last_reduce[i])] += 1
+            if spike_of[now] >= 0:
+                episodes[i].add(int(spike_of[now]))
         rejected_total += rejected.sum(axis=1)
         late_total += late + rejected.sum(axis=1)
         admitted = arrivals - rejected
@@ -468,6 +479,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
             "late_fraction": round(float(late_total[i] / max(float(rates.sum()), 1.0)), 5),
             **_split_stats(shares_seen[i]),
             "causes": causes[i],
+            "spike_episodes": len(episodes[i]),
         })
     return results
 
@@ -480,8 +492,8 @@ def _stream(label: str) -> str:
 
 def _split_stats(shares: list[int]) -> dict[str, Any]:
     """How much the CPU share moved: total movement, and reversals (up then down then up...)."""
-    moves = [b - a for a, b in zip(shares, shares[1:]) if b != a]
-    reversals = sum(1 for a, b in zip(moves, moves[1:]) if (a > 0) != (b > 0))
+    moves = [b - a for a, b in itertools.pairwise(shares) if b != a]
+    reversals = sum(1 for a, b in itertools.pairwise(moves) if (a > 0) != (b > 0))
     return {"split_moves": len(moves), "split_travel_pct": sum(abs(m) for m in moves), "split_reversals": reversals,
             "max_cpu_share_pct": max(shares, default=0)}
 
@@ -490,7 +502,7 @@ def _split_stats(shares: list[int]) -> dict[str, Any]:
 # Controllers
 
 
-def policy_controller(spec: AutoscalingSpec, tuning: routing.Tuning = routing.Tuning()) -> Controller:
+def policy_controller(spec: AutoscalingSpec, tuning: routing.Tuning = routing.PRODUCTION) -> Controller:
     memory = {"history": History()}
 
     def control(view: View) -> Action:
@@ -655,7 +667,7 @@ def oracle_controller(gpu: PoolModel, cpu: PoolModel, slo: float, f: float = 0.8
     controller with perfect, instant information: only start-up times hurt it."""
     gpu_cap, cpu_cap = gpu.capacity_at(slo), cpu.capacity_at(slo)
     recs: tuple[deque, deque] = (deque(), deque())
-    MARGIN = 0.9  # noqa: N806 - pools run at 90% of their capacity at the SLO: the M/M/1 tail is steep there
+    MARGIN = 0.9
 
     def held(p: int, now: int, want: int) -> int:
         recs[p].append((now, want))
@@ -765,7 +777,7 @@ def cost_matched(points: list[tuple[float, float, float]], cost: float) -> dict[
     if cost >= frontier[-1][0]:
         c, v, f = frontier[-1]
         return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": cost > c}
-    for (c0, v0, f0), (c1, v1, f1) in zip(frontier, frontier[1:]):
+    for (c0, v0, f0), (c1, v1, f1) in itertools.pairwise(frontier):
         if c0 <= cost <= c1:
             w = 0.0 if c1 == c0 else (cost - c0) / (c1 - c0)
             return {"violation_s": round(v0 + w * (v1 - v0), 1), "cost_usd": round(cost, 3),
@@ -783,9 +795,9 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
         if v != variant:
             continue
         entry = pooled.setdefault(label, {"violation_s": 0, "cost_usd": 0.0, "split_reversals": 0,
-                                          "split_travel_pct": 0})
-        for key in ("violation_s", "cost_usd", "split_reversals", "split_travel_pct"):
-            entry[key] += row[key]
+                                          "split_travel_pct": 0, "spike_episodes": 0})
+        for key in ("violation_s", "cost_usd", "split_reversals", "split_travel_pct", "spike_episodes"):
+            entry[key] += row.get(key, 0)
         late = late_sums.setdefault(label, [0.0, 0])
         late[0] += row.get("late_fraction", 0.0)
         late[1] += 1
@@ -844,7 +856,9 @@ def _attribution(pooled: dict[str, dict[str, float]], causes: dict[str, dict[str
         labels = [label for label in pooled if label.startswith(f"{name}@") and label in causes]
         if labels:
             label = min(labels, key=lambda lb: abs(pooled[lb]["cost_usd"] - cost))
-            out[name] = {"setting": label, "cost_usd": pooled[label]["cost_usd"], **causes[label]}
+            out[name] = {"setting": label, "cost_usd": pooled[label]["cost_usd"],
+                         "violation_s": pooled[label]["violation_s"],
+                         "spike_episodes": pooled[label]["spike_episodes"], **causes[label]}
     return out
 
 
@@ -933,7 +947,7 @@ def main(argv: list[str] | None = None) -> None:
                         routing.Tuning(**extra.get("tuning", {})))
                  for name, extra in chosen_ablations.items()}
     variants = {"nominal": Realism(scrape_failure=args.scrape_failure),
-                "delay10": Realism(scrape_failure=args.scrape_failure, delay_s=10),
+                "delay10": Realism(scrape_failure=args.scrape_failure, delay_s=DELAY_S),
                 "cpu90": Realism(scrape_failure=args.scrape_failure, cpu_startup_s=90.0)}
     chosen = [v for v in args.variants.split(",") if v]
     seeds = _seeds(args.seeds)
@@ -992,7 +1006,8 @@ def targets(summary: dict[str, Any], variants: Sequence[str]) -> dict[str, Any]:
     shape <= the best cost-matched baseline's; with the 10 s delay, each ratio within 10% of the nominal one.
 
     With --bounds each target also has `oracle_ratio`: the same ratio for the perfect-information reactive oracle
-    at the policy's cost, what a controller that only reacts (however well informed) reaches at best."""
+    at the policy's cost, what a controller that only reacts (however well informed) reaches at best. Shapes with
+    spikes also get `beyond_onset` (`_beyond_onset`) and, under the delay, `delay_per_episode` (`_delay_cost`)."""
     out: dict[str, Any] = {}
     for key, entry in summary.items():
         shape, _ = key.split("|")
@@ -1005,6 +1020,9 @@ def targets(summary: dict[str, Any], variants: Sequence[str]) -> dict[str, Any]:
         oracle = entry.get("bounds", {}).get("oracle")
         if oracle:
             out[key]["oracle_ratio"] = _ratio(oracle["violation_s"], best["violation_s"])
+        beyond = _beyond_onset(entry)
+        if beyond:
+            out[key]["beyond_onset"] = beyond
     if "nominal" in variants and "delay10" in variants:
         for key in [k for k in out if k.endswith("|delay10")]:
             nominal = out.get(key.replace("|delay10", "|nominal"))
@@ -1016,6 +1034,53 @@ def targets(summary: dict[str, Any], variants: Sequence[str]) -> dict[str, Any]:
                     # The bound on that target: the same change for the oracle.
                     out[key]["oracle_change_vs_nominal"] = round(out[key]["oracle_ratio"] / nominal["oracle_ratio"]
                                                                  - 1, 3)
+                cost = _delay_cost(summary[key.replace("|delay10", "|nominal")], summary[key])
+                if cost:
+                    out[key]["delay_per_episode"] = cost
+    return out
+
+
+def _beyond_onset(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """Violations outside the spikes' onset windows, policy vs the best baseline's nearest-cost setting.
+
+    In an onset window (CPU start-up + delay from a spike's start) nothing asked for at the onset can be ready yet:
+    only the capacity standing when the spike came serves it (pooled over seeds, controllers of equal cost stand
+    about the same: compare the two onset figures). `ratio` is what is left, the part reacting can change. Where
+    `policy_onset_share` (the policy's onset seconds over the baseline's total) exceeds the goal, no reaction
+    reaches the goal at the policy's standing capacity: only more of it (cost) or foresight would."""
+    attribution = entry.get("attribution", {})
+    policy, against = attribution.get("policy"), attribution.get(
+        (entry.get("policy_vs_best_cost_matched") or {}).get("baseline", ""))
+    if not policy or not against or not against.get("violation_s"):
+        return None
+    policy_total = sum(policy.get(c, 0) for c in CAUSES)
+    rest = (policy_total - policy["spike_onset"], against["violation_s"] - against["spike_onset"])
+    return {"policy_onset_s": policy["spike_onset"], "baseline_onset_s": against["spike_onset"],
+            "baseline_setting": against["setting"], "policy_onset_share": _ratio(policy["spike_onset"],
+                                                                                      against["violation_s"]),
+            "ratio": _ratio(*rest)}
+
+
+def _delay_cost(nominal: dict[str, Any], delayed: dict[str, Any]) -> dict[str, Any] | None:
+    """What the actuation delay costs per spike that had any violation (violation-seconds added / episodes).
+
+    A reactive controller's violations in a spike end when capacity it asked for takes effect, so the delay
+    lengthens each episode by at least DELAY_S, and by more while the larger queue is worked off. `floor_change`
+    is the change in violations if each of the policy's episodes grew by DELAY_S only; `oracle_paced_change` if
+    they grew by what the perfect-information oracle pays per episode (same setting in both variants)."""
+    policy_n, policy_d = nominal["policy"], delayed["policy"]
+    episodes = policy_n.get("spike_episodes", 0)
+    if not episodes or not policy_n["violation_s"]:
+        return None
+    out: dict[str, Any] = {"policy_s": round((policy_d["violation_s"] - policy_n["violation_s"]) / episodes, 1),
+                           "policy_episodes": episodes,
+                           "policy_change": round(policy_d["violation_s"] / policy_n["violation_s"] - 1, 3),
+                           "floor_change": round(DELAY_S * episodes / policy_n["violation_s"], 3)}
+    oracle_n, oracle_d = (v.get("attribution", {}).get("oracle") for v in (nominal, delayed))
+    if oracle_n and oracle_d and oracle_n["setting"] == oracle_d["setting"] and oracle_n["spike_episodes"]:
+        per_episode = (oracle_d["violation_s"] - oracle_n["violation_s"]) / oracle_n["spike_episodes"]
+        out["oracle_s"] = round(per_episode, 1)
+        out["oracle_paced_change"] = round(per_episode * episodes / policy_n["violation_s"], 3)
     return out
 
 

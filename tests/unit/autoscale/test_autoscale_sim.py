@@ -1,0 +1,98 @@
+"""The spillover benchmark's own bookkeeping (`benchmarks/autoscale_sim.py`): issue 12's conclusions rest on its
+cost-matching, its attribution of violation-seconds and its count of spike episodes, so those are pinned here on
+small worked cases, and the world model on cases whose answer follows from capacity alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+SIM_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "autoscale_sim.py"
+
+
+@pytest.fixture(scope="module")
+def sim() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("autoscale_sim", SIM_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["autoscale_sim"] = module   # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+# (tuning factor, cost, violations); f=0.6 costs more than f=0.5 and violates more: dominated, never interpolated.
+POINTS = [(0.5, 100.0, 50.0), (0.6, 110.0, 60.0), (0.7, 120.0, 30.0), (0.9, 140.0, 10.0)]
+
+
+@pytest.mark.parametrize("cost, violations, f, extrapolated", [
+    (110.0, 40.0, 0.6, False),      # halfway from (100, 50) to (120, 30); the dominated (110, 60) is ignored
+    (130.0, 20.0, 0.8, False),
+    (120.0, 30.0, 0.7, False),
+    (90.0, 50.0, 0.5, True),        # below every swept cost: the cheapest end, flagged
+    (150.0, 10.0, 0.9, True),       # above: the dearest end, flagged
+])
+def test_cost_matched_interpolates_along_the_pareto_frontier(sim: ModuleType, cost: float, violations: float,
+                                                             f: float, extrapolated: bool) -> None:
+    matched = sim.cost_matched(POINTS, cost)
+    assert matched["violation_s"] == pytest.approx(violations)
+    assert matched["f"] == pytest.approx(f)
+    assert matched["extrapolated"] is extrapolated
+
+
+def test_attribution_windows_follow_the_start_ups_and_the_delay(sim: ModuleType) -> None:
+    gpu = sim.PoolModel("gpu", 120, 0.05, 120, 1, 6, 1.0)
+    nominal, delayed = sim.Realism(), sim.Realism(delay_s=10)
+    late_enough = 1000   # past any cold start
+    assert sim.attribute(100, -1, nominal, gpu, False, 1e9) == "cold_start"
+    assert sim.attribute(late_enough, 45, nominal, gpu, False, 1e9) == "spike_bridge"   # CPU start-up 40 s passed
+    assert sim.attribute(late_enough, 45, delayed, gpu, False, 1e9) == "spike_onset"    # 40 s + the 10 s delay
+    assert sim.attribute(late_enough, 125, nominal, gpu, False, 1e9) == "spike_late"
+    assert sim.attribute(late_enough, 125, delayed, gpu, False, 1e9) == "spike_bridge"
+    assert sim.attribute(late_enough, -1, nominal, gpu, True, 1e9) == "stale_scrape"
+    assert sim.attribute(late_enough, -1, nominal, gpu, False, 30) == "scale_down"
+    assert sim.attribute(late_enough, -1, nominal, gpu, False, 1e9) == "ramp_or_noise"
+
+
+def _fixed(gpu_replicas: int) -> object:
+    """A controller that always asks for the same GPU replicas and sends the CPU pool nothing."""
+    def make() -> object:
+        return lambda view: (gpu_replicas, 1, 0.0)
+    return make
+
+
+def test_spike_episodes_count_the_spikes_a_controller_let_through(sim: ModuleType) -> None:
+    gpu = sim.PoolModel("gpu", 120, 0.05, 120, 1, 6, 1.0)
+    cpu = sim.PoolModel("cpu", 10.0, 0.12, 40.0, 1, 32, 0.2)
+    rates = np.full(3600, 100.0)
+    spikes = [(1000, 1120, 400.0), (2000, 2120, 20.0), (3000, 3120, 400.0)]   # two past 2 GPUs' capacity, one not
+    for a, b, height in spikes:
+        rates[a:b] += height
+    runs = [sim.RunSpec("nominal|two_gpus", _fixed(2), sim.Realism(scrape_failure=0.0)),
+            sim.RunSpec("nominal|six_gpus", _fixed(6), sim.Realism(scrape_failure=0.0))]
+    two, six = sim.simulate(rates, runs, gpu, cpu, 0.5, seed=1, spikes=spikes)
+    assert two["spike_episodes"] == 2            # 500 rps on 2 x 120: both big spikes, not the small one
+    assert two["causes"]["spike_onset"] > 0 and two["causes"]["spike_late"] > 0
+    assert six["spike_episodes"] == 0            # 6 x 120 rps serve 500 within 0.5 s
+    assert six["violation_s"] <= two["violation_s"]
+
+
+def test_delay_cost_per_episode_and_what_it_implies(sim: ModuleType) -> None:
+    nominal = {"policy": {"violation_s": 1000, "spike_episodes": 20},
+               "attribution": {"oracle": {"setting": "oracle@0.8", "violation_s": 1500, "spike_episodes": 25}}}
+    delayed = {"policy": {"violation_s": 1400, "spike_episodes": 21},
+               "attribution": {"oracle": {"setting": "oracle@0.8", "violation_s": 1800, "spike_episodes": 25}}}
+    cost = sim._delay_cost(nominal, delayed)
+    assert cost["policy_s"] == pytest.approx(400 / 20)
+    assert cost["policy_change"] == pytest.approx(0.4)
+    assert cost["floor_change"] == pytest.approx(sim.DELAY_S * 20 / 1000)
+    assert cost["oracle_s"] == pytest.approx(300 / 25)
+    assert cost["oracle_paced_change"] == pytest.approx(300 / 25 * 20 / 1000)
+    # Different oracle settings in the two variants would compare two controllers: no oracle figure then.
+    delayed["attribution"]["oracle"]["setting"] = "oracle@0.9"
+    assert "oracle_s" not in sim._delay_cost(nominal, delayed)
+    assert sim._delay_cost({"policy": {"violation_s": 0, "spike_episodes": 0}}, delayed) is None

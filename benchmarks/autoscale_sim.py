@@ -46,9 +46,12 @@ off, and with the earlier defaults (ABLATIONS).
 
 Run: python benchmarks/autoscale_sim.py --ablations --bounds   (full: 12 seeds, all shapes and variants; JSON)
      python benchmarks/autoscale_sim.py --quick                 (2 seeds of 6 h, nominal variant only)
+     python benchmarks/autoscale_sim.py --from-rows OUT.json --format markdown   (the tables again, from a run's JSON)
 The JSON has `rows` (one per shape, seed, variant and controller) and `summary` (pooled per shape, per diurnal
 seed, tuning seeds 1-8 and held-out seeds 9-12, per variant: the policy, each baseline at its default and
 cost-matched, the strongest baseline, the bounds, the ablations).
+--format markdown prints the same report as tables instead: the targets, then per shape and variant a row per seed
+(and one pooled) with the policy and every baseline at its default and cost-matched on that seed.
 """
 
 from __future__ import annotations
@@ -927,12 +930,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--autoscaling", type=json.loads, default={}, metavar="JSON",
                         help="policy spec.autoscaling fields over the CRD defaults (default: none)")
     parser.add_argument("--out", type=str, default=None, help="also write the JSON here")
+    parser.add_argument("--format", choices=("json", "markdown"), default="json",
+                        help="what to print: the JSON report, or its tables (targets; per shape, variant and seed: "
+                             "the policy and each baseline at its default and cost-matched); --out is JSON either way")
     parser.add_argument("--from-rows", type=str, default=None, metavar="JSON",
                         help="summarize the rows of an earlier run's JSON again instead of simulating")
     args = parser.parse_args(argv)
     if args.from_rows:
         previous = json.loads(Path(args.from_rows).read_text())
-        print(json.dumps(report_for(previous["rows"], previous["parameters"], args.variants.split(",")), indent=1))
+        report = report_for(previous["rows"], previous["parameters"], args.variants.split(","))
+        print(markdown(report) if args.format == "markdown" else json.dumps(report, indent=1))
         return
     if args.quick:
         args.seeds, args.hours, args.shapes, args.variants = "1-2", 6.0, "diurnal", "nominal"
@@ -976,10 +983,11 @@ def main(argv: list[str] | None = None) -> None:
                   "cpu_capacity_at_slo": round(cpu.capacity_at(slo), 2), "tei_buckets": "1e-5*1.5^k, k=1..35",
                   "scrape_s": SCRAPE_S, "rate_window_s": RATE_WINDOW_S, "baseline_lag_s": BASELINE_LAG_S,
                   "held_out_seeds": list(HELD_OUT), "runtime_s": round(time.monotonic() - started, 1)}
-    text = json.dumps(report_for(rows, parameters, chosen), indent=1)
+    report = report_for(rows, parameters, chosen)
+    text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text)
-    print(text)
+    print(markdown(report) if args.format == "markdown" else text)
 
 
 def report_for(rows: list[dict[str, Any]], parameters: dict[str, Any], variants: Sequence[str]) -> dict[str, Any]:
@@ -1082,6 +1090,65 @@ def _delay_cost(nominal: dict[str, Any], delayed: dict[str, Any]) -> dict[str, A
         out["oracle_s"] = round(per_episode, 1)
         out["oracle_paced_change"] = round(per_episode * episodes / policy_n["violation_s"], 3)
     return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as tables a reader can check by eye: issue 12's targets, then per shape and variant one row per
+    seed and a pooled one. Each cell is the policy's or a baseline's violation-seconds and cost; a baseline's cell
+    gives its default setting, then (after the arrow) its violations cost-matched to the policy on that seed, so the
+    per-seed ratios scatter around the pooled one instead of hiding behind it."""
+    variants = sorted({row["controller"].split("|", 1)[0] for row in report["rows"]}, key=_variant_order)
+    lines = ["## Targets (cost-matched ratio policy / best baseline)", "",
+             "| shape | variant | ratio | goal | met | against | oracle ratio | change vs nominal |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, target in report["targets"].items():
+        shape, variant = key.split("|")
+        change = target.get("change_vs_nominal")
+        lines.append(f"| {shape} | {variant} | {target['ratio']} | {target['goal']} | "
+                     f"{'yes' if target['met'] else 'no'} | {target['against']} | {target.get('oracle_ratio', '')} | "
+                     f"{'' if change is None else f'{change:+.1%}'} |")
+    names = [n for n in BASELINES if any(r["controller"].split("|", 1)[1].startswith(f"{n}@")
+                                         for r in report["rows"])]
+    by_shape: dict[str, list[dict[str, Any]]] = {}
+    for row in report["rows"]:
+        by_shape.setdefault(row["shape"], []).append(row)
+    for shape, rows in by_shape.items():
+        for variant in variants:
+            seeds = sorted({r["seed"] for r in rows})
+            per_seed = [(str(seed), summarize([r for r in rows if r["seed"] == seed], variant)) for seed in seeds]
+            table = [(label, entry) for label, entry in [*per_seed, ("pooled", summarize(rows, variant))] if entry]
+            if not table:
+                continue
+            lines += ["", f"## {shape}, {variant}: violation-s ($), baselines default -> cost-matched", "",
+                      "| seed | policy | " + " | ".join(names) + " | best matched | ratio |",
+                      "|---|---|" + "---|" * len(names) + "---|---|"]
+            lines += [_markdown_row(label, entry, names) for label, entry in table]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_row(label: str, entry: dict[str, Any], names: Sequence[str]) -> str:
+    policy = entry["policy"]
+    cells = [label, f"{policy['violation_s']:.0f} (${policy['cost_usd']:.0f})"]
+    for name in names:
+        baseline = entry["baselines"].get(name)
+        if baseline is None:
+            cells.append("")
+            continue
+        default, matched = baseline["default"], baseline["cost_matched"]
+        text = f"{default['violation_s']:.0f} (${default['cost_usd']:.0f})"
+        if matched is not None:
+            text += f" -> {matched['violation_s']:.0f}{'*' if matched['extrapolated'] else ''}"
+        cells.append(text)
+    best = entry.get("policy_vs_best_cost_matched")
+    cells += ([f"{best['baseline']} {best['violation_s']:.0f}", str(_ratio(policy["violation_s"],
+                                                                           best["violation_s"]))]
+              if best else ["", ""])
+    return "| " + " | ".join(cells) + " |"
+
+
+def _variant_order(variant: str) -> tuple[int, str]:
+    order = ("nominal", "delay10", "cpu90")
+    return (order.index(variant) if variant in order else len(order), variant)
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -96,3 +96,29 @@ def test_delay_cost_per_episode_and_what_it_implies(sim: ModuleType) -> None:
     delayed["attribution"]["oracle"]["setting"] = "oracle@0.9"
     assert "oracle_s" not in sim._delay_cost(nominal, delayed)
     assert sim._delay_cost({"policy": {"violation_s": 0, "spike_episodes": 0}}, delayed) is None
+
+
+def _row(shape: str, seed: int, controller: str, violations: int, cost: float) -> dict[str, object]:
+    return {"shape": shape, "seed": seed, "controller": controller, "violation_s": violations, "cost_usd": cost,
+            "late_fraction": 0.0, "causes": {}, "spike_episodes": 0}
+
+
+def test_markdown_tables_have_a_row_per_seed_and_the_cost_matched_ratio(sim: ModuleType) -> None:
+    # Seed 1: the policy has 100 violation-s at $10; cap_spill's two settings are (cost 8, 300) and (cost 12, 100),
+    # so at $10 it would have 200 (halfway), a ratio of 0.5. Seed 2 doubles everything (ratio 0.5 again); pooled:
+    # policy 300 at $30, cap_spill (24, 900) and (36, 300) -> 600 at $30.
+    rows = []
+    for seed, k in ((1, 1), (2, 2)):
+        rows += [_row("flat", seed, "nominal|policy", 100 * k, 10.0 * k),
+                 _row("flat", seed, "nominal|cap_spill@0.8", 300 * k, 8.0 * k),
+                 _row("flat", seed, "nominal|cap_spill@0.6", 100 * k, 12.0 * k)]
+    text = sim.markdown(sim.report_for(rows, {}, ["nominal"]))
+    table = [line for line in text.splitlines() if line.startswith("| ") and "cap_spill" in line]
+    by_seed = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in table}
+    assert set(by_seed) >= {"1", "2", "pooled"}
+    assert by_seed["1"][1] == "100 ($10)" and by_seed["1"][-2:] == ["cap_spill 200", "0.5"]
+    assert by_seed["2"][-2:] == ["cap_spill 400", "0.5"]
+    assert by_seed["pooled"][-2:] == ["cap_spill 600", "0.5"]
+    assert "300 ($8) -> 200" in by_seed["1"]            # the default setting (f=0.8), then cost-matched
+    targets = [line for line in text.splitlines() if line.startswith("| flat | nominal |")]
+    assert targets and "| 0.5 | 1.0 | yes | cap_spill |" in targets[0]

@@ -121,4 +121,35 @@ def test_markdown_tables_have_a_row_per_seed_and_the_cost_matched_ratio(sim: Mod
     assert by_seed["pooled"][-2:] == ["cap_spill 600", "0.5"]
     assert "300 ($8) -> 200" in by_seed["1"]            # the default setting (f=0.8), then cost-matched
     targets = [line for line in text.splitlines() if line.startswith("| flat | nominal |")]
-    assert targets and "| 0.5 | 1.0 | yes | cap_spill |" in targets[0]
+    assert targets and "| 0.5 | 1.0 | yes |  | cap_spill |" in targets[0]     # two seeds: too few to resample
+
+
+def _seeds_with_ratios(ratios: list[float]) -> list[dict[str, object]]:
+    """Per seed: the policy has 100 violation-s at $10 and cap_spill's cheaper setting costs exactly $10 with
+    100 / ratio, so each seed's cost-matched ratio is `ratio`; pooled, the ratio is the seeds' harmonic mean."""
+    rows: list[dict[str, object]] = []
+    for seed, ratio in enumerate(ratios, start=1):
+        rows += [_row("diurnal", seed, "nominal|policy", 100, 10.0),
+                 _row("diurnal", seed, "nominal|cap_spill@0.8", round(100 / ratio), 10.0),
+                 _row("diurnal", seed, "nominal|cap_spill@0.6", round(50 / ratio), 12.0)]
+    return rows
+
+
+def test_seed_bootstrap_is_tight_when_every_seed_agrees(sim: ModuleType) -> None:
+    spread = sim.seed_bootstrap(_seeds_with_ratios([0.5] * 6), "nominal", 0.5)
+    assert spread["p05"] == spread["median"] == spread["p95"] == 0.5
+    assert spread["met_share"] == 1.0 and spread["draws"] == 1000
+    assert sim.seed_bootstrap(_seeds_with_ratios([0.5] * 3), "nominal", 0.5) is None   # too few seeds to resample
+    assert sim.seed_bootstrap(_seeds_with_ratios([0.5] * 6), "delay10", 0.5) is None   # no rows of that variant
+
+
+def test_seed_bootstrap_shows_a_target_that_rests_on_the_seeds_drawn(sim: ModuleType) -> None:
+    # Two seeds at 0.25, two at 1.0: a draw of k seeds at 0.25 pools to 4 / (3k + 4), within the 0.5 goal when
+    # k >= 2, which a draw of 4 seeds with replacement gives with probability 11/16.
+    spread = sim.seed_bootstrap(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), "nominal", 0.5)
+    assert spread["p05"] < spread["median"] < spread["p95"]
+    assert spread["p05"] >= 0.25 and spread["p95"] <= 1.0
+    assert abs(spread["met_share"] - 11 / 16) < 0.05
+    report = sim.report_for(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), {}, ["nominal"])
+    assert report["targets"]["diurnal|nominal"]["ratio"] == 0.4                        # harmonic mean, met
+    assert f"({spread['met_share']:.0%})" in sim.markdown(report)

@@ -18,6 +18,19 @@ TARGETS = ("avx512_vnni", "avx2", "arm64")
 REDUCE_RANGE_REQUIRED = {"avx512_vnni": False, "avx2": True, "arm64": False}
 
 
+def saturation_hint(target: str, reduce_range: bool) -> str | None:
+    """What to change when a recipe failed the quality gate on a target whose INT8 kernels saturate.
+
+    ``recipe: fixed`` takes reduceRange exactly as given (default false), and on AVX2-only CPUs (many AMD EPYC
+    and older Xeon nodes) full-range weights overflow VPMADDUBSW's 16-bit sums: the gate then fails for a reason
+    that says nothing about the model. None where the target does not saturate or reduce_range is already on.
+    """
+    if reduce_range or not REDUCE_RANGE_REQUIRED.get(target, False):
+        return None
+    return (f"the {target} INT8 kernels (no VNNI) saturate with full-range weights: set "
+            "spec.quantization.reduceRange: true (7-bit weights) or recipe: auto, which does")
+
+
 def parse_cpu_flags(cpuinfo_text: str) -> set[str]:
     """The feature flags of the first CPU in ``/proc/cpuinfo`` (x86 ``flags`` or arm ``Features``)."""
     for line in cpuinfo_text.splitlines():

@@ -295,8 +295,9 @@ def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Refere
         raise JobError("QuantizationFailed", f"no recipe produced a model: {result.tried}")
     recipe_info = {**best.recipe.to_dict(), "tried": result.tried}
     if best.why:
+        hint = isa.saturation_hint(best.recipe.target, best.recipe.reduce_range)
         raise JobError("QualityGateFailed", f"INT8 ranks too differently from FP32 ({best.recipe.name}): "
-                                            + "; ".join(best.why),
+                                            + "; ".join(best.why + ([hint] if hint else [])),
                        quality=finite_values(best.quality), speed=finite_values(best.speed), recipe=recipe_info)
     return Choice(trial=best, recipe_info=recipe_info)
 

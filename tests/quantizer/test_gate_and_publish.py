@@ -14,7 +14,7 @@ import pytest
 
 from quantizer_job import contract, publish
 
-from .conftest import REPO, run_quantize
+from .conftest import FIXED_RECIPE, REPO, run_quantize
 
 pytestmark = pytest.mark.quantizer
 
@@ -81,10 +81,23 @@ def test_quality_gate_uses_the_threshold(bert_model, tmp_path):
     assert not (vol / "artifacts" / "strict").exists()
 
 
+def test_a_gate_failure_with_full_range_weights_on_avx2_says_to_reduce_the_range(bert_model, tmp_path):
+    """The fixed recipe takes reduceRange as given; on an AVX2-only target the failure names the fix. An unreachable
+    threshold makes the gate fail on any machine, so the message is what is tested, not this CPU's kernels."""
+    vol = tmp_path / "vol"
+    r = run_quantize(["--model", str(bert_model), "--output", str(vol), "--artifact-id", "sat", "--recipe", "fixed",
+                      "--target", "avx2", "--no-reduce-range", "--min-spearman", "1.0", "--min-topk-agreement",
+                      "1.0"], tmp_path)
+    assert r.rc != 0 and r.result["reason"] == "QualityGateFailed", r.stderr[-2000:]
+    assert "spec.quantization.reduceRange: true" in r.result["message"]
+    assert r.result["recipe"]["target"] == "avx2" and r.result["recipe"]["reduce_range"] is False
+    assert not (vol / "artifacts" / "sat").exists()
+
+
 def test_killed_run_leaves_nothing_then_rerun_publishes_then_already_published(bert_model, tmp_path):
     vol = tmp_path / "vol"
     args = [sys.executable, "-m", "quantizer_job", "--model", str(bert_model), "--output", str(vol),
-            "--artifact-id", "killme", "--recipe", "fixed"]
+            "--artifact-id", "killme", *FIXED_RECIPE]
     env = dict(os.environ, RERANK_QUANTIZE_TIMING_SECONDS="0.2", TERMINATION_MESSAGE_PATH=str(tmp_path / "t.log"),
                PYTHONPATH=str(REPO))
     p = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO))

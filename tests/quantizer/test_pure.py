@@ -186,3 +186,11 @@ def test_bootstrap_interval_contains_the_estimate_and_narrows_with_more_pairs():
 def test_bootstrap_interval_is_nan_when_the_statistic_never_is_defined():
     lo, hi = metrics.bootstrap_ci(metrics.spearman, [1.0] * 10, [2.0] * 10, n_boot=20)
     assert np.isnan(lo) and np.isnan(hi)
+
+
+def test_saturation_hint_only_where_full_range_weights_saturate():
+    hint = isa.saturation_hint("avx2", reduce_range=False)
+    assert hint is not None and "reduceRange: true" in hint and "avx2" in hint
+    assert isa.saturation_hint("avx2", reduce_range=True) is None
+    assert isa.saturation_hint("avx512_vnni", reduce_range=False) is None
+    assert isa.saturation_hint("arm64", reduce_range=False) is None

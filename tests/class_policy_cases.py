@@ -1,7 +1,7 @@
 """One table of RerankClass limits cases, run against both enforcers so they cannot drift apart.
 
 The class limits are written twice: as CEL in policies/rerankmodel-class-policy.yaml (the API server refuses a model
-beyond its class) and in Python in ``rerank_operator.tenancy.violations`` (the operator reports ``ClassViolation``
+beyond its class) and in Python in ``rerank_operator.core.tenancy.violations`` (the operator reports ``ClassViolation``
 for a stored model whose class was tightened later). Each case is a class spec and a model spec as a user writes
 them (the API server adds the CRDs' defaults) and what both must do with it: ``refused`` is a fragment both the
 policy's refusal and the single violation the operator finds must carry (``{cls}`` stands for the class's name),

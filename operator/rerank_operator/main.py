@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 import kopf
 from prometheus_client import start_http_server
 
-from .autoscale.config import PrometheusSettings
-from .settings import DEFAULT_RESYNC_SECONDS, Settings
+from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.settings import DEFAULT_RESYNC_SECONDS, Settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    from . import handlers  # kopf and the API client are loaded only when the operator really starts
+    from rerank_operator.controllers import handlers  # kopf and the API client load only when the operator starts
 
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     asyncio.run(kopf.operator(

@@ -28,8 +28,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from quantizer_job import contract
-from rerank_devcluster.waiting import eventually
 from rerank_devcluster.cluster import Cluster, free_port
+from rerank_devcluster.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_RULES = REPO / "operator" / "rerank_operator" / "rbac_rules.yaml"

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 
 from rerank_operator import main as operator_main
-from rerank_operator.autoscale import direct
+from rerank_operator.adapters import tei_scrape as direct
 
 
 def redirected(path: str) -> Callable[[direct.PodTarget], str]:

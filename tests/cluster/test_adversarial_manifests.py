@@ -32,7 +32,8 @@ from kubernetes.client.exceptions import ApiException
 
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.waiting import eventually
-from rerank_operator import spec as specs, tenancy
+from rerank_operator.core import spec as specs
+from rerank_operator.core import tenancy
 
 pytestmark = pytest.mark.cluster
 

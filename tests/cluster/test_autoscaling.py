@@ -21,9 +21,9 @@ from typing import Any, Iterator
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, operator_identity, static_pv  # noqa: F401
 
 from rerank_devcluster.waiting import eventually
-from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, operator_identity, static_pv  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 

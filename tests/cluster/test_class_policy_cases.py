@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from class_policy_cases import CASES, CLASSES, Case
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from class_policy_cases import CASES, CLASSES, Case
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.waiting import eventually
 

@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from rerank_devcluster.waiting import eventually
 from rerank_devcluster.cluster import NODE_LABEL, NODES, Cluster
+from rerank_devcluster.waiting import eventually
 
 MANIFESTS = Path(__file__).with_name("manifests")
 

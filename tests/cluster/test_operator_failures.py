@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from rrm_harness import Env, eventually, operator_identity, refused, rrm_env  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cluster

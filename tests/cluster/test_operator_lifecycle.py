@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 import pytest
+from rrm_harness import Env, audit_now, eventually, operator_identity, rrm_env  # noqa: F401  (fixtures)
 
 from quantizer_job import contract
-from rrm_harness import Env, audit_now, eventually, operator_identity, rrm_env  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cluster
 

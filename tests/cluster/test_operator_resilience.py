@@ -7,10 +7,20 @@ from typing import Iterator
 
 import pytest
 from kubernetes import client
+from rrm_harness import (  # noqa: F401
+    Env,
+    Identity,
+    Kube,
+    OperatorProcess,
+    cleanup,
+    eventually,
+    operator_identity,
+    published,
+    rrm_env,
+    static_pv,
+)
 
 from rerank_devcluster.cluster import Cluster
-from rrm_harness import (Env, Identity, Kube, OperatorProcess, cleanup, eventually, operator_identity, published,  # noqa: F401
-                         rrm_env, static_pv)
 
 pytestmark = pytest.mark.cluster
 

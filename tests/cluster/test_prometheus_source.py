@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from rerank_operator.autoscale.prometheus import PrometheusSource
+from rerank_operator.adapters.prometheus_api import PrometheusSource
 
 pytestmark = pytest.mark.prometheus
 

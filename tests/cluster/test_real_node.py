@@ -23,12 +23,11 @@ from typing import Any, Iterator
 
 import pytest
 from kubernetes import client
+from rrm_harness import Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually, operator_identity  # noqa: F401
 
 from quantizer_job import contract, publish
 from rerank_devcluster import realnode
 from rerank_devcluster.cluster import Cluster
-from rrm_harness import (Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually,  # noqa: F401
-                         operator_identity)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.slow]
 
@@ -79,7 +78,7 @@ def real_node(cluster: Cluster) -> realnode.RealNode:
 def prepared_volume(root: Path) -> Path:
     """A volume directory as an admin hands it over: root-owned, 0755, a model under sources/. Only fsGroup
     (applied by the kubelet to local volumes) lets uid 65532 write its artifacts here."""
-    from quantizer_job import devmodels
+    from rerank_devcluster import devmodels
 
     root.mkdir(parents=True)
     root.chmod(0o755)

@@ -18,9 +18,9 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from rerank_devcluster.waiting import eventually
 from rerank_devcluster.cluster import Cluster
-from rerank_operator import tenancy
+from rerank_devcluster.waiting import eventually
+from rerank_operator.core import tenancy
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY_FILE = REPO / "policies" / "rerankmodel-class-policy.yaml"

@@ -14,7 +14,6 @@ from typing import Any, Callable, Iterator
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
 from rrm_harness import Env, audit_now, eventually, operator_identity, rrm_env  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cluster

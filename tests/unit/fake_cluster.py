@@ -1,4 +1,4 @@
-"""The one fake of ``rerank_operator.access.ClusterAccess``, shared by the unit tests of both loops (reconcile and the
+"""The one fake of ``rerank_operator.adapters.cluster.ClusterAccess``, shared by the unit tests of both loops (reconcile and the
 autoscaler): the model as stored (status patches and annotations merged in), its children in a ``FakeWorld`` that
 runs plans the way the API server would, and, for the autoscaler, the pools' view. It records what was written."""
 
@@ -8,17 +8,18 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rerank_operator import names
-from rerank_operator.events import Event
-from rerank_operator.observed import ObjectRef, Observed, PoolsView, ref_of
-from rerank_operator.plan import Plan
-from rerank_operator.spec import RerankModelSpec
-from rerank_operator.writes import Executed
 from rerankmodel_gen import FakeWorld
+
+from rerank_operator.core import names
+from rerank_operator.core.events import Event
+from rerank_operator.core.observed import ObjectRef, Observed, PoolsView, ref_of
+from rerank_operator.core.plan import Plan
+from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.writes import Executed
 
 
 class FakeCluster:
-    """``access.ClusterAccess`` in memory. ``view`` fixes what ``observe_pools`` returns (the autoscaler's tests);
+    """``cluster.ClusterAccess`` in memory. ``view`` fixes what ``observe_pools`` returns (the autoscaler's tests);
     without it the pools come from the world's Deployments."""
 
     def __init__(self, body: dict[str, Any] | None, *, world: FakeWorld | None = None, view: PoolsView | None = None,

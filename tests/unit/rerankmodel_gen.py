@@ -12,9 +12,10 @@ import copy
 from typing import Any, Callable
 
 from quantizer_job import contract
-from rerank_operator import names, spec as specs
-from rerank_operator.observed import Observed
-from rerank_operator.plan import Plan
+from rerank_operator.core import names
+from rerank_operator.core import spec as specs
+from rerank_operator.core.observed import Observed
+from rerank_operator.core.plan import Plan
 
 Mod = Callable[[dict[str, Any]], None]
 

@@ -1,4 +1,4 @@
-"""The autoscaler's shell (autoscaler.py) against a fake API: what it writes, when, and what it leaves alone."""
+"""The autoscaler's shell (controllers/autoscale_loop.py) against a fake API: what it writes, when, and what it leaves alone."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import copy
 import json
 from typing import Any
 
-from rerank_operator import autoscaler, names
-from rerank_operator import status as statuses
-from rerank_operator.autoscale import policy
-from rerank_operator.conditions import Condition
-from rerank_operator.observed import PoolsView
 from fake_cluster import FakeCluster, merge
+
+from rerank_operator.controllers import autoscale_loop as autoscaler
+from rerank_operator.core import names
+from rerank_operator.core import status as statuses
+from rerank_operator.core.autoscale import policy
+from rerank_operator.core.conditions import Condition
+from rerank_operator.core.observed import PoolsView
 
 NS, NAME = "ns", "m"
 

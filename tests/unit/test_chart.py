@@ -262,7 +262,7 @@ def test_monitors_are_optional(helm: str) -> None:
 
 
 def test_tei_podmonitor_matches_the_operators_pod_labels(helm: str) -> None:
-    from rerank_operator import names
+    from rerank_operator.core import names
 
     pm = only(render(helm, "--set", "teiPodMonitor.enabled=true"), "PodMonitor")
     sel = pm["spec"]["selector"]
@@ -273,7 +273,7 @@ def test_tei_podmonitor_matches_the_operators_pod_labels(helm: str) -> None:
         return "__meta_kubernetes_pod_label_" + "".join(ch if ch.isalnum() else "_" for ch in label)
 
     # TEI's container port, by the name the operator's pool Deployment gives it.
-    pool_source = (REPO_ROOT / "operator" / "rerank_operator" / "deployment.py").read_text()
+    pool_source = (REPO_ROOT / "operator" / "rerank_operator" / "core" / "builders" / "deployment.py").read_text()
     port_names = re.findall(r'"ports": \[\{"name": "([a-z0-9-]+)", "containerPort"', pool_source)
     assert port_names and pm["spec"]["podMetricsEndpoints"][0]["port"] == port_names[0]
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in pm["spec"]["podMetricsEndpoints"][0]["relabelings"]}

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rerank_operator import conditions, drift, names
-from rerank_operator.conditions import Condition
+from rerank_operator.core import conditions, drift, names
+from rerank_operator.core.conditions import Condition
 
 DESIRED = drift.stamp({
     "apiVersion": "apps/v1", "kind": "Deployment",

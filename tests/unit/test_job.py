@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rerankmodel_gen import Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without
 
 from quantizer_job import contract
-from rerank_operator import artifact, job, names
-from rerankmodel_gen import (Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without)
+from rerank_operator.core import artifact, names
+from rerank_operator.core.builders import job
 
 
 def build(*mods: Mod, attempt: int = 1) -> tuple[dict[str, Any], contract.JobRequest]:
@@ -183,7 +184,7 @@ def test_success_carries_the_result() -> None:
 def test_permanent_failures_fail_the_job_at_once_and_others_retry() -> None:
     """The exit codes the quantizer uses for failures retrying cannot fix are exactly the FailJob rule's."""
     from quantizer_job import contract
-    from rerank_operator import job as job_module
+    from rerank_operator.core.builders import job as job_module
 
     rules = job_module.pod_failure_policy()["rules"]
     fail_job = [r for r in rules if r["action"] == "FailJob"]

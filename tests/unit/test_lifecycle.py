@@ -10,10 +10,26 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rerank_operator import artifact, conditions, deployment, events, names, plan as plans, readiness, status as statuses
-from rerank_operator.observed import ref_of
-from rerankmodel_gen import (FakeWorld, finish, generation, job_pod, model, owner_of, published, refused, replicas,
-                             revision, set_, spec_of)
+from rerankmodel_gen import (
+    FakeWorld,
+    finish,
+    generation,
+    job_pod,
+    model,
+    owner_of,
+    published,
+    refused,
+    replicas,
+    revision,
+    set_,
+    spec_of,
+)
+
+from rerank_operator.core import artifact, conditions, events, names, readiness
+from rerank_operator.core import plan as plans
+from rerank_operator.core import status as statuses
+from rerank_operator.core.builders import deployment
+from rerank_operator.core.observed import ref_of
 
 NOW = "2025-01-01T00:00:00Z"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from rerank_operator import handlers, main
-from rerank_operator.autoscale.config import PrometheusSettings
-from rerank_operator.settings import DEFAULT_OPERATOR_POD_LABELS, Settings
+from rerank_operator import main
+from rerank_operator.controllers import handlers
+from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.settings import DEFAULT_OPERATOR_POD_LABELS, Settings
 
 
 def test_flags_and_the_pods_identity_become_settings() -> None:

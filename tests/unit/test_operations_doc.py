@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from quantizer_job import contract
-from rerank_operator import conditions
+from rerank_operator.core import conditions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_SRC = REPO_ROOT / "operator" / "rerank_operator"

@@ -12,9 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 import dockerfiles
+import pytest
 from dockerfiles import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"

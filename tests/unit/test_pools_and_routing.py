@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rerankmodel_gen import Mod, model, owner_of, set_, spec_of
 
 from quantizer_job import contract
-from rerank_operator import deployment, names, routing, service
-from rerankmodel_gen import Mod, model, owner_of, set_, spec_of
+from rerank_operator.core import names
+from rerank_operator.core.builders import deployment, routing, service
 
 ARTIFACT = "0123456789abcdef"
 
@@ -43,7 +44,7 @@ def test_tei_flags() -> None:
     cpu = tei(build("cpu", set_("pools.cpu.tei", {"maxBatchTokens": 8192, "maxConcurrentRequests": 64,
                                                   "maxClientBatchSize": 16, "autoTruncate": False,
                                                   "extraArgs": ["--tokenization-workers=2"]})))["args"]
-    assert "--json-output" in cpu and flag(cpu, "--port") == str(deployment.PORT)
+    assert "--json-output" in cpu and flag(cpu, "--port") == str(names.TEI_PORT)
     assert (flag(cpu, "--max-batch-tokens"), flag(cpu, "--max-concurrent-requests"),
             flag(cpu, "--max-client-batch-size")) == ("8192", "64", "16")
     assert "--auto-truncate" not in cpu and "--dtype" not in cpu
@@ -56,7 +57,7 @@ def test_probes_ports_and_rollout() -> None:
     dep = build("cpu")
     c = tei(dep)
     port = c["ports"][0]
-    assert port["containerPort"] == deployment.PORT
+    assert port["containerPort"] == names.TEI_PORT
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": port["name"]}
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}

@@ -1,4 +1,4 @@
-"""reconcile.py, the shell of one reconcile, against the shared fake cluster (fake_cluster.py, the same one the
+"""controllers/reconcile_loop.py, the shell of one reconcile, against the shared fake cluster (fake_cluster.py, the same one the
 autoscaler's tests use): what it reads, executes, writes to the status and posts, and that a second run over what the
 first wrote is idle."""
 
@@ -8,20 +8,21 @@ from typing import Any
 
 import kopf
 import pytest
-
 from fake_cluster import FakeCluster
-from rerank_operator import classes, conditions
-from rerank_operator.reconcile import reconcile
-from rerank_operator.settings import Settings
 from rerankmodel_gen import model, set_
+
+from rerank_operator.controllers import class_index
+from rerank_operator.controllers.reconcile_loop import reconcile
+from rerank_operator.core import conditions
+from rerank_operator.core.settings import Settings
 
 NOW = "2025-01-01T00:00:00Z"
 
 
-def run(fake: FakeCluster, registry: classes.Registry | None = None) -> Any:
+def run(fake: FakeCluster, registry: class_index.Registry | None = None) -> Any:
     body = fake.body or {"metadata": {"namespace": "search", "name": "bge-m3"}}
     return reconcile(fake, body["metadata"]["namespace"], body["metadata"]["name"], "test",
-                     registry=registry or classes.Registry(), settings=Settings(), now=lambda: NOW)
+                     registry=registry or class_index.Registry(), settings=Settings(), now=lambda: NOW)
 
 
 def reason(fake: FakeCluster, kind: str) -> str:

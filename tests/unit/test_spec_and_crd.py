@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from rerank_operator import spec as specs
+from rerank_operator.core import spec as specs
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "rerankmodel.yaml"
 CRD = yaml.safe_load(CRD_PATH.read_text())
@@ -70,7 +70,7 @@ def test_printer_columns_point_at_declared_status_fields() -> None:
 
 def test_status_fields_the_operator_writes_are_declared() -> None:
     status = SCHEMA["properties"]["status"]["properties"]
-    from rerank_operator.status import OWNED_KEYS
+    from rerank_operator.core.status import OWNED_KEYS
     assert set(OWNED_KEYS) <= set(status)
     assert {"id", "path", "sizeBytes", "manifestSha256", "quality", "speed", "recipe", "publishedAt"} <= set(
         status["artifact"]["properties"])
@@ -157,7 +157,7 @@ def test_parse_refuses_what_the_crd_refuses(spec: dict[str, Any], fragment: str 
 
 
 def test_the_autoscalers_view_has_the_crds_defaults_and_comes_from_the_same_parser() -> None:
-    from rerank_operator.autoscale.config import AutoscalingSpec
+    from rerank_operator.core.autoscale.config import AutoscalingSpec
     defaulted = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
     view = AutoscalingSpec.from_model(specs.parse(defaulted))
     assert view == AutoscalingSpec.from_model(specs.parse(MINIMAL)) == AutoscalingSpec.from_spec(MINIMAL)

@@ -99,7 +99,7 @@ into a ClusterRole, since a Role cannot grant cluster-scoped resources. A rule m
 {{- end }}
 
 {{/*
-TEI pods, as the operator labels them (operator/rerank_operator/names.py: LABEL_NAME=APP_NAME on every child,
+TEI pods, as the operator labels them (operator/rerank_operator/core/names.py: LABEL_NAME=APP_NAME on every child,
 LABEL_POOL on pool pods only; tests/unit/test_chart.py checks these names against that module).
 */}}
 {{- define "rerank-operator.teiSelector" -}}

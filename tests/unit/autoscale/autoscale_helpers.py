@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rerank_operator.autoscale.config import AutoscalingSpec
-from rerank_operator.autoscale.signals import PoolSignals
+from rerank_operator.core.autoscale.config import AutoscalingSpec
+from rerank_operator.core.autoscale.signals import PoolSignals
 
 NOW = 10_000.0
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autoscale_helpers import NOW, pool, spec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from autoscale_helpers import NOW, pool, spec
-from rerank_operator.autoscale.history import History, PoolHistory
-from rerank_operator.autoscale.load import Load, learn_capacity
-from rerank_operator.autoscale.policy import Current, decide
-from rerank_operator.autoscale.signals import PoolSignals, Signals
+from rerank_operator.core.autoscale.history import History, PoolHistory
+from rerank_operator.core.autoscale.load import Load, learn_capacity
+from rerank_operator.core.autoscale.policy import Current, decide
+from rerank_operator.core.autoscale.signals import PoolSignals, Signals
 
 # Capacities learned at saturation: a GPU replica serves 100 rps within target, a CPU replica 10 rps.
 LEARNED = History(gpu=PoolHistory(capacity=100.0, capacity_from_saturation=True),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rerank_operator.autoscale import endpoints
-from rerank_operator.autoscale.config import InvalidAutoscalingSpec, PrometheusSettings
 from rerank_operator import main
+from rerank_operator.core.autoscale import endpoints
+from rerank_operator.core.autoscale.config import InvalidAutoscalingSpec, PrometheusSettings
 
 OPERATOR = PrometheusSettings(url="http://prometheus.monitoring:9090", gpu_memory_used_query="used")
 CLASS_SPEC = {"metrics": {"prometheus": {"url": "http://thanos.platform:10902", "gpuMemoryTotalQuery": "total"}}}
@@ -44,7 +44,7 @@ def test_operator_flags_reach_the_autoscaler() -> None:
 def test_the_direct_source_never_scrapes_a_pod_on_the_host_network() -> None:
     """A look-alike pod a tenant labels as a pool pod, on the host's network, would point the operator at a node
     address: only pod-network addresses are scraped."""
-    from rerank_operator.observed import PoolsView
+    from rerank_operator.core.observed import PoolsView
 
     def pod(name: str, ip: str, host_network: bool = False) -> dict:
         return {"metadata": {"name": name, "labels": {"rerank.io/pool": "cpu"}},

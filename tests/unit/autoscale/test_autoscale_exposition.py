@@ -7,8 +7,8 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from rerank_operator.autoscale import exposition
-from rerank_operator.autoscale.exposition import Histogram as Hist
+from rerank_operator.core.autoscale import exposition
+from rerank_operator.core.autoscale.exposition import Histogram as Hist
 
 TEI_LIKE = """\
 # HELP te_request_count te_request_count

@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rerank_operator.autoscale.config import (
+from rerank_operator.core.autoscale.config import (
     AutoscalingSpec,
     InvalidAutoscalingSpec,
     PoolBounds,
     PrometheusSettings,
     StepBehavior,
 )
-from rerank_operator.autoscale.history import MAX_RECOMMENDATIONS, History, PoolHistory
-from rerank_operator.autoscale.scaling import MAX_BACKOFF, REVERSAL_MEMORY_S, backed_off, scale
+from rerank_operator.core.autoscale.history import MAX_RECOMMENDATIONS, History, PoolHistory
+from rerank_operator.core.autoscale.scaling import MAX_BACKOFF, REVERSAL_MEMORY_S, backed_off, scale
 
 BOUNDS = PoolBounds(True, 1, 10)
 UP = StepBehavior(0, 2, 30)

@@ -1,29 +1,18 @@
-"""The spillover benchmark's own bookkeeping (`benchmarks/autoscale_sim.py`): issue 12's conclusions rest on its
+"""The spillover benchmark's own bookkeeping (`benchmarks/autoscale_sim/`): issue 12's conclusions rest on its
 cost-matching, its attribution of violation-seconds and its count of spike episodes, so those are pinned here on
 small worked cases, and the world model on cases whose answer follows from capacity alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-SIM_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "autoscale_sim.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))   # the benchmark is a package there
 
-
-@pytest.fixture(scope="module")
-def sim() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("autoscale_sim", SIM_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["autoscale_sim"] = module   # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
+from autoscale_sim import attribution, matching, report, simulation, targets, world
 
 # (tuning factor, cost, violations); f=0.6 costs more than f=0.5 and violates more: dominated, never interpolated.
 POINTS = [(0.5, 100.0, 50.0), (0.6, 110.0, 60.0), (0.7, 120.0, 30.0), (0.9, 140.0, 10.0)]
@@ -36,26 +25,27 @@ POINTS = [(0.5, 100.0, 50.0), (0.6, 110.0, 60.0), (0.7, 120.0, 30.0), (0.9, 140.
     (90.0, 50.0, 0.5, True),        # below every swept cost: the cheapest end, flagged
     (150.0, 10.0, 0.9, True),       # above: the dearest end, flagged
 ])
-def test_cost_matched_interpolates_along_the_pareto_frontier(sim: ModuleType, cost: float, violations: float,
-                                                             f: float, extrapolated: bool) -> None:
-    matched = sim.cost_matched(POINTS, cost)
+def test_cost_matched_interpolates_along_the_pareto_frontier(cost: float, violations: float, f: float,
+                                                             extrapolated: bool) -> None:
+    matched = matching.cost_matched(POINTS, cost)
     assert matched["violation_s"] == pytest.approx(violations)
     assert matched["f"] == pytest.approx(f)
     assert matched["extrapolated"] is extrapolated
 
 
-def test_attribution_windows_follow_the_start_ups_and_the_delay(sim: ModuleType) -> None:
-    gpu = sim.PoolModel("gpu", 120, 0.05, 120, 1, 6, 1.0)
-    nominal, delayed = sim.Realism(), sim.Realism(delay_s=10)
+def test_attribution_windows_follow_the_start_ups_and_the_delay() -> None:
+    gpu = world.PoolModel("gpu", 120, 0.05, 120, 1, 6, 1.0)
+    nominal, delayed = world.Realism(), world.Realism(delay_s=10)
+    attribute = attribution.attribute
     late_enough = 1000   # past any cold start
-    assert sim.attribute(100, -1, nominal, gpu, False, 1e9) == "cold_start"
-    assert sim.attribute(late_enough, 45, nominal, gpu, False, 1e9) == "spike_bridge"   # CPU start-up 40 s passed
-    assert sim.attribute(late_enough, 45, delayed, gpu, False, 1e9) == "spike_onset"    # 40 s + the 10 s delay
-    assert sim.attribute(late_enough, 125, nominal, gpu, False, 1e9) == "spike_late"
-    assert sim.attribute(late_enough, 125, delayed, gpu, False, 1e9) == "spike_bridge"
-    assert sim.attribute(late_enough, -1, nominal, gpu, True, 1e9) == "stale_scrape"
-    assert sim.attribute(late_enough, -1, nominal, gpu, False, 30) == "scale_down"
-    assert sim.attribute(late_enough, -1, nominal, gpu, False, 1e9) == "ramp_or_noise"
+    assert attribute(100, -1, nominal, gpu, False, 1e9) == "cold_start"
+    assert attribute(late_enough, 45, nominal, gpu, False, 1e9) == "spike_bridge"   # CPU start-up 40 s passed
+    assert attribute(late_enough, 45, delayed, gpu, False, 1e9) == "spike_onset"    # 40 s + the 10 s delay
+    assert attribute(late_enough, 125, nominal, gpu, False, 1e9) == "spike_late"
+    assert attribute(late_enough, 125, delayed, gpu, False, 1e9) == "spike_bridge"
+    assert attribute(late_enough, -1, nominal, gpu, True, 1e9) == "stale_scrape"
+    assert attribute(late_enough, -1, nominal, gpu, False, 30) == "scale_down"
+    assert attribute(late_enough, -1, nominal, gpu, False, 1e9) == "ramp_or_noise"
 
 
 def _fixed(gpu_replicas: int) -> object:
@@ -65,37 +55,37 @@ def _fixed(gpu_replicas: int) -> object:
     return make
 
 
-def test_spike_episodes_count_the_spikes_a_controller_let_through(sim: ModuleType) -> None:
-    gpu = sim.PoolModel("gpu", 120, 0.05, 120, 1, 6, 1.0)
-    cpu = sim.PoolModel("cpu", 10.0, 0.12, 40.0, 1, 32, 0.2)
+def test_spike_episodes_count_the_spikes_a_controller_let_through() -> None:
+    gpu = world.PoolModel("gpu", 120, 0.05, 120, 1, 6, 1.0)
+    cpu = world.PoolModel("cpu", 10.0, 0.12, 40.0, 1, 32, 0.2)
     rates = np.full(3600, 100.0)
     spikes = [(1000, 1120, 400.0), (2000, 2120, 20.0), (3000, 3120, 400.0)]   # two past 2 GPUs' capacity, one not
     for a, b, height in spikes:
         rates[a:b] += height
-    runs = [sim.RunSpec("nominal|two_gpus", _fixed(2), sim.Realism(scrape_failure=0.0)),
-            sim.RunSpec("nominal|six_gpus", _fixed(6), sim.Realism(scrape_failure=0.0))]
-    two, six = sim.simulate(rates, runs, gpu, cpu, 0.5, seed=1, spikes=spikes)
+    runs = [simulation.RunSpec("nominal|two_gpus", _fixed(2), world.Realism(scrape_failure=0.0)),
+            simulation.RunSpec("nominal|six_gpus", _fixed(6), world.Realism(scrape_failure=0.0))]
+    two, six = simulation.simulate(rates, runs, gpu, cpu, 0.5, seed=1, spikes=spikes)
     assert two["spike_episodes"] == 2            # 500 rps on 2 x 120: both big spikes, not the small one
     assert two["causes"]["spike_onset"] > 0 and two["causes"]["spike_late"] > 0
     assert six["spike_episodes"] == 0            # 6 x 120 rps serve 500 within 0.5 s
     assert six["violation_s"] <= two["violation_s"]
 
 
-def test_delay_cost_per_episode_and_what_it_implies(sim: ModuleType) -> None:
+def test_delay_cost_per_episode_and_what_it_implies() -> None:
     nominal = {"policy": {"violation_s": 1000, "spike_episodes": 20},
                "attribution": {"oracle": {"setting": "oracle@0.8", "violation_s": 1500, "spike_episodes": 25}}}
     delayed = {"policy": {"violation_s": 1400, "spike_episodes": 21},
                "attribution": {"oracle": {"setting": "oracle@0.8", "violation_s": 1800, "spike_episodes": 25}}}
-    cost = sim._delay_cost(nominal, delayed)
+    cost = targets._delay_cost(nominal, delayed)
     assert cost["policy_s"] == pytest.approx(400 / 20)
     assert cost["policy_change"] == pytest.approx(0.4)
-    assert cost["floor_change"] == pytest.approx(sim.DELAY_S * 20 / 1000)
+    assert cost["floor_change"] == pytest.approx(world.DELAY_S * 20 / 1000)
     assert cost["oracle_s"] == pytest.approx(300 / 25)
     assert cost["oracle_paced_change"] == pytest.approx(300 / 25 * 20 / 1000)
     # Different oracle settings in the two variants would compare two controllers: no oracle figure then.
     delayed["attribution"]["oracle"]["setting"] = "oracle@0.9"
-    assert "oracle_s" not in sim._delay_cost(nominal, delayed)
-    assert sim._delay_cost({"policy": {"violation_s": 0, "spike_episodes": 0}}, delayed) is None
+    assert "oracle_s" not in targets._delay_cost(nominal, delayed)
+    assert targets._delay_cost({"policy": {"violation_s": 0, "spike_episodes": 0}}, delayed) is None
 
 
 def _row(shape: str, seed: int, controller: str, violations: int, cost: float) -> dict[str, object]:
@@ -103,7 +93,7 @@ def _row(shape: str, seed: int, controller: str, violations: int, cost: float) -
             "late_fraction": 0.0, "causes": {}, "spike_episodes": 0}
 
 
-def test_markdown_tables_have_a_row_per_seed_and_the_cost_matched_ratio(sim: ModuleType) -> None:
+def test_markdown_tables_have_a_row_per_seed_and_the_cost_matched_ratio() -> None:
     # Seed 1: the policy has 100 violation-s at $10; cap_spill's two settings are (cost 8, 300) and (cost 12, 100),
     # so at $10 it would have 200 (halfway), a ratio of 0.5. Seed 2 doubles everything (ratio 0.5 again); pooled:
     # policy 300 at $30, cap_spill (24, 900) and (36, 300) -> 600 at $30.
@@ -112,7 +102,7 @@ def test_markdown_tables_have_a_row_per_seed_and_the_cost_matched_ratio(sim: Mod
         rows += [_row("flat", seed, "nominal|policy", 100 * k, 10.0 * k),
                  _row("flat", seed, "nominal|cap_spill@0.8", 300 * k, 8.0 * k),
                  _row("flat", seed, "nominal|cap_spill@0.6", 100 * k, 12.0 * k)]
-    text = sim.markdown(sim.report_for(rows, {}, ["nominal"]))
+    text = report.markdown(report.report_for(rows, {}, ["nominal"]))
     table = [line for line in text.splitlines() if line.startswith("| ") and "cap_spill" in line]
     by_seed = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in table}
     assert set(by_seed) >= {"1", "2", "pooled"}
@@ -120,8 +110,8 @@ def test_markdown_tables_have_a_row_per_seed_and_the_cost_matched_ratio(sim: Mod
     assert by_seed["2"][-2:] == ["cap_spill 400", "0.5"]
     assert by_seed["pooled"][-2:] == ["cap_spill 600", "0.5"]
     assert "300 ($8) -> 200" in by_seed["1"]            # the default setting (f=0.8), then cost-matched
-    targets = [line for line in text.splitlines() if line.startswith("| flat | nominal |")]
-    assert targets and "| 0.5 | 1.0 | yes |  | cap_spill |" in targets[0]     # two seeds: too few to resample
+    target_lines = [line for line in text.splitlines() if line.startswith("| flat | nominal |")]
+    assert target_lines and "| 0.5 | 1.0 | yes |  | cap_spill |" in target_lines[0]     # two seeds: too few to resample
 
 
 def _seeds_with_ratios(ratios: list[float]) -> list[dict[str, object]]:
@@ -135,21 +125,21 @@ def _seeds_with_ratios(ratios: list[float]) -> list[dict[str, object]]:
     return rows
 
 
-def test_seed_bootstrap_is_tight_when_every_seed_agrees(sim: ModuleType) -> None:
-    spread = sim.seed_bootstrap(_seeds_with_ratios([0.5] * 6), "nominal", 0.5)
+def test_seed_bootstrap_is_tight_when_every_seed_agrees() -> None:
+    spread = targets.seed_bootstrap(_seeds_with_ratios([0.5] * 6), "nominal", 0.5)
     assert spread["p05"] == spread["median"] == spread["p95"] == 0.5
     assert spread["met_share"] == 1.0 and spread["draws"] == 1000
-    assert sim.seed_bootstrap(_seeds_with_ratios([0.5] * 3), "nominal", 0.5) is None   # too few seeds to resample
-    assert sim.seed_bootstrap(_seeds_with_ratios([0.5] * 6), "delay10", 0.5) is None   # no rows of that variant
+    assert targets.seed_bootstrap(_seeds_with_ratios([0.5] * 3), "nominal", 0.5) is None   # too few seeds to resample
+    assert targets.seed_bootstrap(_seeds_with_ratios([0.5] * 6), "delay10", 0.5) is None   # no rows of that variant
 
 
-def test_seed_bootstrap_shows_a_target_that_rests_on_the_seeds_drawn(sim: ModuleType) -> None:
+def test_seed_bootstrap_shows_a_target_that_rests_on_the_seeds_drawn() -> None:
     # Two seeds at 0.25, two at 1.0: a draw of k seeds at 0.25 pools to 4 / (3k + 4), within the 0.5 goal when
     # k >= 2, which a draw of 4 seeds with replacement gives with probability 11/16.
-    spread = sim.seed_bootstrap(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), "nominal", 0.5)
+    spread = targets.seed_bootstrap(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), "nominal", 0.5)
     assert spread["p05"] < spread["median"] < spread["p95"]
     assert spread["p05"] >= 0.25 and spread["p95"] <= 1.0
     assert abs(spread["met_share"] - 11 / 16) < 0.05
-    report = sim.report_for(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), {}, ["nominal"])
-    assert report["targets"]["diurnal|nominal"]["ratio"] == 0.4                        # harmonic mean, met
-    assert f"({spread['met_share']:.0%})" in sim.markdown(report)
+    result = report.report_for(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), {}, ["nominal"])
+    assert result["targets"]["diurnal|nominal"]["ratio"] == 0.4                        # harmonic mean, met
+    assert f"({spread['met_share']:.0%})" in report.markdown(result)

@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rerank_operator.autoscale import direct
-from rerank_operator.autoscale.direct import DirectSource, PodTarget
-from rerank_operator.autoscale.prometheus import PrometheusSource, build_selector
+from rerank_operator.adapters import tei_scrape as direct
+from rerank_operator.adapters.prometheus_api import PrometheusSource, build_selector
+from rerank_operator.adapters.tei_scrape import DirectSource, PodTarget
 
 
 def tei_text(count: float, success: float, failure: float, queue: float, buckets: dict[str, float]) -> str:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-
 from class_policy_cases import CASES, CLASSES, Case
-from rerank_operator import tenancy
 from tenancy_helpers import REPO, apply_defaults, rclass
+
+from rerank_operator.core import tenancy
 
 MODEL_CRD = REPO / "crds" / "rerankmodel.yaml"
 

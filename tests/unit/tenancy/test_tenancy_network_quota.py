@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from rerank_operator import tenancy
 from tenancy_helpers import at, rclass
+
+from rerank_operator.core import tenancy
 
 MODEL = {"metadata": {"name": "bge", "namespace": "team-a", "uid": "u-1", "generation": 3}}
 

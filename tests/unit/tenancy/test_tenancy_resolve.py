@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from rerank_operator import spec as specs, tenancy
 from tenancy_helpers import at, model_spec, rclass
+
+from rerank_operator.core import spec as specs
+from rerank_operator.core import tenancy
 
 GPU_NODES = {"pool": "gpu"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-
-from rerank_operator import tenancy
 from tenancy_helpers import Mod, at, model_spec, rclass
+
+from rerank_operator.core import tenancy
 
 CLASS = rclass(
     at("pools.cpu.maxReplicas", 4),

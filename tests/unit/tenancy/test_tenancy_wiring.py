@@ -1,4 +1,4 @@
-"""classes.py: the RerankClass wiring of the reconcile loop (class cache, re-enqueue, effective spec, conditions)."""
+"""class_index.py and tenancy/tenant.py: the RerankClass wiring of the reconcile loop (class cache, re-enqueue, effective spec, conditions)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,20 @@ import copy
 from typing import Any
 
 import pytest
-
 import rerankmodel_gen
-from rerank_operator import classes, conditions, deployment, drift, names, plan as plans, spec as specs, status as statuses, tenancy
-from rerank_operator.conditions import Condition
-from rerank_operator.observed import ObjectRef, Observed
-from rerank_operator.settings import DEFAULT_OPERATOR_POD_LABELS, Settings, operator_pod_labels
-from rerank_operator.writes import Executed, Refused
 from tenancy_helpers import at, rclass
+
+from rerank_operator.controllers import class_index
+from rerank_operator.core import conditions, drift, names, tenancy
+from rerank_operator.core import plan as plans
+from rerank_operator.core import spec as specs
+from rerank_operator.core import status as statuses
+from rerank_operator.core.builders import deployment
+from rerank_operator.core.conditions import Condition
+from rerank_operator.core.observed import ObjectRef, Observed
+from rerank_operator.core.settings import DEFAULT_OPERATOR_POD_LABELS, Settings, operator_pod_labels
+from rerank_operator.core.tenancy import tenant
+from rerank_operator.core.writes import Executed, Refused
 
 NOW, LATER = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z"
 
@@ -33,7 +39,7 @@ def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 # -- which class, which spec ----------------------------------------------------------------------------------------
 def test_no_class_at_all_means_built_in_defaults_and_no_condition() -> None:
-    t = classes.resolve_model(body(), [])
+    t = tenant.resolve_model(body(), [])
     assert t.rclass is None and t.not_found is None and t.condition() is None
     assert specs.parse(t.effective).cpu.image == specs.TEI_CPU_IMAGE
 
@@ -44,7 +50,7 @@ def test_no_class_at_all_means_built_in_defaults_and_no_condition() -> None:
 ])
 def test_a_missing_class_is_reported(class_name: str | None, available: list[dict[str, Any]], fragment: str) -> None:
     spec = {"model": {"id": "BAAI/x"}, **({"className": class_name} if class_name else {})}
-    t = classes.resolve_model(body(spec), available)
+    t = tenant.resolve_model(body(spec), available)
     assert t.not_found is not None and fragment in t.not_found
     assert t.condition() == Condition("ClassCompliant", "False", "ClassNotFound", t.not_found)
 
@@ -52,7 +58,7 @@ def test_a_missing_class_is_reported(class_name: str | None, available: list[dic
 def test_the_default_class_fills_the_spec_and_the_model_complies() -> None:
     klass = rclass(at("pools.cpu.images.default", "registry.local/tei:cpu-1.9"),
                    at("pools.cpu.images.allowed", ["registry.local/*"]), name="standard", default=True)
-    t = classes.resolve_model(body(), [klass])
+    t = tenant.resolve_model(body(), [klass])
     parsed = specs.parse(t.effective)
     assert parsed.cpu.image == "registry.local/tei:cpu-1.9"
     assert parsed.cpu.resources == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
@@ -62,7 +68,7 @@ def test_the_default_class_fills_the_spec_and_the_model_complies() -> None:
 def test_a_class_tightened_after_admission_is_a_violation_but_still_served() -> None:
     tight = rclass(at("pools.cpu.maxReplicas", 2), at("pools.cpu.defaultMaxReplicas", 2),
                    at("modelSources.hubOrganizations", ["mixedbread-ai"]), name="standard", default=True)
-    t = classes.resolve_model(body({"model": {"id": "BAAI/x"}, "pools": {"cpu": {"maxReplicas": 4}}}), [tight])
+    t = tenant.resolve_model(body({"model": {"id": "BAAI/x"}, "pools": {"cpu": {"maxReplicas": 4}}}), [tight])
     c = t.condition()
     assert c is not None and (c.status, c.reason) == ("False", "ClassViolation")
     assert "pools.cpu.maxReplicas is 2" in c.message and "; model.id BAAI/x is not from a hub organisation" in c.message
@@ -73,7 +79,7 @@ def test_a_class_change_changes_the_pod_template() -> None:
     owner = names.Owner("bge", "team-a", "uid-bge", 1)
 
     def template_hash(klass: dict[str, Any]) -> str:
-        spec = specs.parse(classes.resolve_model(body(), [klass]).effective)
+        spec = specs.parse(tenant.resolve_model(body(), [klass]).effective)
         return drift.manifest_hash(deployment.build_deployment(owner, spec, spec.cpu, "a1", 1, "bge-models"))
 
     before = rclass(name="standard", default=True)
@@ -84,7 +90,7 @@ def test_a_class_change_changes_the_pod_template() -> None:
 
 # -- class cache and re-enqueue ---------------------------------------------------------------------------------------
 def test_the_cache_is_primed_once_and_the_watch_wins_over_the_listing() -> None:
-    index = classes.ClassIndex()
+    index = class_index.ClassIndex()
     calls: list[int] = []
     old = rclass(at("pools.cpu.maxReplicas", 4), name="a")
     new = rclass(at("pools.cpu.maxReplicas", 6), name="a")
@@ -102,33 +108,33 @@ def test_the_cache_is_primed_once_and_the_watch_wins_over_the_listing() -> None:
 
 
 def test_class_events_reconcile_the_models_they_concern() -> None:
-    index, models = classes.ClassIndex(), classes.ModelIndex()
+    index, models = class_index.ClassIndex(), class_index.ModelIndex()
     index.prime([])
     models.record("a", "uses-default", None)
     models.record("a", "uses-gold", "gold")
     standard = rclass(name="standard", default=True)
     gold = rclass(name="gold")
     # The first class of all: every model's situation changes (built-in defaults -> a class, or ClassNotFound).
-    assert classes.class_event("ADDED", standard, index, models) == [("a", "uses-default"), ("a", "uses-gold")]
-    assert classes.class_event("ADDED", gold, index, models) == [("a", "uses-gold")]
+    assert class_index.class_event("ADDED", standard, index, models) == [("a", "uses-default"), ("a", "uses-gold")]
+    assert class_index.class_event("ADDED", gold, index, models) == [("a", "uses-gold")]
     changed = rclass(at("pools.cpu.maxReplicas", 2), at("pools.cpu.defaultMaxReplicas", 2), name="gold")
-    assert classes.class_event("MODIFIED", changed, index, models) == [("a", "uses-gold")]
+    assert class_index.class_event("MODIFIED", changed, index, models) == [("a", "uses-gold")]
     relabelled = copy.deepcopy(changed)
     relabelled["metadata"]["labels"] = {"team": "platform"}
-    assert classes.class_event("MODIFIED", relabelled, index, models) == []  # nothing a model uses changed
-    assert classes.class_event("DELETED", standard, index, models) == [("a", "uses-default")]
-    assert classes.class_event(None, standard, index, models) == []  # the watch's initial listing
+    assert class_index.class_event("MODIFIED", relabelled, index, models) == []  # nothing a model uses changed
+    assert class_index.class_event("DELETED", standard, index, models) == [("a", "uses-default")]
+    assert class_index.class_event(None, standard, index, models) == []  # the watch's initial listing
 
 
 # -- NetworkPolicy ----------------------------------------------------------------------------------------------------
 def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None:
-    t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
-    policy = classes.network_policy(body(), t, Settings.from_env({"POD_NAMESPACE": "rerank-system"}))
+    t = tenant.resolve_model(body(), [rclass(name="standard", default=True)])
+    policy = tenant.network_policy(body(), t, Settings.from_env({"POD_NAMESPACE": "rerank-system"}))
     assert policy is not None and policy["metadata"]["name"] == names.network_policy_name("bge") == "bge-tei"
     assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": DEFAULT_OPERATOR_POD_LABELS}
-    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": deployment.PORT}]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT}]
     closed = rclass(at("network.allowSameNamespace", False), name="standard", default=True)
-    policy = classes.network_policy(body(), classes.resolve_model(body(), [closed]), Settings.from_env({}))
+    policy = tenant.network_policy(body(), tenant.resolve_model(body(), [closed]), Settings.from_env({}))
     assert policy is not None and "ingress" not in policy["spec"]  # deny all; the API server drops an empty list
     assert operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
     assert Settings.from_env({}).operator_namespace is None  # outside a pod: no operator peer
@@ -136,9 +142,9 @@ def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None
 
 def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off() -> None:
     owner = names.Owner("bge", "team-a", "uid-bge", 1)
-    t = classes.resolve_model(body(), [rclass(name="standard", default=True)])
+    t = tenant.resolve_model(body(), [rclass(name="standard", default=True)])
     spec = specs.parse(t.effective)
-    policy = classes.network_policy(body(), t, Settings.from_env({}))
+    policy = tenant.network_policy(body(), t, Settings.from_env({}))
     plan = plans.compute(owner, spec, Observed(), {}, NOW, network_policy=policy)
     [applied] = [o for o in plan.apply if o["kind"] == "NetworkPolicy"]
     live = copy.deepcopy(applied)
@@ -157,8 +163,8 @@ def test_a_claim_refused_by_a_quota_is_a_quota_block() -> None:
     refusal = Refused(ObjectRef("v1", "PersistentVolumeClaim", "team-a", "bge-models"), "apply", 403, QUOTA_MESSAGE,
                       f"PersistentVolumeClaim bge-models: 403 {QUOTA_MESSAGE}")
     other = Refused(ObjectRef("v1", "Service", "team-a", "bge"), "apply", 422, "invalid", "Service bge: 422 invalid")
-    assert classes.is_quota_error(refusal) and not classes.is_quota_error(other) and not classes.is_quota_error("x")
-    block = classes.quota_block(Observed(), [other, refusal])
+    assert tenant.is_quota_error(refusal) and not tenant.is_quota_error(other) and not tenant.is_quota_error("x")
+    block = tenant.quota_block(Observed(), [other, refusal])
     assert block is not None and block.blocked == "PersistentVolumeClaim/bge-models"
     assert block.message.startswith("PersistentVolumeClaim/bge-models: exceeded quota: storage")
     executed = Executed(done=(), refused=(other, refusal))
@@ -169,8 +175,8 @@ def test_a_claim_refused_by_a_quota_is_a_quota_block() -> None:
 def test_a_quota_refusing_a_scale_write_is_seen_and_blocks_the_pool() -> None:
     scale = Refused(ObjectRef("apps/v1", "Deployment", "team-a", "bge-cpu"), "scale", 403, QUOTA_MESSAGE,
                     f"scale Deployment bge-cpu to 9: 403 {QUOTA_MESSAGE}")
-    assert classes.is_quota_error(scale)
-    block = classes.quota_block(Observed(), [scale])
+    assert tenant.is_quota_error(scale)
+    block = tenant.quota_block(Observed(), [scale])
     assert block is not None and block.blocked == "Deployment/bge-cpu"
     world, serving = serving_world()
     status = statuses.compute(1, serving, NOW, world, quota=block)
@@ -204,7 +210,7 @@ def serving_world() -> tuple[statuses.World, dict[str, Any]]:
 
 
 def test_quota_exceeded_replaces_the_reason_and_is_stable_across_reconciles() -> None:
-    t = classes.resolve_model(body(), [STANDARD])
+    t = tenant.resolve_model(body(), [STANDARD])
     world, serving = serving_world()
     block = tenancy.QuotaBlock("QuotaExceeded", "ReplicaSet/bge-cpu-1: exceeded quota: q", "ReplicaSet/bge-cpu-1")
     first = statuses.compute(1, serving, NOW, world, compliance=t.condition(), quota=block)
@@ -230,13 +236,13 @@ def test_quota_exceeded_replaces_the_reason_and_is_stable_across_reconciles() ->
 def test_without_classes_the_condition_goes_away() -> None:
     world, serving = serving_world()
     with_class = statuses.compute(1, serving, NOW, world,
-                                  compliance=classes.resolve_model(body(), [STANDARD]).condition())
-    without = statuses.compute(1, with_class, LATER, world, compliance=classes.resolve_model(body(), []).condition())
+                                  compliance=tenant.resolve_model(body(), [STANDARD]).condition())
+    without = statuses.compute(1, with_class, LATER, world, compliance=tenant.resolve_model(body(), []).condition())
     assert cond(with_class, "ClassCompliant") and not cond(without, "ClassCompliant")
 
 
 def test_class_not_found_status() -> None:
-    t = classes.resolve_model(body({"model": {"id": "BAAI/bge-reranker-v2-m3"}, "className": "gold"}), [STANDARD])
+    t = tenant.resolve_model(body({"model": {"id": "BAAI/bge-reranker-v2-m3"}, "className": "gold"}), [STANDARD])
     assert t.not_found is not None
     refusal = statuses.Refusal(conditions.REASON_CLASS_NOT_FOUND, t.not_found)
     previous = {"pools": {"cpu": {"readyReplicas": 2}}}

@@ -1,0 +1,261 @@
+"""The RerankModel-shaped view of the API: ``ClusterAccess``, what the two loops need from the cluster, and
+``Cluster``, the real one (tests/unit/fake_cluster.py is the one fake both loops' unit tests use, so a new need shows
+up in one place).
+
+Every request goes through ``kube_api.Client`` (the only module that talks to the API).
+
+Writes are server-side apply with field manager ``rerank-operator`` (so an HPA's replicas or a user's annotations
+are never fought over), create-only for Jobs (their template is immutable), background deletes, and a merge patch
+of the status. Not-found and already-exists are expected outcomes, not errors. Writes the API server refuses for
+a reason retrying will not fix (422, 403, a missing Gateway API) are returned as typed ``writes.Refused`` for the
+status; transient failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with
+backoff; any other refusal of a read raises :class:`ApiError` (never the client library's own exception).
+What to read is decided by pure functions (``observed.controlled_by``, ``observed.short_of_replicas``,
+``job.waiting_for_pods``); this module only runs the requests, through the client. What it reads and writes are
+the core's plain data: ``observed.Observed``/``PoolsView`` in, ``plan.Plan`` and ``writes.Executed`` out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
+from rerank_operator.core import names
+from rerank_operator.core.builders import job
+from rerank_operator.core.events import Event
+from rerank_operator.core.observed import Obj, ObjectRef, Observed, PoolsView, controlled_by, ref_of, short_of_replicas
+from rerank_operator.core.plan import Plan, Scale
+from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.writes import Executed, Refused
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ApiError", "Cluster", "ClusterAccess", "TransientApiError"]
+
+
+class ClusterAccess(Protocol):
+    """One RerankModel's view of the API: read it and its class, observe and change its children, write its status,
+    annotations and events. Reads raise ``TransientApiError`` for what a retry may fix."""
+
+    def get_model(self, namespace: str, name: str) -> Obj | None:
+        """The model as stored now; None when it is gone."""
+
+    def list_classes(self) -> list[Obj]:
+        """Every RerankClass; none when their CRD is not installed."""
+
+    def observe(self, owner: names.Owner, spec: RerankModelSpec) -> Observed:
+        """Everything the plan needs, filtered to children this model controls."""
+
+    def execute(self, plan: Plan) -> Executed:
+        """Run ``plan``; the objects written and the writes refused."""
+
+    def observe_pools(self, owner: names.Owner) -> PoolsView:
+        """The pools' Deployments, pods and route, as the autoscaler reads them every tick."""
+
+    def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:
+        """Merge ``patch`` into the model's status."""
+
+    def post_event(self, owner: names.Owner, event: Event) -> None:
+        """An Event on the model."""
+
+    def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations of the model."""
+
+
+def _refused(ref: ObjectRef, verb: str, exc: ApiError, text: str) -> Refused:
+    return Refused(ref=ref, verb=verb, status=exc.status, message=exc.message, text=text)
+
+
+class Cluster:
+    """A RerankModel-shaped view of the API: observe one model's children, execute its plan, write its status."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @classmethod
+    def from_environment(cls, user_agent: str) -> Cluster:
+        return cls(Client.from_environment(user_agent))
+
+    # --- reading ----------------------------------------------------------------------------------------------------
+
+    def get_model(self, namespace: str, name: str) -> Obj | None:
+        return self.client.get(names.API_VERSION, names.KIND, namespace, name)
+
+    def list_classes(self) -> list[Obj]:
+        """Every RerankClass (cluster-scoped); none when their CRD is not installed."""
+        try:
+            result = self.client.request("GET", f"/apis/{names.API_VERSION}/rerankclasses")
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [dict(i) for i in result.get("items") or ()]
+
+    def observe(self, owner: names.Owner, spec: RerankModelSpec) -> Observed:
+        """Everything the plan needs, in six reads, filtered to children controlled by this very object."""
+        ns, selector = owner.namespace, names.owned_selector(owner.name)
+
+        def mine(objs: list[Obj] | None) -> list[Obj]:
+            return [o for o in objs or () if controlled_by(o, owner.uid)]
+
+        claim_name = spec.storage.existing_claim or names.pvc_name(owner.name)
+        quantizer = f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"
+        jobs = mine(self.client.list_objects("batch/v1", "Job", ns, quantizer))
+        job_uids = {j["metadata"]["uid"] for j in jobs}
+        job_pods = [p for p in self.client.list_objects("v1", "Pod", ns, quantizer) or ()
+                    if any(controlled_by(p, uid) for uid in job_uids)]
+        deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
+                       for d in mine(self.client.list_objects("apps/v1", "Deployment", ns, selector))}
+        services = {s["metadata"]["name"]: s for s in mine(self.client.list_objects("v1", "Service", ns, selector))}
+        routes = self.client.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
+        route = next((r for r in mine(routes) if r["metadata"]["name"] == names.route_name(owner.name)), None)
+        policy = self.client.get("networking.k8s.io/v1", "NetworkPolicy", ns, names.network_policy_name(owner.name))
+        # Quota checks (tenancy.quota_blocked) read more only while something is missing: a pool short of ready
+        # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
+        replica_sets: list[Obj] = []
+        if short_of_replicas(deployments.values()):
+            dep_uids = {d["metadata"]["uid"] for d in deployments.values()}
+            replica_sets = [r for r in self.client.list_objects("apps/v1", "ReplicaSet", ns, selector) or ()
+                            if any(controlled_by(r, uid) for uid in dep_uids)]
+        job_events: list[Obj] = []
+        if any(job.waiting_for_pods(j) for j in jobs):
+            events = self.client.request("GET", api_path("v1", "Event", ns),
+                                   field_selector="involvedObject.kind=Job,reason=FailedCreate")
+            job_events = [dict(e) for e in events.get("items") or ()]
+        return Observed(
+            claim=self.client.get("v1", "PersistentVolumeClaim", ns, claim_name),
+            jobs=tuple(jobs),
+            job_pods=tuple(job_pods),
+            deployments=deployments,
+            services=services,
+            route=route,
+            route_api_available=routes is not None,
+            network_policy=next(iter(mine([policy] if policy else [])), None),
+            replica_sets=tuple(replica_sets),
+            job_events=tuple(job_events),
+        )
+
+    # --- writing ----------------------------------------------------------------------------------------------------
+
+    def execute(self, plan: Plan) -> Executed:
+        """Run ``plan``; returns the objects written and the writes refused."""
+        done: list[ObjectRef] = []
+        refused: list[Refused] = []
+        # Existing Deployments are scaled before the applies: the scale write takes the field from any manager
+        # that owned it (an older manifest that carried replicas), so the apply that omits it cannot reset it.
+        self._scale([s for s in plan.scale if s.exists], done, refused)
+        for obj in plan.apply:
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
+            try:
+                self.client.request(
+                    "PATCH", api_path(obj["apiVersion"], kind, meta["namespace"], meta["name"]),
+                    verb="apply", kind=kind, body=json.dumps(obj), content_type="application/apply-patch+yaml",
+                    field_manager=names.FIELD_MANAGER, force_conflicts=True,
+                )
+                done.append(ref)
+            except ApiError as exc:
+                hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
+                refused.append(_refused(ref, "apply", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}{hint}"))
+        for obj in plan.create:
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
+            try:
+                self.client.request("POST", api_path(obj["apiVersion"], kind, meta["namespace"]), verb="create",
+                                    kind=kind, body=obj, field_manager=names.FIELD_MANAGER)
+                done.append(ref)
+            except ApiError as exc:
+                if exc.status != 409:  # already exists: a previous run created it; nothing to do
+                    refused.append(_refused(ref, "create", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}"))
+        self._scale([s for s in plan.scale if not s.exists], done, refused)
+        for ref in plan.delete:
+            try:
+                self.client.request("DELETE", api_path(ref.api_version, ref.kind, ref.namespace, ref.name),
+                                    verb="delete", kind=ref.kind, propagation_policy="Background")
+                done.append(ref)
+            except ApiError as exc:
+                if exc.status != 404:
+                    refused.append(_refused(ref, "delete", exc, f"delete {ref}: {exc.status} {exc.message}"))
+        return Executed(tuple(done), tuple(refused))
+
+    def _scale(self, scales: list[Scale], done: list[ObjectRef], refused: list[Refused]) -> None:
+        """Replicas through the Deployments' scale subresource (never in the applied manifest)."""
+        for s in scales:
+            ref = ObjectRef("apps/v1", "Deployment", s.namespace, s.name)
+            try:
+                self.client.request(
+                    "PATCH", api_path("apps/v1", "Deployment", s.namespace, s.name, "scale"), verb="scale",
+                    kind="Deployment", body={"spec": {"replicas": s.replicas}},
+                    content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
+                )
+                done.append(ref)
+            except ApiError as exc:
+                text = f"scale Deployment {s.name} to {s.replicas}: {exc.status} {exc.message}"
+                refused.append(_refused(ref, "scale", exc, text))
+
+    def observe_pools(self, owner: names.Owner) -> PoolsView:
+        """What the autoscaler needs, in three reads: the pool Deployments, their pods, the HTTPRoute."""
+        ns, selector = owner.namespace, names.owned_selector(owner.name)
+
+        def mine(obj: Obj) -> bool:
+            return controlled_by(obj, owner.uid)
+
+        deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
+                       for d in self.client.list_objects("apps/v1", "Deployment", ns, selector) or () if mine(d)}
+        pods = [p for p in self.client.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_POOL}") or ()
+                if not p["metadata"].get("deletionTimestamp")]
+        routes = self.client.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
+        route = next((r for r in routes or () if mine(r) and r["metadata"]["name"] == names.route_name(owner.name)),
+                     None)
+        return PoolsView(deployments=deployments, pods=tuple(pods), route=route,
+                         route_api_available=routes is not None)
+
+    def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
+        """Merge ``annotations`` into the RerankModel's metadata (None removes one); kopf ignores metadata."""
+        try:
+            self.client.request(
+                "PATCH", api_path(names.API_VERSION, names.KIND, owner.namespace, owner.name), verb="patch",
+                kind=names.KIND, body={"metadata": {"annotations": dict(annotations)}},
+                content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
+            )
+        except ApiError as exc:
+            if exc.status != 404:  # deleted meanwhile
+                raise
+
+    def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:
+        try:
+            self.client.request(
+                "PATCH", api_path(names.API_VERSION, names.KIND, owner.namespace, owner.name, "status"),
+                verb="patch-status", kind=names.KIND, body={"status": patch},
+                content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
+            )
+        except ApiError as exc:
+            if exc.status != 404:  # deleted meanwhile
+                raise
+
+    def post_event(self, owner: names.Owner, event: Event) -> None:
+        """A core/v1 Event on the RerankModel (what ``kubectl describe`` shows). Losing one is not worth a retry."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+            "involvedObject": {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": owner.name,
+                               "namespace": owner.namespace, "uid": owner.uid},
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": names.OPERATOR_NAME},
+            "reportingComponent": names.OPERATOR_NAME,
+            "reportingInstance": self.client.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.client.request("POST", api_path("v1", "Event", owner.namespace), verb="create", kind="Event",
+                                body=body)
+        except (ApiError, TransientApiError) as exc:
+            log.warning("could not post event %s on %s/%s: %s", event.reason, owner.namespace, owner.name, exc)

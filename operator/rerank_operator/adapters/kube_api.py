@@ -1,0 +1,131 @@
+"""THE only module that talks to the Kubernetes API: transport, typed errors and the two generic reads.
+
+A thin client over the dynamic client's generic ``request`` (no discovery). Transient failures (connection, 5xx,
+429) raise :class:`TransientApiError` so the caller can retry with backoff; any other refusal raises
+:class:`ApiError` with the HTTP status and the API server's own message (never the client library's exception).
+Every write request increments ``metrics.API_WRITES``. What to read and write is cluster.py's business.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from rerank_operator.adapters import operator_metrics as metrics
+from rerank_operator.core import names
+from rerank_operator.core.observed import Obj
+
+_PLURALS = {
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Service": "services",
+    "Pod": "pods",
+    "Event": "events",
+    "Deployment": "deployments",
+    "Job": "jobs",
+    "HTTPRoute": "httproutes",
+    "NetworkPolicy": "networkpolicies",
+    "ReplicaSet": "replicasets",
+    names.KIND: names.PLURAL,
+}
+_TRANSIENT = {0, 429, 500, 502, 503, 504}
+
+
+class TransientApiError(RuntimeError):
+    """The API server could not be reached or asked us to come back later."""
+
+
+class ApiError(RuntimeError):
+    """A request the API server refused for a reason a retry will not fix: its HTTP status and its own message."""
+
+    def __init__(self, method: str, path: str, status: int, message: str) -> None:
+        super().__init__(f"{method} {path}: {status} {message}")
+        self.status = status
+        self.message = message
+
+
+def api_path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+def _as_dict(_client: Any, data: Any) -> Any:
+    return data
+
+
+class _NoDiscovery:
+    """DynamicClient is used only for its generic ``request``; skip its API discovery and its cache file."""
+
+    def __init__(self, client: Any, cache_file: Any) -> None:
+        self.client = client
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
+class Client:
+    """Requests to the API server, with typed errors; one per operator process."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self._api = DynamicClient(api_client, discoverer=_NoDiscovery)  # type: ignore[no-untyped-call]
+        self.instance = socket.gethostname()  # reportingInstance of the Events this process posts
+
+    @classmethod
+    def from_environment(cls, user_agent: str) -> Client:
+        """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+        try:
+            kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except kube_config.ConfigException:
+            kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+        api = ApiClient()
+        api.user_agent = user_agent  # tells the operator's calls apart in audit logs
+        return cls(api)
+
+    def request(self, method: str, path: str, *, verb: str = "", kind: str = "", **params: Any) -> Any:
+        if verb:
+            metrics.API_WRITES.labels(verb, kind).inc()
+        try:
+            return self._api.request(method, path, serializer=_as_dict, **params)
+        except ApiException as exc:
+            if exc.status in _TRANSIENT:
+                raise TransientApiError(f"{method} {path}: {exc.status} {_reason(exc)}") from exc
+            raise ApiError(method, path, int(exc.status or 0), _reason(exc)) from exc
+        except OSError as exc:  # connection refused/reset, DNS: the API server is unreachable
+            raise TransientApiError(f"{method} {path}: {exc}") from exc
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        try:
+            obj = self.request("GET", api_path(api_version, kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Obj] | None:
+        """Objects matching ``selector``; None when the API itself is absent (e.g. no Gateway API CRDs)."""
+        try:
+            result = self.request("GET", api_path(api_version, kind, namespace), label_selector=selector)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        items = [dict(i) for i in result.get("items") or ()]
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items

@@ -1,0 +1,129 @@
+"""The class watch's cache: every RerankClass as last seen, and the class each reconciled model asks for.
+
+Created once per process (``controllers/handlers.py``'s ``Process``) and passed down to the reconcile loop and the
+autoscaler (no process globals). It is state shared by the operator's handler threads, so it is shell, not core: the
+decisions about classes are the pure functions of ``core/tenancy/tenant.py``.
+
+- ``ClassIndex``: every RerankClass as last seen by the watch (``kopf.on.event``, which writes nothing on the class;
+  kopf's on.create/update/delete would keep state in annotations and add a finalizer, which the operator has no
+  right to). It is primed by one LIST before its first use, so a model reconciled before the watch's first listing
+  never falls back to the built-in defaults by mistake (that would roll its pods twice on every operator restart).
+- ``ModelIndex``: the models this operator reconciled and the className each asks for, so a class change reconciles at
+  once exactly the models whose class (or lack of one) it changes; nothing is written on a model to trigger it.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rerank_operator.core.tenancy import tenant
+from rerank_operator.core.tenancy.tenant import ModelKey, Obj
+
+
+class ClassIndex:
+    """RerankClasses by name, as the watch last delivered them (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[str, dict[str, Any]] = {}
+        self._seen: set[str] = set()  # names the watch delivered (added, changed or deleted): newer than a LIST
+        self._primed = False
+
+    @property
+    def primed(self) -> bool:
+        return self._primed
+
+    def prime(self, listed: Iterable[Obj]) -> None:
+        """Add what a LIST returned, except classes the watch already reported (its news is at least as new)."""
+        with self._lock:
+            for obj in listed:
+                name = obj["metadata"]["name"]
+                if name not in self._seen:
+                    self._items[name] = tenant.essence(obj)
+            self._primed = True
+
+    def items(self, lister: Callable[[], Iterable[Obj] | None]) -> list[dict[str, Any]]:
+        """Every class; the first call reads them with ``lister`` (one LIST), later ones come from memory."""
+        if not self._primed:
+            self.prime(lister() or ())
+        return self.snapshot()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(c) for c in self._items.values()]
+
+    def record(self, event_type: str | None, rclass: Obj) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Apply one watch event; returns the classes before and after it."""
+        name = rclass["metadata"]["name"]
+        with self._lock:
+            before = [copy.deepcopy(c) for c in self._items.values()]
+            self._seen.add(name)
+            if event_type == "DELETED":
+                self._items.pop(name, None)
+            else:
+                self._items[name] = tenant.essence(rclass)
+            after = [copy.deepcopy(c) for c in self._items.values()]
+        return before, after
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._seen.clear()
+            self._primed = False
+
+
+class ModelIndex:
+    """The models reconciled by this process and the className each asks for (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict[ModelKey, str | None] = {}
+
+    def record(self, namespace: str, name: str, class_name: str | None) -> None:
+        with self._lock:
+            self._models[(namespace, name)] = class_name or None
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._models.pop((namespace, name), None)
+
+    def snapshot(self) -> dict[ModelKey, str | None]:
+        with self._lock:
+            return dict(self._models)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._models.clear()
+
+
+@dataclass
+class Registry:
+    """The operator's memory of RerankClasses and of the class each reconciled model asks for (see above)."""
+
+    classes: ClassIndex = field(default_factory=ClassIndex)
+    models: ModelIndex = field(default_factory=ModelIndex)
+
+
+def class_event(event_type: str | None, rclass: Obj, index: ClassIndex, models: ModelIndex) -> list[ModelKey]:
+    """Record a RerankClass watch event; returns the models to reconcile now (none for the watch's initial listing,
+    which the models' own resume already covers, nor for changes that do not concern models, e.g. a label)."""
+    name = rclass["metadata"]["name"]
+    before, after = index.record(event_type, rclass)
+    if event_type is None:
+        return []
+    old = next((c for c in before if c["metadata"]["name"] == name), None)
+    new = next((c for c in after if c["metadata"]["name"] == name), None)
+    if old == new:
+        return []
+    return tenant.affected_models(models.snapshot(), tenant.essence(rclass), before, after)
+
+
+def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> tenant.Tenancy:
+    """``resolve_model`` against the cached classes; remembers which class the model asks for."""
+    meta = body.get("metadata") or {}
+    registry.models.record(meta.get("namespace", ""), meta.get("name", ""), (body.get("spec") or {}).get("className"))
+    return tenant.resolve_model(body, registry.classes.items(lister))

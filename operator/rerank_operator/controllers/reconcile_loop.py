@@ -1,0 +1,145 @@
+"""One idempotent reconcile of one RerankModel: observe, plan, apply, write status once, post events.
+
+It is the imperative shell around the pure core (spec -> plan -> status): every decision is made by those pure
+functions; this module only sequences the I/O and turns failures into kopf's error model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from rerank_operator.adapters import operator_metrics as metrics
+from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
+from rerank_operator.controllers import class_index
+from rerank_operator.core import events, names
+from rerank_operator.core import plan as plans
+from rerank_operator.core import spec as specs
+from rerank_operator.core import status as statuses
+from rerank_operator.core.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
+from rerank_operator.core.observed import ObjectRef, ref_of
+from rerank_operator.core.settings import Settings
+from rerank_operator.core.tenancy import tenant
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one reconcile did: its own write requests (applies, creates, scales, deletes, the status patch and
+    Events; 0 for an idle one), counted here rather than from the process-wide counter other workers also move."""
+
+    writes: int
+    ready: bool
+
+
+def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *, registry: class_index.Registry,
+              settings: Settings, now: Callable[[], str] = utcnow) -> Result | None:
+    """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest).
+    ``registry`` and ``settings`` are the process's, created once by handlers.py."""
+    started = time.monotonic()
+    try:
+        result = _reconcile(cluster, namespace, name, now, registry, settings)
+    except TransientApiError as exc:
+        metrics.RECONCILES.labels(trigger, "error").inc()
+        metrics.ERRORS.labels("transient").inc()
+        raise kopf.TemporaryError(str(exc), delay=10) from exc
+    except kopf.PermanentError:
+        metrics.RECONCILES.labels(trigger, "error").inc()
+        metrics.ERRORS.labels("permanent").inc()
+        raise
+    finally:
+        metrics.DURATION.observe(time.monotonic() - started)
+    metrics.RECONCILES.labels(trigger, "success").inc()
+    if result is not None:
+        log.debug("reconciled %s/%s (%s): %d writes", namespace, name, trigger, result.writes)
+    return result
+
+
+def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[[], str],
+               registry: class_index.Registry, settings: Settings) -> Result | None:
+    body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        metrics.forget_model(namespace, name)
+        registry.models.forget(namespace, name)
+        return None
+    meta = body["metadata"]
+    owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
+    previous = body.get("status") or {}
+    tenancy = class_index.for_model(body, cluster.list_classes, registry)  # the RerankClass, the effective spec
+    if tenancy.not_found is not None:  # apply nothing; a class created later re-triggers the model
+        writes = _refuse(cluster, owner, previous, tenancy,
+                         statuses.Refusal(REASON_CLASS_NOT_FOUND, tenancy.not_found), now())
+        return Result(writes, ready=False)
+    try:
+        spec = specs.parse(tenancy.effective)
+    except specs.SpecError as exc:  # the CRD's validation should make this unreachable
+        _refuse(cluster, owner, previous, tenancy, statuses.Refusal(REASON_INVALID_SPEC, str(exc)), now())
+        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+    observed = cluster.observe(owner, spec)
+    timestamp = now()
+    plan = plans.compute(owner, spec, observed, previous, timestamp,
+                         network_policy=tenant.network_policy(body, tenancy, settings))
+    executed = cluster.execute(plan)
+    for kind in {o["kind"] for o in plan.apply}:
+        log.info("applied %s for %s/%s", kind, namespace, name)
+    quota = tenant.quota_block(observed, executed.refused)  # a ResourceQuota refusing a child: QuotaExceeded
+    refused = tuple(str(r) for r in executed.other_refusals)
+    new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
+                                  compliance=tenancy.condition(), quota=quota)
+    patch = statuses.merge_patch(previous, new_status)
+    if patch:
+        cluster.patch_status(owner, patch)
+    posted = events.actions(plan, executed.done) + events.transitions(previous, new_status)
+    for event in posted:
+        cluster.post_event(owner, event)
+    writes = len(executed.done) + len(executed.refused) + bool(patch) + len(posted)
+    _count_jobs(plan, executed.done, previous, new_status)
+    pools = new_status.get("pools") or {}
+    metrics.record_model(
+        namespace, name,
+        traffic={p.name: plan.traffic.gpu_percent if p.name == "gpu" else plan.traffic.cpu_percent
+                 for p in spec.enabled_pools},
+        replicas={p: int(v.get("desiredReplicas", 0)) for p, v in pools.items()},
+    )
+    ready = any(c.get("type") == READY and c.get("status") == "True" for c in new_status.get("conditions", ()))
+    if executed.quota_refusals:  # a write of ours (the claim): retried with backoff until the quota allows it
+        raise TransientApiError(f"{quota.message if quota else 'refused by a ResourceQuota'}")
+    return Result(writes, ready)
+
+
+def _count_jobs(plan: plans.Plan, done: Sequence[ObjectRef], previous: Mapping[str, Any],
+                new: Mapping[str, Any]) -> None:
+    for job in plan.create:
+        if ref_of(job) in done:
+            metrics.JOBS.labels("created", "").inc()
+    if plan.artifact.published:
+        metrics.JOBS.labels("succeeded", "Published").inc()
+    old_pending, new_pending = previous.get("pendingArtifact") or {}, new.get("pendingArtifact") or {}
+    already_failed = (old_pending.get("state"), old_pending.get("job")) == ("Failed", new_pending.get("job"))
+    if new_pending.get("state") == "Failed" and not already_failed:
+        metrics.JOBS.labels("failed", str(new_pending.get("reason", ""))).inc()
+
+
+def _refuse(cluster: ClusterAccess, owner: names.Owner, previous: Mapping[str, Any], tenancy: tenant.Tenancy,
+            refusal: statuses.Refusal, now: str) -> int:
+    """Record why nothing was applied (children that already run are left alone) and post its transitions; returns
+    the writes made."""
+    new_status = statuses.compute(owner.generation, previous, now, refusal, compliance=tenancy.condition())
+    patch = statuses.merge_patch(previous, new_status)
+    if patch:
+        cluster.patch_status(owner, patch)
+    posted = events.transitions(previous, new_status)
+    for event in posted:
+        cluster.post_event(owner, event)
+    return bool(patch) + len(posted)

@@ -1,0 +1,186 @@
+"""THE policy: one pure function from (spec, signals, current state, history, now) to a Decision.
+
+Order of a tick, each step explained where it lives:
+1. stale or missing metrics for a pool that has ready replicas -> hold replicas and split (safety overrides for
+   pools without ready replicas still apply), record nothing, say why;
+2. judge each pool's load and refine its learned capacity (`load`);
+3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), then
+   apply HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being undone within the
+   window gets a longer one);
+4. move the split (`routing`), knowing whether the GPU is still waiting for replicas;
+5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess and queue), so it starts scaling
+   with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
+   measured; once the route sends it nothing and the GPU has every replica it asked for ready, its replicas are
+   released after the scale-down cooldown instead of being kept for the stabilization window.
+No I/O and no clock: `now` is an argument, so every behaviour is reproducible in tests and the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rerank_operator.core.autoscale import load as loads
+from rerank_operator.core.autoscale import scaling
+from rerank_operator.core.autoscale import split as routing
+from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool
+from rerank_operator.core.autoscale.history import History
+from rerank_operator.core.autoscale.signals import Signals
+
+
+@dataclass(frozen=True)
+class Current:
+    """What is in effect now: the Deployments' spec.replicas and the CPU share of the route."""
+
+    gpu_replicas: int
+    cpu_replicas: int
+    cpu_percent: int = 0
+
+    def replicas(self, pool: Pool) -> int:
+        return self.gpu_replicas if pool == "gpu" else self.cpu_replicas
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str   # Kubernetes Event reason: ScaledUp, ScaledDown, TrafficShifted
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    gpu_replicas: int
+    cpu_replicas: int
+    cpu_percent: int
+    reason: str
+    held: bool = False            # True when metrics were stale/missing and the last decision was kept
+    events: tuple[Event, ...] = ()
+    history: History = field(default_factory=History)
+
+    @property
+    def gpu_percent(self) -> int:
+        return 100 - self.cpu_percent
+
+    def replicas(self, pool: Pool) -> int:
+        return self.gpu_replicas if pool == "gpu" else self.cpu_replicas
+
+    def to_status(self, now_iso: str) -> dict[str, Any]:
+        """`status.autoscaling.lastDecision` (signals and traffic are written by the caller)."""
+        return {"time": now_iso, "reason": self.reason, "held": self.held}
+
+
+def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
+           tuning: routing.Tuning = routing.PRODUCTION) -> Decision:
+    """Desired replicas per pool, CPU traffic share, and why. See the module docstring for the order.
+
+    `tuning` is for the simulator's ablation only (production uses the defaults)."""
+    if not spec.enabled:
+        return _static(spec, signals, current, history, "autoscaling disabled")
+    stale = [f"{pool} metrics: {why}" for pool in ("gpu", "cpu")
+             if spec.bounds(pool).enabled
+             and (why := signals.pool(pool).staleness(now, spec.stale_after_seconds)) is not None]
+    if stale:
+        return _static(spec, signals, current, history, "holding last decision; " + "; ".join(stale), held=True)
+
+    gpu_load = loads.assess(spec, "gpu", signals.gpu)
+    cpu_load = loads.assess(spec, "cpu", signals.cpu)
+    history = replace(history, gpu=loads.learn_capacity(history.gpu, signals.gpu, gpu_load),
+                      cpu=loads.learn_capacity(history.cpu, signals.cpu, cpu_load))
+    policy = routing.effective_policy(spec)
+    external = spec.replica_management == "external"
+    notes: list[str] = []
+
+    gpu_demand = signals.total_request_rate if policy == "gpu-first" else (signals.gpu.request_rate or 0.0)
+    if policy == "cpu-only":
+        gpu_demand = 0.0
+    gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
+                                  backoff=tuning.backoff)
+
+    gpu_state = routing.GpuState(gpu_load, gpu_replicas, spec.gpu.max_replicas)
+    split = routing.route(spec, signals, current.cpu_percent, gpu_state, cpu_load, history, now, tuning)
+    if split.cpu_percent > current.cpu_percent:
+        history = replace(history, last_spill=now)
+    elif split.cpu_percent < current.cpu_percent:
+        history = replace(history, last_recover=now)
+
+    cpu_demand = signals.total_request_rate * split.sizing_percent / 100
+    if policy == "gpu-only":
+        cpu_demand = 0.0
+    # Shifting back: the CPU pool does not grow for a share it is losing (unless it is over target).
+    shrinking = policy == "gpu-first" and split.cpu_percent < current.cpu_percent and not cpu_load.overloaded
+    surge = spec.spillover.surge_max_step if split.surge else None
+    release = (policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas > 0
+               and signals.gpu.ready_replicas >= gpu_replicas)
+    cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
+                                  surge, release, grow=not shrinking, backoff=tuning.backoff)
+
+    reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
+    decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)
+    return replace(decision, events=_events(current, decision))
+
+
+def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,
+          current: Current, history: History, now: float, external: bool,
+          notes: list[str], surge_step: int | None = None, release: bool = False,
+          grow: bool = True, backoff: bool = True) -> tuple[int, History]:
+    """Replicas for one pool this tick and the updated history (external management: leave replicas alone)."""
+    bounds = spec.bounds(pool)
+    if external or not bounds.enabled:
+        return (current.replicas(pool) if external else 0), history
+    pool_history = history.pool(pool)
+    wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool))
+    if not grow:
+        wanted = min(wanted, current.replicas(pool))
+    result = scaling.scale(bounds, spec.scale_up, spec.scale_down, current.replicas(pool), wanted,
+                           pool_history, now, idle=demand <= 0, surge_step=surge_step, release=release,
+                           backoff=backoff)
+    if result.note:
+        notes.append(f"{pool}: {result.note}")
+    return result.replicas, history.with_pool(pool, result.history)
+
+
+def _static(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, why: str,
+            held: bool = False) -> Decision:
+    """Keep replicas (within bounds) and split, except where a pool without ready replicas forces the split."""
+    external = spec.replica_management == "external"
+    gpu = current.gpu_replicas if external else spec.gpu.clamp(current.gpu_replicas)
+    cpu = current.cpu_replicas if external else spec.cpu.clamp(current.cpu_replicas)
+    cpu_percent = _safe_split(spec, signals, current.cpu_percent)
+    reasons = [why]
+    if cpu_percent != current.cpu_percent:
+        reasons.append(f"traffic to {'CPU' if cpu_percent == 100 else 'GPU'}: the other pool has no ready replica")
+    decision = Decision(gpu, cpu, cpu_percent, "; ".join(reasons), held=held, history=history)
+    return replace(decision, events=_events(current, decision))
+
+
+def _safe_split(spec: AutoscalingSpec, signals: Signals, cpu_percent: int) -> int:
+    policy = routing.effective_policy(spec)
+    if policy == "cpu-only":
+        return 100
+    if policy == "gpu-only":
+        return 0
+    if signals.gpu.ready_replicas <= 0 < signals.cpu.ready_replicas:
+        return 100
+    if signals.cpu.ready_replicas <= 0 < signals.gpu.ready_replicas:
+        return 0
+    return cpu_percent
+
+
+def _events(current: Current, decision: Decision) -> tuple[Event, ...]:
+    events = []
+    for pool in ("gpu", "cpu"):
+        before, after = current.replicas(pool), decision.replicas(pool)
+        if after != before:
+            events.append(Event("ScaledUp" if after > before else "ScaledDown",
+                                f"{pool} pool {before} -> {after} replicas: {decision.reason}"))
+    if decision.cpu_percent != current.cpu_percent:
+        events.append(Event("TrafficShifted", f"gpu/cpu {100 - current.cpu_percent}/{current.cpu_percent} -> "
+                                              f"{decision.gpu_percent}/{decision.cpu_percent}: {decision.reason}"))
+    return tuple(events)
+
+
+def _loads_summary(signals: Signals, gpu: loads.Load, cpu: loads.Load) -> str:
+    parts = []
+    for pool, load in (("gpu", gpu), ("cpu", cpu)):
+        if signals.pool(pool).ready_replicas > 0:
+            parts.append(f"{load.why} ({signals.pool(pool).ready_replicas} ready)")
+    return ", ".join(parts) if parts else "no ready replicas"

@@ -1,0 +1,150 @@
+"""The CPU and GPU TEI Deployments.
+
+The CPU pool mounts ``artifacts/<id>/cpu-int8`` (INT8 ONNX) read-only and TEI's ONNX Runtime backend serves it; the
+GPU pool mounts ``artifacts/<id>/original`` (model.safetensors) and serves it with ``--dtype float16``. The artifact
+id is a pod-template annotation, so a new artifact rolls the pool; ``maxUnavailable: 0, maxSurge: 1`` keeps every
+ready replica serving until its replacement is ready. With quantization disabled the pools serve the model as
+published on the hub (``--model-id org/name --revision ...``) or, for the GPU pool, from ``model.path``.
+The plan leaves replicas out of the applied manifest (``replicas=None``) and sets them through the Deployment's
+scale subresource instead (``plan.Scale``), so server-side apply never owns the field: an HPA or KEDA that takes
+over (``replicaManagement: external``) is never fought over it, and switching modes never resets it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from quantizer_job import contract
+from rerank_operator.core import names
+from rerank_operator.core.builders import pods
+from rerank_operator.core.spec import Pool, RerankModelSpec
+
+CONTAINER = "tei"
+MODEL_MOUNT = "/model"
+DATA_MOUNT = "/data"  # TEI's hub cache (HUGGINGFACE_HUB_CACHE) when serving from the hub
+
+
+def artifact_subdir(pool: Pool, artifact_id: str) -> str:
+    sub = contract.CPU_SUBDIR if pool.name == "cpu" else contract.ORIGINAL_SUBDIR
+    return f"{contract.ARTIFACTS_DIR}/{artifact_id}/{sub}"
+
+
+def tei_args(spec: RerankModelSpec, pool: Pool, artifact_id: str | None) -> list[str]:
+    """TEI's command line. Kubernetes args replace the image's CMD, so --json-output and --port are ours to pass."""
+    local = artifact_id is not None or spec.model.id is None
+    args = ["--model-id", MODEL_MOUNT if local else str(spec.model.id)]
+    if not local and spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    tei = pool.tei
+    args += [
+        "--port", str(names.TEI_PORT),
+        "--json-output",
+        "--max-batch-tokens", str(tei.max_batch_tokens),
+        "--max-concurrent-requests", str(tei.max_concurrent_requests),
+        "--max-client-batch-size", str(tei.max_client_batch_size),
+    ]
+    if tei.auto_truncate:
+        args.append("--auto-truncate")
+    if pool.name == "gpu":
+        args += ["--dtype", pool.dtype]
+    return args + list(tei.extra_args)
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def build_deployment(
+    owner: names.Owner,
+    spec: RerankModelSpec,
+    pool: Pool,
+    artifact_id: str | None,
+    replicas: int | None,
+    claim: str,
+) -> dict[str, Any]:
+    component = names.pool_component(pool.name)
+    env: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = [
+        {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
+        {"name": "hub-cache", "mountPath": DATA_MOUNT},
+    ]
+    volumes: list[dict[str, Any]] = [pods.scratch_volume(), pods.scratch_volume("hub-cache")]
+    if artifact_id is not None or spec.model.path is not None:
+        sub = artifact_subdir(pool, artifact_id) if artifact_id is not None else str(spec.model.path)
+        mounts.append({"name": pods.MODEL_VOLUME, "mountPath": MODEL_MOUNT, "subPath": sub, "readOnly": True})
+        volumes.append(pods.model_volume(claim, read_only=True))
+    else:
+        env.append({"name": "HUGGINGFACE_HUB_CACHE", "value": DATA_MOUNT})
+        if spec.model.token_secret:
+            env.append(pods.secret_env("HF_TOKEN", spec.model.token_secret.name, spec.model.token_secret.key))
+    if pool.tei.api_key_secret:
+        env.append(pods.secret_env("API_KEY", pool.tei.api_key_secret.name, pool.tei.api_key_secret.key))
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": pool.image,
+        "args": tei_args(spec, pool, artifact_id),
+        "ports": [{"name": "http", "containerPort": names.TEI_PORT, "protocol": "TCP"}],
+        "volumeMounts": mounts,
+        # Loading a large model (GPU, cold volume) can take minutes: the startup probe covers 15 of them.
+        "startupProbe": _probe("/health", period=10, failures=90),
+        "readinessProbe": _probe("/health", period=10, failures=3),
+        "livenessProbe": _probe("/health", period=20, failures=6),
+        "securityContext": pods.container_security_context(),
+    }
+    if env:
+        container["env"] = env
+    if pool.resources:
+        container["resources"] = dict(pool.resources)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pods.pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
+    if pool.affinity:
+        pod_spec["affinity"] = dict(pool.affinity)
+    pod_labels = {
+        **names.labels(owner.name, component),
+        names.LABEL_POOL: pool.name,
+        names.LABEL_SERVING: "true",
+    }
+    template_meta: dict[str, Any] = {"labels": pod_labels}
+    if artifact_id is not None:
+        template_meta["annotations"] = {names.ANNOTATION_ARTIFACT: artifact_id}
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": names.selector_labels(owner.name, component)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": 1200,
+        "template": {"metadata": template_meta, "spec": pod_spec},
+    }
+    if replicas is not None:
+        deployment_spec["replicas"] = replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": names.child_metadata(
+            owner, names.deployment_name(owner.name, pool.name), component, extra_labels={names.LABEL_POOL: pool.name}
+        ),
+        "spec": deployment_spec,
+    }
+
+
+def served_artifact(deployment: Mapping[str, Any] | None) -> str | None:
+    """The artifact id a live Deployment's pod template serves."""
+    if not deployment:
+        return None
+    template = deployment.get("spec", {}).get("template", {})
+    value = (template.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_ARTIFACT)
+    return str(value) if value is not None else None

@@ -1,0 +1,319 @@
+"""The quantization Job: its manifest, and what its outcome was.
+
+One Job per (artifact, attempt), named ``<model>-q-<hash8>-<attempt>``: a restarted operator finds the Job it
+started by name and labels instead of starting another. Within one attempt Kubernetes retries failed pods with
+exponential backoff up to ``backoffLimit``; a new attempt starts when the spec changes after a failure, or when a
+Job succeeded but its result is gone (see ``ResultLost``).
+The command line comes from ``quantizer_job.contract.build_args`` and the outcome from ``contract.parse_result``
+applied to the container's termination message; nothing here spells a quantizer flag or result key.
+
+The termination message lives only as long as the pod. When a Job succeeds while the operator is down and its pod
+is removed before it returns (a node scaled away, pod garbage collection), the result is gone but the artifact was
+published: its ``manifest.json`` on the volume is the durable result. The operator cannot mount tenant volumes, so
+it reads that manifest through the quantizer: the next attempt finds the artifact published and returns at once
+with ``AlreadyPublished`` and the manifest's figures (``quantizer_job.pipeline.Job.run``), no second quantization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from quantizer_job import contract
+from rerank_operator.core import conditions, names
+from rerank_operator.core.builders import pods
+from rerank_operator.core.spec import DataSource, RerankModelSpec
+
+CONTAINER = "quantizer"
+EVAL_MOUNT = "/etc/rerank/evaluation"
+CALIBRATION_MOUNT = "/etc/rerank/calibration"
+PAIRS_FILE = "pairs.jsonl"
+HF_HOME = f"{contract.VOLUME_MOUNT_PATH}/.cache/huggingface"  # on the volume: retries do not download again
+
+
+def _data_path(source: DataSource | None, mount: str) -> str | None:
+    if source is None:
+        return None
+    if source.config_map is not None:
+        return f"{mount}/{PAIRS_FILE}"
+    assert source.path is not None
+    return pods.on_volume(source.path)
+
+
+def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
+    """The contract's request for ``spec``: what the Job is asked to build."""
+    q = spec.quantization
+    model = spec.model.id if spec.model.id else pods.on_volume(spec.model.path or "")
+    return contract.JobRequest(
+        model=model,
+        output_root=contract.VOLUME_MOUNT_PATH,
+        artifact_id=artifact_id,
+        revision=spec.model.revision,
+        mode=q.mode,
+        target=q.target,
+        recipe=q.recipe,
+        per_channel=q.per_channel,
+        reduce_range=q.reduce_range,
+        operators=tuple(q.operators),
+        optimization_level=q.optimization_level,
+        eval_pairs=_data_path(q.evaluation_data, EVAL_MOUNT),
+        calibration_pairs=_data_path(q.calibration_data, CALIBRATION_MOUNT),
+        min_spearman=q.quality_gate.min_spearman,
+        min_topk_agreement=q.quality_gate.min_topk_agreement,
+        topk=q.quality_gate.topk,
+        time_budget_seconds=q.time_budget_seconds,
+        keep_original=True,
+    )
+
+
+def _config_map_volume(volume: str, source: DataSource | None) -> dict[str, Any] | None:
+    if source is None or source.config_map is None:
+        return None
+    ref = source.config_map
+    return {"name": volume, "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": PAIRS_FILE}]}}
+
+
+def build_job(
+    owner: names.Owner, spec: RerankModelSpec, artifact_id: str, attempt: int, claim: str, recovers: int = 0
+) -> dict[str, Any]:
+    """``recovers``: attempts in a row (this one included) started because a finished Job's result was lost."""
+    q = spec.quantization
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": HF_HOME},
+    ]
+    if spec.model.token_secret:
+        env.append(pods.secret_env("HF_TOKEN", spec.model.token_secret.name, spec.model.token_secret.key))
+    mounts: list[dict[str, Any]] = [
+        {"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
+        {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [pods.model_volume(claim, read_only=False), pods.scratch_volume()]
+    for volume, source, mount in (
+        ("evaluation-data", q.evaluation_data, EVAL_MOUNT),
+        ("calibration-data", q.calibration_data, CALIBRATION_MOUNT),
+    ):
+        cm_volume = _config_map_volume(volume, source)
+        if cm_volume:
+            volumes.append(cm_volume)
+            mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": q.image,
+        "command": ["rerank-quantize"],
+        "args": contract.build_args(request(spec, artifact_id)),
+        "env": env,
+        "volumeMounts": mounts,
+        "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
+        # A crash before the result is written still leaves the log tail in the message for status to show.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": pods.container_security_context(),
+    }
+    if q.resources:
+        container["resources"] = dict(q.resources)
+    artifact_labels = {names.LABEL_ARTIFACT: artifact_id}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": names.child_metadata(
+            owner,
+            names.job_name(owner.name, artifact_id, attempt),
+            names.COMPONENT_QUANTIZER,
+            extra_labels=artifact_labels,
+            annotations={
+                names.ANNOTATION_ATTEMPT: str(attempt),
+                names.ANNOTATION_SPEC_GENERATION: str(owner.generation),
+                **({names.ANNOTATION_RECOVERS: str(recovers)} if recovers else {}),
+            },
+        ),
+        "spec": {
+            "backoffLimit": q.backoff_limit,
+            "activeDeadlineSeconds": q.active_deadline_seconds,
+            # Never two quantizers on one artifact directory: a replacement waits for the old pod to be gone.
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": pod_failure_policy(),
+            "template": {
+                "metadata": {"labels": {**names.labels(owner.name, names.COMPONENT_QUANTIZER), **artifact_labels}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": pods.pod_security_context(),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Fail the Job at once when retrying cannot help (quality gate, unsupported model, bad input), and do not
+    count an evicted or preempted pod against ``backoffLimit``."""
+    permanent = sorted(contract.EXIT_CODES[r] for r in contract.PERMANENT_FAILURES)
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": permanent}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]}
+
+
+# --- reading a Job back -------------------------------------------------------------------------------------------
+
+JobState = Literal["Running", "Succeeded", "Failed"]
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What became of one quantization Job, with the Job's own reason when it failed."""
+
+    state: JobState
+    reason: str
+    message: str
+    result: contract.JobResult | None = None
+
+
+def _int_annotation(job: Mapping[str, Any], key: str) -> int:
+    """An integer the operator wrote into the Job's annotations; 0 when absent or not a number."""
+    try:
+        return int(job["metadata"].get("annotations", {}).get(key, "0"))
+    except ValueError:
+        return 0
+
+
+def attempt_of(job: Mapping[str, Any]) -> int:
+    return _int_annotation(job, names.ANNOTATION_ATTEMPT)
+
+
+def spec_generation_of(job: Mapping[str, Any]) -> int:
+    return _int_annotation(job, names.ANNOTATION_SPEC_GENERATION)
+
+
+def recovers_of(job: Mapping[str, Any]) -> int:
+    return _int_annotation(job, names.ANNOTATION_RECOVERS)
+
+
+#: Reason of a Job that succeeded but whose result can no longer be read (pod gone, or a message that is no result).
+RESULT_LOST = conditions.REASON_RESULT_LOST
+
+
+def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in job.get("status", {}).get("conditions") or ():
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _quantizer_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The quantizer container's entry in the pod's containerStatuses ({} until the kubelet reports it)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or ()
+    return next((s for s in statuses if s.get("name") == CONTAINER), {})
+
+
+def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    status = _quantizer_status(pod)
+    term = (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated")
+    return dict(term) if term else None
+
+
+def _waiting(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    waiting = (_quantizer_status(pod).get("state") or {}).get("waiting")
+    if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+        return dict(waiting)
+    return None
+
+
+def _newest_first(job_pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(job_pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
+
+
+def _from_message(term: Mapping[str, Any]) -> contract.JobResult | str:
+    """The parsed result, or the raw text (a log tail through FallbackToLogsOnError) when it is not one."""
+    text = term.get("message") or ""
+    try:
+        return contract.parse_result(text)
+    except contract.ResultParseError:
+        return text.strip()
+
+
+def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> JobOutcome:
+    """Interpret a Job and its pods. Pure: the Job's conditions decide the state, the pods explain it."""
+    pods_newest = _newest_first(job_pods)
+    complete = _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")
+    failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    if complete:
+        for pod in pods_newest:
+            term = _terminated(pod)
+            if term and term.get("exitCode") == 0:
+                parsed = _from_message(term)
+                if isinstance(parsed, contract.JobResult) and parsed.ok:
+                    return JobOutcome("Succeeded", parsed.reason, parsed.message, parsed)
+                if isinstance(parsed, contract.JobResult):
+                    return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
+                return JobOutcome("Succeeded", RESULT_LOST,
+                                  f"the Job succeeded but its pod left no readable result: {parsed[:300]!r}")
+        return JobOutcome("Succeeded", RESULT_LOST, "the Job succeeded but its pod, and with it the result, is gone")
+    if failed:
+        return _failure(failed, pods_newest)
+    for pod in pods_newest:
+        waiting = _waiting(pod)
+        if waiting:
+            return JobOutcome(
+                "Running", conditions.REASON_JOB_POD_WAITING,
+                f"pod {pod['metadata']['name']}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
+            )
+    failures = job.get("status", {}).get("failed") or 0
+    if failures:
+        previous = _failure({"reason": "PodFailed", "message": ""}, pods_newest)
+        return JobOutcome("Running", conditions.REASON_RETRYING,
+                          f"attempt failed {failures} time(s), retrying with backoff; "
+                          f"last: {previous.reason}: {previous.message}")
+    return JobOutcome("Running", conditions.REASON_QUANTIZING, "the quantization Job is running")
+
+
+def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) -> JobOutcome:
+    """The kubelet's OOMKilled, whatever the quantizer said: the kernel killed a process of the container (on cgroup
+    v1 often only the export child, so the parent survives and reports ExportFailed), and the fix is the limit."""
+    said = f"{parsed.reason}: {parsed.message}" if isinstance(parsed, contract.JobResult) else parsed[-300:]
+    return JobOutcome("Failed", conditions.REASON_OOM_KILLED,
+                      f"the quantizer ran out of its memory limit (exit code {term.get('exitCode')}"
+                      + (f"; it reported {said}" if said else "")
+                      + "): raise spec.quantization.resources.limits.memory")
+
+
+def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]) -> JobOutcome:
+    """The deadline if the Job hit it; else out of memory if the kubelet says so; else the Job's own reason (its
+    result message) if a pod left one; else the container's; else the Job's."""
+    job_reason = failed.get("reason") or conditions.REASON_JOB_FAILED
+    if job_reason == "DeadlineExceeded":
+        # The kubelet stops the running quantizer with SIGTERM, and it writes an InternalError "terminated" result on
+        # the way out: a consequence of the deadline, not the cause.
+        return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job ran past its deadline")
+    crashed: JobOutcome | None = None
+    for pod in pods_newest:
+        term = _terminated(pod)
+        if not term or term.get("exitCode") == 0:
+            continue
+        parsed = _from_message(term)
+        if term.get("reason") == "OOMKilled":
+            return _out_of_memory(term, parsed)
+        if isinstance(parsed, contract.JobResult):
+            return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
+        if crashed is None:
+            container_reason = term.get("reason") or "Error"
+            if container_reason == "Error":
+                container_reason = conditions.REASON_QUANTIZER_CRASHED
+            detail = f"exit code {term.get('exitCode')}" + (f": {parsed[-500:]}" if parsed else "")
+            crashed = JobOutcome("Failed", container_reason, detail)
+    if crashed is not None:
+        return crashed
+    return JobOutcome("Failed", job_reason, failed.get("message") or "the quantization Job failed")
+
+
+def waiting_for_pods(job: Mapping[str, Any]) -> bool:
+    """Unfinished and without an active pod: the only state in which its FailedCreate Events (a quota refusing
+    its pod) are read and counted."""
+    status = job.get("status") or {}
+    finished = status.get("completionTime") or any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions") or ())
+    return not finished and not status.get("active")

@@ -1,0 +1,87 @@
+"""The traffic split between the pools, and the HTTPRoute that enforces it when a Gateway is given.
+
+Here the split is static per policy (the metrics-driven one is the autoscaler's, which records its decision in
+``status.autoscaling.lastDecision``; the split is then taken from there, still within the policy). One safety rule
+holds for every policy, as in the autoscaler: a pool with no ready replica gets no traffic while the other has some,
+because a weight on an empty backend is a share of requests that fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rerank_operator.core import names
+from rerank_operator.core.spec import RerankModelSpec
+
+
+@dataclass(frozen=True)
+class Traffic:
+    gpu_percent: int
+    cpu_percent: int
+    reason: str
+
+    @property
+    def receiving(self) -> tuple[names.PoolName, ...]:
+        """Pools that get a share of requests."""
+        shares: tuple[tuple[names.PoolName, int], ...] = (("cpu", self.cpu_percent), ("gpu", self.gpu_percent))
+        return tuple(p for p, share in shares if share > 0)
+
+
+def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, Any] | None) -> Traffic:
+    if not spec.gpu.enabled:
+        return Traffic(0, 100, "only the CPU pool is enabled")
+    if not spec.cpu.enabled:
+        return Traffic(100, 0, "only the GPU pool is enabled")
+    policy = spec.routing.policy
+    if policy == "cpu-only":
+        return Traffic(0, 100, "routing policy cpu-only")
+    if policy == "gpu-only":
+        return Traffic(100, 0, "routing policy gpu-only")
+    if decision is not None and isinstance(decision.get("gpuPercent"), int):
+        gpu = max(0, min(100, int(decision["gpuPercent"])))
+        return Traffic(gpu, 100 - gpu, f"autoscaler: {decision.get('reason') or 'decision'}")
+    if policy == "fixed" and spec.routing.weights is not None:
+        w = spec.routing.weights
+        return Traffic(w.gpu, w.cpu, "routing policy fixed")
+    if gpu_ready > 0:
+        return Traffic(100, 0, "routing policy gpu-first: the GPU pool has ready replicas")
+    return Traffic(0, 100, "routing policy gpu-first: no GPU replica ready, serving from the CPU pool")
+
+
+def split(
+    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: Mapping[str, Any] | None = None
+) -> Traffic:
+    """The split for ``spec`` given ready replicas per pool and, with autoscaling on, the autoscaler's decision."""
+    traffic = _policy_split(spec, gpu_ready, decision)
+    if traffic.gpu_percent > 0 and gpu_ready == 0 and cpu_ready > 0 and spec.cpu.enabled:
+        return Traffic(0, 100, "no GPU replica ready: all traffic to the CPU pool")
+    if traffic.cpu_percent > 0 and cpu_ready == 0 and gpu_ready > 0 and spec.gpu.enabled:
+        return Traffic(100, 0, "no CPU replica ready: all traffic to the GPU pool")
+    return traffic
+
+
+def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic) -> dict[str, Any] | None:
+    """The HTTPRoute ``<name>`` with one weighted backend per enabled pool, or None without gateway.parentRefs."""
+    gateway = spec.routing.gateway
+    if gateway is None:
+        return None
+    shares = {"gpu": traffic.gpu_percent, "cpu": traffic.cpu_percent}
+    backends = [
+        {"name": names.pool_service_name(owner.name, pool.name), "port": names.SERVICE_PORT,
+         "weight": shares[pool.name]}
+        for pool in spec.enabled_pools
+    ]
+    route_spec: dict[str, Any] = {
+        "parentRefs": [dict(ref) for ref in gateway.parent_refs],
+        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}],
+    }
+    if gateway.hostnames:
+        route_spec["hostnames"] = list(gateway.hostnames)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": names.child_metadata(owner, names.route_name(owner.name), "route"),
+        "spec": route_spec,
+    }

@@ -1,0 +1,150 @@
+"""Every name, label and annotation key the operator writes, and the metadata of its children, in one place.
+
+Child names derive from the RerankModel's name; the CRD caps that name at 50 characters (CEL rule on
+metadata.name) so that ``<name>-models`` and the Services fit 63-character DNS labels. Job names carry an artifact
+hash and an attempt number and are shortened here if needed, because the Job controller copies the Job name into a
+63-character label value on its pods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+GROUP = "rerank.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RerankModel"
+PLURAL = "rerankmodels"
+
+FIELD_MANAGER = "rerank-operator"
+OPERATOR_NAME = "rerank-operator"
+
+# Ports: TEI listens on TEI_PORT in every pool pod (the scrape target and the NetworkPolicy's port); the Services
+# (pool and model) expose SERVICE_PORT and forward to the pods' named port "http".
+TEI_PORT = 8080
+SERVICE_PORT = 80
+
+# Standard labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/).
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+APP_NAME = "rerankmodel"
+PART_OF = "rerank"
+
+# Our own labels and annotations.
+LABEL_ARTIFACT = f"{GROUP}/artifact"  # on quantization Jobs and their pods: which artifact they build
+LABEL_POOL = f"{GROUP}/pool"  # on pool pods: cpu | gpu
+LABEL_SERVING = f"{GROUP}/serving"  # on pool pods: "true"; the model Service selects it when both pools take traffic
+ANNOTATION_ARTIFACT = f"{GROUP}/artifact"  # on pool pod templates: a new artifact rolls the pool
+ANNOTATION_ATTEMPT = f"{GROUP}/attempt"  # on Jobs: 1, 2, ... per artifact
+ANNOTATION_SPEC_GENERATION = f"{GROUP}/spec-generation"  # on Jobs: the RerankModel generation that started it
+ANNOTATION_RECOVERS = f"{GROUP}/recovers-result"  # on Jobs: how many attempts in a row lost a finished result
+ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
+
+Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy"]
+COMPONENT_QUANTIZER: Component = "quantizer"
+PoolName = Literal["cpu", "gpu"]
+POOLS: tuple[PoolName, PoolName] = ("cpu", "gpu")
+
+_DNS_LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Identity of the RerankModel a reconcile works on (what children point back to)."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+
+
+def pool_component(pool: PoolName) -> Component:
+    return "cpu-pool" if pool == "cpu" else "gpu-pool"
+
+
+def pvc_name(model: str) -> str:
+    return f"{model}-models"
+
+
+def deployment_name(model: str, pool: PoolName) -> str:
+    return f"{model}-{pool}"
+
+
+def pool_service_name(model: str, pool: PoolName) -> str:
+    return f"{model}-{pool}"
+
+
+def model_service_name(model: str) -> str:
+    return model
+
+
+def route_name(model: str) -> str:
+    return model
+
+
+def network_policy_name(model: str) -> str:
+    """The NetworkPolicy isolating the model's TEI pods (tenancy.build_network_policy)."""
+    return f"{model}-tei"
+
+
+def job_name(model: str, artifact_id: str, attempt: int) -> str:
+    """``<model>-q-<hash8>-<attempt>``, the model part shortened so the whole stays a valid 63-char label value."""
+    suffix = f"-q-{artifact_id[:8]}-{attempt}"
+    head = model[: _DNS_LABEL_MAX - len(suffix)].rstrip("-")
+    return head + suffix
+
+
+def selector_labels(model: str, component: Component) -> dict[str, str]:
+    """The immutable selector of a pool Deployment: only labels that never change for the model's lifetime."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: model, LABEL_COMPONENT: component}
+
+
+def labels(model: str, component: Component) -> dict[str, str]:
+    return {
+        **selector_labels(model, component),
+        LABEL_MANAGED_BY: OPERATOR_NAME,
+        LABEL_PART_OF: PART_OF,
+    }
+
+
+def owned_selector(model: str) -> str:
+    """Label selector (string form) matching every child of ``model`` the operator manages."""
+    return f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}={model},{LABEL_MANAGED_BY}={OPERATOR_NAME}"
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    """Controller reference so garbage collection deletes the child with its RerankModel."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_metadata(
+    owner: Owner,
+    name: str,
+    component: Component,
+    *,
+    extra_labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    owned: bool = True,
+) -> dict[str, Any]:
+    """metadata for a child; ``owned=False`` leaves out the owner reference (a retained volume outlives the model)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": {**labels(owner.name, component), **(extra_labels or {})},
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if owned:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return meta

@@ -1,0 +1,114 @@
+"""What one reconcile saw of the world: plain data handed from the API layer to the pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rerank_operator.core import names
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Enough to address any object through the generic REST layer."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def ref_of(obj: Mapping[str, Any]) -> ObjectRef:
+    meta = obj["metadata"]
+    return ObjectRef(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """``obj``'s controller is the object with ``uid``: the one ownership filter (a look-alike with the same labels
+    but another owner, or a mere non-controller reference, is never ours)."""
+    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or ())
+
+
+def short_of_replicas(deployments: Iterable[Mapping[str, Any]]) -> bool:
+    """Some pool has fewer ready replicas than it wants: only then are its ReplicaSets read (for a quota's
+    ReplicaFailure)."""
+    return any(int(d.get("status", {}).get("readyReplicas") or 0) < int(d.get("spec", {}).get("replicas") or 0)
+               for d in deployments)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Children of one RerankModel as last read (None or empty: absent)."""
+
+    claim: Obj | None = None
+    jobs: tuple[Obj, ...] = ()
+    job_pods: tuple[Obj, ...] = ()
+    deployments: Mapping[str, Obj] = field(default_factory=dict)  # by pool name
+    services: Mapping[str, Obj] = field(default_factory=dict)  # by Service name
+    route: Obj | None = None
+    route_api_available: bool = True
+    network_policy: Obj | None = None  # <name>-tei, when this model controls it
+    replica_sets: tuple[Obj, ...] = ()  # of the pool Deployments; read only while a pool is short of replicas
+    job_events: tuple[Obj, ...] = ()  # FailedCreate Events of Jobs; read only while a Job has no pod
+
+    def pods_of(self, job: Mapping[str, Any]) -> list[Obj]:
+        uid = job["metadata"].get("uid")
+        return [
+            p for p in self.job_pods
+            if any(ref.get("uid") == uid for ref in p["metadata"].get("ownerReferences") or ())
+        ]
+
+    def live(self, obj: Mapping[str, Any]) -> Obj | None:
+        """The live counterpart of a desired object, if it was seen."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        if kind == "PersistentVolumeClaim":
+            return self.claim
+        if kind == "Deployment":
+            return next((d for d in self.deployments.values() if d["metadata"]["name"] == name), None)
+        if kind == "Service":
+            return self.services.get(name)
+        if kind == "HTTPRoute":
+            return self.route
+        if kind == "Job":
+            return next((j for j in self.jobs if j["metadata"]["name"] == name), None)
+        if kind == "NetworkPolicy":
+            return self.network_policy
+        return None
+
+    def ready(self, pool: names.PoolName) -> int:
+        dep = self.deployments.get(pool)
+        return int((dep or {}).get("status", {}).get("readyReplicas") or 0)
+
+
+@dataclass(frozen=True)
+class PoolsView:
+    """What the autoscaler reads each tick: the pool Deployments (by pool), their pods, and the HTTPRoute."""
+
+    deployments: Mapping[str, Obj] = field(default_factory=dict)
+    pods: tuple[Obj, ...] = ()
+    route: Obj | None = None
+    route_api_available: bool = True
+
+    def ready(self, pool: names.PoolName) -> int:
+        return int((self.deployments.get(pool) or {}).get("status", {}).get("readyReplicas") or 0)
+
+    def replicas(self, pool: names.PoolName) -> int | None:
+        """The Deployment's spec.replicas (None: no Deployment)."""
+        dep = self.deployments.get(pool)
+        return None if dep is None else int(dep.get("spec", {}).get("replicas", 1))
+
+    def ready_pods(self, pool: names.PoolName) -> list[Obj]:
+        """Pods of ``pool`` that are Ready and have an address (what can be scraped). Never a pod on the host's
+        network: the operator's pods never are, and a look-alike pod a tenant labels so would make the operator
+        scrape a node address (tenants cannot choose where the operator sends requests)."""
+        return [p for p in self.pods
+                if p["metadata"].get("labels", {}).get(names.LABEL_POOL) == pool and p.get("status", {}).get("podIP")
+                and not (p.get("spec") or {}).get("hostNetwork")
+                and any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in p.get("status", {}).get("conditions") or ())]

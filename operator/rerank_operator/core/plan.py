@@ -1,0 +1,255 @@
+"""The plan: from (spec, what was observed, last status) to what must be written. Pure.
+
+The artifact decision comes first because everything else follows from it:
+- the desired artifact id is the content hash of the spec (``artifact.artifact_id``);
+- if it is already the served one (``status.artifact.id``), nothing is built;
+- else the newest Job for it decides: none -> create attempt 1; running -> wait; succeeded -> publish (the pools
+  switch to it in this same plan); succeeded but its result lost with its pod -> attempt n+1, which finds the
+  artifact published on the volume and returns its manifest at once (at most ``MAX_RESULT_RECOVERIES`` in a row);
+  failed -> stay failed, unless the spec changed since that Job started (a fix retries at once, as attempt n+1).
+  Deleting a failed Job by hand also retries.
+Jobs for artifacts that are neither desired nor served are deleted (a superseded build is wasted work); the pools
+keep serving the served artifact until the desired one is published.
+Objects that already match (``drift.needs_apply``) are left out, so a reconcile with nothing to change plans no
+writes at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from quantizer_job import contract
+from rerank_operator.core import artifact, conditions, drift, names
+from rerank_operator.core.builders import deployment, job, routing, service, storage
+from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
+from rerank_operator.core.spec import RerankModelSpec
+
+PendingState = Literal["Creating", "Running", "Failed"]
+#: Attempts in a row that may be started to recover a finished Job's lost result; beyond, the model reports
+#: ResultLost as a failure (a message that is never a result would otherwise start Jobs forever).
+MAX_RESULT_RECOVERIES = 3
+DEFAULT_DEPLOYMENT_REPLICAS = 1  # what the API server gives a Deployment created without replicas
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The artifact being built for the current spec while it differs from the served one."""
+
+    id: str
+    job: str
+    attempts: int
+    state: PendingState
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ArtifactDecision:
+    desired_id: str | None  # None: quantization disabled, pools serve the source
+    served: Mapping[str, Any] | None  # the status.artifact record the pools serve after this plan
+    published: bool = False  # ``served`` was published by a Job in this plan
+    pending: Pending | None = None
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A pool Deployment's replicas, written through its scale subresource (never part of the applied manifest,
+    so handing replicas to an HPA, or taking them back, never resets them). ``exists``: the Deployment was seen;
+    otherwise it is scaled right after this plan creates it."""
+
+    namespace: str
+    name: str
+    replicas: int
+    exists: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    apply: tuple[Obj, ...] = ()  # server-side apply, already stamped; only objects that drifted
+    create: tuple[Obj, ...] = ()  # create-only (Jobs: their template is immutable)
+    delete: tuple[ObjectRef, ...] = ()
+    artifact: ArtifactDecision = field(default_factory=lambda: ArtifactDecision(None, None))
+    serving_artifact: str | None = None  # what the pool Deployments serve (None: the source, or nothing yet)
+    pools_deployed: bool = False  # whether the plan has Deployments at all (no artifact yet: not)
+    replicas: Mapping[str, int | None] = field(default_factory=dict)  # per enabled pool; None = left to others
+    traffic: routing.Traffic = field(default_factory=lambda: routing.Traffic(0, 0, ""))
+    claim: str = ""
+    scale: tuple[Scale, ...] = ()  # replicas that differ from the live Deployments' (operator-managed only)
+
+    @property
+    def writes(self) -> int:
+        return len(self.apply) + len(self.create) + len(self.delete) + len(self.scale)
+
+
+def artifact_record(result: contract.JobResult, artifact_id: str, now: str) -> dict[str, Any]:
+    """status.artifact from a Job's result."""
+    return {
+        "id": result.artifact_id or artifact_id,
+        "path": result.path or contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
+        "sizeBytes": int(result.size_bytes),
+        "manifestSha256": result.manifest_sha256,
+        "quality": {k: float(v) for k, v in result.quality.items()},
+        "speed": {k: float(v) for k, v in result.speed.items()},
+        "recipe": dict(result.recipe),
+        "publishedAt": now,
+    }
+
+
+def _jobs_for(observed: Observed, artifact_id: str | None) -> list[Obj]:
+    mine = [j for j in observed.jobs if j["metadata"].get("labels", {}).get(names.LABEL_ARTIFACT) == artifact_id]
+    return sorted(mine, key=job.attempt_of)
+
+
+def decide_artifact(
+    owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str
+) -> tuple[ArtifactDecision, Obj | None]:
+    """The artifact decision and the Job to create (if any)."""
+    desired = artifact.artifact_id(spec)
+    served = status.get("artifact") or None
+    if desired is None:
+        return ArtifactDecision(None, None), None
+    if served and served.get("id") == desired:
+        return ArtifactDecision(desired, served), None
+    claim = storage.claim_name(owner, spec)
+    jobs = _jobs_for(observed, desired)
+    if not jobs:
+        new = job.build_job(owner, spec, desired, 1, claim)
+        return ArtifactDecision(desired, served, pending=Pending(
+            desired, new["metadata"]["name"], 1, "Creating", conditions.REASON_QUANTIZING,
+            "starting the quantization Job")), new
+    latest = jobs[-1]
+    attempt = job.attempt_of(latest)
+    out = job.outcome(latest, observed.pods_of(latest))
+    name = latest["metadata"]["name"]
+    if out.state == "Succeeded" and out.result is not None:
+        return ArtifactDecision(desired, artifact_record(out.result, desired, now), published=True), None
+    if out.state == "Succeeded":  # the result died with the pod: the manifest on the volume is read by a new attempt
+        recovers = job.recovers_of(latest) + 1
+        if recovers <= MAX_RESULT_RECOVERIES:
+            new = job.build_job(owner, spec, desired, attempt + 1, claim, recovers=recovers)
+            return ArtifactDecision(desired, served, pending=Pending(
+                desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_RECOVERING_RESULT,
+                f"{out.message} ({name}): attempt {attempt + 1} reads the published artifact's manifest")), new
+        return ArtifactDecision(desired, served, pending=Pending(
+            desired, name, attempt, "Failed", out.reason,
+            f"{out.message}; {MAX_RESULT_RECOVERIES} attempts in a row could not recover it")), None
+    if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
+        new = job.build_job(owner, spec, desired, attempt + 1, claim)
+        return ArtifactDecision(desired, served, pending=Pending(
+            desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_QUANTIZING,
+            f"the spec changed after {name} failed ({out.reason}): retrying")), new
+    state: PendingState = "Failed" if out.state == "Failed" else "Running"
+    reason, message = out.reason, out.message
+    if out.state == "Running" and out.reason == conditions.REASON_QUANTIZING and job.recovers_of(latest):
+        reason = conditions.REASON_RECOVERING_RESULT
+        message = ("the result of an earlier attempt was lost with its pod: this attempt reads the published "
+                   "artifact's manifest")
+    return ArtifactDecision(desired, served, pending=Pending(desired, name, attempt, state, reason, message)), None
+
+
+def _obsolete_jobs(observed: Observed, decision: ArtifactDecision) -> list[ObjectRef]:
+    """Jobs of artifacts neither desired nor served, and older attempts of those that are."""
+    keep: set[str] = set()
+    for artifact_id in (decision.desired_id, (decision.served or {}).get("id")):
+        jobs = _jobs_for(observed, artifact_id) if artifact_id else []
+        if jobs:
+            keep.add(jobs[-1]["metadata"]["name"])
+    return [ref_of({**j, "apiVersion": "batch/v1", "kind": "Job"}) for j in observed.jobs
+            if j["metadata"]["name"] not in keep and not j["metadata"].get("deletionTimestamp")]
+
+
+def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: Mapping[str, Any] | None) -> int | None:
+    p = spec.pool(pool)
+    auto = spec.autoscaling
+    if not auto.enabled:
+        return p.min_replicas
+    if auto.replica_management == "external":
+        return None
+    decided = (decision or {}).get(f"{pool}Replicas")
+    if isinstance(decided, int) and not isinstance(decided, bool):
+        return max(p.min_replicas, min(p.max_replicas, decided))
+    return p.min_replicas
+
+
+def _scale(owner: names.Owner, pool: names.PoolName, replicas: int | None, live: Obj | None) -> Scale | None:
+    """The scale write that brings the pool's Deployment to ``replicas`` (None: another controller's business)."""
+    if replicas is None or (live is not None and live["metadata"].get("deletionTimestamp")):
+        return None
+    current = int((live or {}).get("spec", {}).get("replicas", DEFAULT_DEPLOYMENT_REPLICAS))
+    if current == replicas:
+        return None
+    return Scale(owner.namespace, names.deployment_name(owner.name, pool), replicas, exists=live is not None)
+
+
+def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    if not spec.autoscaling.enabled:
+        return None
+    decision = (status.get("autoscaling") or {}).get("lastDecision")
+    return decision if isinstance(decision, Mapping) else None
+
+
+def compute(
+    owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
+    network_policy: Obj | None = None,
+) -> Plan:
+    """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it."""
+    decision, new_job = decide_artifact(owner, spec, observed, status, now)
+    claim = storage.claim_name(owner, spec)
+    serving = (decision.served or {}).get("id") if decision.desired_id is not None else None
+    pools_deployed = decision.desired_id is None or serving is not None
+    autoscaler = _autoscaler_decision(spec, status)
+    traffic = routing.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler)
+
+    desired: list[Obj] = []
+    pvc = storage.build_pvc(owner, spec)
+    if pvc:
+        desired.append(pvc)
+    replicas: dict[str, int | None] = {}
+    scales: list[Scale] = []
+    for pool in spec.enabled_pools:
+        replicas[pool.name] = _replicas(spec, pool.name, autoscaler)
+        if pools_deployed:
+            desired.append(deployment.build_deployment(owner, spec, pool, serving, None, claim))
+            scale = _scale(owner, pool.name, replicas[pool.name], observed.deployments.get(pool.name))
+            if scale:
+                scales.append(scale)
+        desired.append(service.build_pool_service(owner, pool))
+    desired.append(service.build_model_service(owner, traffic.receiving))
+    route = routing.build_httproute(owner, spec, traffic)
+    if route:
+        desired.append(route)
+    if network_policy is not None:
+        desired.append(network_policy)
+
+    to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))
+    deletes = _obsolete_jobs(observed, decision)
+    for pool_name in names.POOLS:
+        if spec.pool(pool_name).enabled:
+            continue
+        live = observed.deployments.get(pool_name)
+        if live is not None and not live["metadata"].get("deletionTimestamp"):
+            deletes.append(ref_of({**observed.deployments[pool_name], "apiVersion": "apps/v1", "kind": "Deployment"}))
+        svc = names.pool_service_name(owner.name, pool_name)
+        if svc in observed.services:
+            deletes.append(ObjectRef("v1", "Service", owner.namespace, svc))
+    live_policy = observed.network_policy
+    if network_policy is None and live_policy is not None and not live_policy["metadata"].get("deletionTimestamp"):
+        deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,
+                                 names.network_policy_name(owner.name)))
+    if route is None and observed.route is not None:
+        deletes.append(ObjectRef("gateway.networking.k8s.io/v1", "HTTPRoute", owner.namespace,
+                                 names.route_name(owner.name)))
+    return Plan(
+        apply=to_apply,
+        create=(new_job,) if new_job else (),
+        delete=tuple(deletes),
+        artifact=decision,
+        serving_artifact=serving,
+        pools_deployed=pools_deployed,
+        replicas=replicas,
+        traffic=traffic,
+        claim=claim,
+        scale=tuple(scales),
+    )

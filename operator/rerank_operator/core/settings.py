@@ -1,0 +1,52 @@
+"""What the operator process was started with, read once by the shell and passed down.
+
+main.py builds one ``Settings`` from its flags and the pod's environment (the chart sets ``POD_NAMESPACE`` and may
+set ``RERANK_OPERATOR_POD_LABELS``) and hands it to ``handlers.install``, so no other module reads flags or the
+environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rerank_operator.core.autoscale.config import PrometheusSettings
+
+#: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
+#: so the autoscaler can scrape TEI. ``RERANK_OPERATOR_POD_LABELS=k=v,k=v`` overrides them.
+DEFAULT_OPERATOR_POD_LABELS: Mapping[str, str] = {"app.kubernetes.io/part-of": "rerank",
+                                                  "app.kubernetes.io/component": "operator"}
+POD_LABELS_ENV = "RERANK_OPERATOR_POD_LABELS"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
+DEFAULT_RESYNC_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The operator's own namespace and pod labels (the NetworkPolicy's operator peer; no namespace outside a pod,
+    and then no peer), the Prometheus server the platform configured (``--prometheus-url``), how often every model
+    is reconciled without a change (``--resync-seconds``) and, when set, how long one watch request lasts
+    (``--watch-server-timeout``; kopf's default otherwise)."""
+
+    operator_namespace: str | None = None
+    operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    watch_server_timeout: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
+                 resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None) -> Settings:
+        """The pod's own identity from ``env``; the rest as main.py parsed it from the flags."""
+        return cls(operator_namespace=env.get(POD_NAMESPACE_ENV) or None,
+                   operator_pod_labels=operator_pod_labels(env),
+                   prometheus=prometheus or PrometheusSettings(),
+                   resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout)
+
+
+def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:
+    raw = env.get(POD_LABELS_ENV, "").strip()
+    if not raw:
+        return dict(DEFAULT_OPERATOR_POD_LABELS)
+    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs if k.strip()}

@@ -1,0 +1,74 @@
+"""The per-model NetworkPolicy: only the routing layer, allowed namespaces and the operator reach TEI pods. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rerank_operator.core import names
+from rerank_operator.core.tenancy import fields
+
+Obj = Mapping[str, Any]
+
+
+network_policy_name = names.network_policy_name
+
+
+def build_network_policy(
+    model: Obj,
+    rclass: Obj | None,
+    *,
+    operator_namespace: str | None = None,
+    operator_pod_labels: Mapping[str, str] | None = None,
+) -> dict[str, Any] | None:
+    """The NetworkPolicy isolating a model's TEI pods, or None when its class turns it off (or there is no class).
+
+    Ingress to the TEI port only from: the routing layer (class ``network.routingNamespaces``, optionally only pods
+    with ``routingPodLabels``), ``network.allowedNamespaces``, the model's own namespace (``allowSameNamespace``)
+    and the operator (which scrapes TEI's /metrics for autoscaling). Egress is left alone (TEI downloads models).
+    """
+    network = fields.get(rclass or {}, "spec", "network")
+    if rclass is None or not network.get("enabled", True):
+        return None
+    meta = model["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    peers: list[dict[str, Any]] = []
+    if network.get("routingNamespaces"):
+        peers.append(_namespace_peer(network["routingNamespaces"], network.get("routingPodLabels") or {}))
+    if network.get("allowedNamespaces"):
+        peers.append(_namespace_peer(network["allowedNamespaces"], {}))
+    if network.get("allowSameNamespace", True):
+        peers.append({"podSelector": {}})
+    if operator_namespace:
+        peers.append(_namespace_peer([operator_namespace], operator_pod_labels or {}))
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": names.TEI_PORT}]}] if peers else []
+    owner = names.Owner(name=name, namespace=namespace, uid=meta.get("uid", ""), generation=meta.get("generation", 0))
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(name),
+            "namespace": namespace,
+            "labels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name,
+                       names.LABEL_COMPONENT: "network-policy", names.LABEL_MANAGED_BY: names.OPERATOR_NAME,
+                       names.LABEL_PART_OF: names.PART_OF},
+            **({"ownerReferences": [names.owner_reference(owner)]} if meta.get("uid") else {}),
+        },
+        "spec": {
+            "podSelector": {
+                "matchLabels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name},
+                "matchExpressions": [{"key": names.LABEL_COMPONENT, "operator": "In",
+                                      "values": [names.pool_component("cpu"), names.pool_component("gpu")]}],
+            },
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def _namespace_peer(namespaces: Sequence[str], pod_labels: Mapping[str, str]) -> dict[str, Any]:
+    peer: dict[str, Any] = {"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(namespaces)}]}}
+    if pod_labels:
+        peer["podSelector"] = {"matchLabels": dict(pod_labels)}
+    return peer

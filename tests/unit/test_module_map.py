@@ -1,0 +1,47 @@
+"""docs/architecture.md's module map is the newcomer's index of the operator: it must name every module of
+operator/rerank_operator, each under its folder, and nothing that does not exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "operator" / "rerank_operator"
+
+
+def mapped() -> set[str]:
+    """The paths the map names: indentation (two spaces a level) says which folder a name is in."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Module map (operator/rerank_operator)", 1)[1]
+    block = section.split("```", 2)[1]
+    found: set[str] = set()
+    folders: list[str] = []
+    for line in block.splitlines():
+        m = re.match(r"^( *)([\w]+(?:\.py|/))(?:\s|$)", line)
+        if not m:
+            continue
+        depth = len(m.group(1)) // 2
+        del folders[depth:]
+        name = m.group(2)
+        path = "".join(folders) + name
+        if name.endswith("/"):
+            folders.append(name)
+        found.add(path)
+    return found
+
+
+def on_disk() -> set[str]:
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    folders = {str(p.relative_to(PACKAGE)) + "/" for p in PACKAGE.rglob("*") if (p / "__init__.py").is_file()}
+    return modules | folders
+
+
+def test_the_map_names_every_module_and_folder() -> None:
+    missing = on_disk() - mapped()
+    assert not missing, f"add to docs/architecture.md's module map: {sorted(missing)}"
+
+
+def test_the_map_names_nothing_that_is_gone() -> None:
+    stale = mapped() - on_disk()
+    assert not stale, f"docs/architecture.md's module map names what does not exist: {sorted(stale)}"

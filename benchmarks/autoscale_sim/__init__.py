@@ -14,8 +14,8 @@ Model (1 s steps, every controller sees the same world):
   deltas between the two latest successful scrapes, p95 by `exposition.quantile` over the bucket deltas, and holds
   when a scrape failed; baselines read them like an HPA or KEDA through Prometheus: rate() over a 1 m window of the
   15 s scrapes, read 8 s after the scrape (their sync is not aligned with the scrape);
-- decisions take effect after --delay-s (actuation delay); cost is replica-seconds (starting pods included) x price;
-  each row also has late_fraction, the share of all requests served past the SLO or rejected (a violation-second
+- decisions take effect after an actuation delay (the delay10 variant: 10 s); cost is replica-seconds (starting
+  pods included) x price; each row also has late_fraction, the share of all requests served past the SLO or rejected (a violation-second
   counts the seconds, this the requests: a policy must not trade one for the other unseen).
 Baselines (each with a tuning factor that cost-matching sweeps):
 - hpa_util: the project's old baseline, HPA on capped utilization, CPU pool idle (reference only);

@@ -1,6 +1,6 @@
 """``rerank-operator``: the operator process (kopf, standalone, no peering).
 
-Flags follow docs/design-notes.md: ``--namespace NS`` (repeatable) or ``--all-namespaces`` (default),
+Flags (docs/operations.md, "The operator process"): ``--namespace NS`` (repeatable) or ``--all-namespaces`` (default),
 ``--health-port`` (serves ``/healthz``), ``--metrics-port`` (Prometheus ``/metrics``), ``--log-format json|text``.
 The flags become one typed ``settings.Settings``, handed to ``handlers.install``: nothing travels through the
 environment.

@@ -6,25 +6,29 @@ Flags. A ``--flag`` counts only inside code (an inline code span or a fenced blo
   ``exec``; ``python -m module`` and ``python script.py`` name the module or script; a line ending in ``\\`` goes on;
   ``|``, ``&&``, ``||`` and ``;`` start a new command);
 - in an inline span, to the program the span starts with (``rerank-quantize --model ...``), else to the last
-  command the paragraph (a list item, a table row) names before the span: ``rerank-operator``, ``rerank-quantize``,
-  ``rerank-dev-cluster``, ``hack/demo``, a benchmark by its file name (``tei_rerank.py``) or, for a package run as
-  ``python benchmarks/<name>``, by its folder's (``autoscale_sim``), or the possessives "operator's" and
-  "quantizer's"; naming another program (kubectl, helm, mypy, "TEI's", ...) ends the attribution.
+  command its paragraph (a list item; a table row, else its table's header) names before the span:
+  ``rerank-operator``, ``rerank-quantize``, ``rerank-dev-cluster``, ``hack/demo``, a benchmark by its file name
+  (``tei_rerank.py``) or, for a package run as ``python benchmarks/<name>``, by its folder's (``autoscale_sim``), or
+  the possessives "operator's" and "quantizer's"; naming another program (kubectl, helm, mypy, "TEI's", ...) ends
+  the attribution, and so does a command line of an unknown program in a span.
 
 A flag of one of our commands must be one its parser defines. The parsers are the real ones: each command's entry
-point is run with ``ArgumentParser.parse_args`` stopped, which hands back the parser it built. Benchmark scripts are
-read, not run (they edit ``sys.path`` and load the ML stack on import): their flags are their ``add_argument`` calls.
+point is run with ``ArgumentParser.parse_args`` stopped, which hands back the parser it built. Benchmark scripts (and
+``hack/gen_api_docs.py``) are read, not run (they edit ``sys.path`` and load the ML stack on import): their flags are
+their ``add_argument`` calls.
 A flag in an inline span that no command is named for must be a flag of one of ours (so name the program).
 
 Fields. A dotted path in code starting with ``spec.`` or ``status.`` (optionally ``rerankmodel.``/``rerankclass.``
 first, or ``{.`` as in a jsonpath) must exist in the RerankModel or the RerankClass CRD's openAPIV3Schema:
 ``<pool>`` stands for any key, ``[]``/``[...]`` for an array's items, ``{a, b | c}`` for each of a, b and c, ``*``
-and a trailing ``...`` for anything below. A path in an inline span without ``spec.``, whose first segment is a
-top-level field of the RerankModel's spec (``autoscaling.scaleDown.stabilizationSeconds``), must exist below the spec
-or the status of either CRD. Not checked: what reads as Python (a segment with ``_`` or a capital first letter, a
-call ``(``, a file such as ``spec.py``), so write Python names as ``routing.split()`` or routing.py's ``split``; and
-another object's fields written with its kind first (``Deployment.spec.replicas``). Fenced blocks are searched for
-fields only when they are shell (sh, bash, console): jsonpaths such as ``{.status.artifact.id}``.
+and a trailing ``...`` for anything below. Below an object that keeps unknown fields
+(``x-kubernetes-preserve-unknown-fields``: ``status.artifact.recipe``, ``status.autoscaling.signals.gpu``) anything
+goes. A path in an inline span without ``spec.`` whose first segment is a top-level field of the RerankModel's spec
+(``autoscaling.scaleDown.stabilizationSeconds``) must exist below the spec or the status of either CRD. Not checked:
+what reads as Python (a segment with ``_`` or a capital first letter, a call ``(``, a file such as ``spec.py``), so
+write Python names as ``routing.split()`` or routing.py's ``split``; and another object's fields written with its
+kind first (``Deployment.spec.replicas``). Fenced blocks are searched for fields only when they are shell (sh, bash,
+console): jsonpaths such as ``{.status.artifact.id}``.
 """
 
 from __future__ import annotations
@@ -117,13 +121,14 @@ COMMANDS: dict[str, Callable[[], frozenset[str]]] = {
     "hack/demo": entry_point_flags("rerank_devcluster.demo", "main"),
     **{p.name: script_flags(p) for p in sorted(BENCHMARKS.glob("*.py"))},
     **{p.parent.name: script_flags(p.parent) for p in sorted(BENCHMARKS.glob("*/__main__.py"))},
+    "gen_api_docs.py": script_flags(REPO_ROOT / "hack" / "gen_api_docs.py"),
 }
 #: Other names of our commands: console-script modules, ``python -m`` modules, possessives in prose.
 ALIASES = {
     "rerank_operator": "rerank-operator", "rerank_operator.main": "rerank-operator", "operator's": "rerank-operator",
     "quantizer_job": "rerank-quantize", "quantizer_job.cli": "rerank-quantize", "quantizer's": "rerank-quantize",
     "rerank_devcluster": "rerank-dev-cluster", "rerank_devcluster.cli": "rerank-dev-cluster",
-    "rerank_devcluster.demo": "hack/demo",
+    "rerank_devcluster.demo": "hack/demo", "hack/gen_api_docs.py": "gen_api_docs.py",
 }
 #: Programs that are not ours: a flag attributed to one of them is not checked.
 OTHER_PROGRAMS = ["kubectl", "helm", "git", "mypy", "ruff", "pytest", "lint-imports", "hack/test", "curl", "docker",
@@ -167,24 +172,31 @@ INLINE = re.compile(r"(`+)(.+?)\1", re.S)
 FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
 
 
-def paragraphs(lines: list[str]) -> Iterator[tuple[int, str]]:
-    """(first line number, text) of each paragraph outside fences; list items, table rows and headings stand alone."""
-    start, body = 0, list[str]()
+def paragraphs(lines: list[str]) -> Iterator[tuple[int, str, str]]:
+    """(first line number, context, text) of each paragraph outside fences. List items, headings and table rows stand
+    alone; a table row's context is its table's header row (a row names its command, else the header does)."""
+    start, body, header = 0, list[str](), None
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
         alone = stripped.startswith(("|", "#", "- ", "* ", "> ")) or re.match(r"\d+\. ", stripped) is not None
         if body and (not stripped or alone):
-            yield start, "\n".join(body)
+            yield start, "", "\n".join(body)
             body = []
-        if stripped:
+        if stripped.startswith("|"):
+            header = stripped if header is None else header
+            yield number, header if header != stripped else "", line
+        elif stripped:
+            header = None
             if not body:
                 start = number
             body.append(line)
-            if stripped.startswith(("|", "#")):
-                yield start, "\n".join(body)
+            if stripped.startswith("#"):
+                yield start, "", "\n".join(body)
                 body = []
+        else:
+            header = None
     if body:
-        yield start, "\n".join(body)
+        yield start, "", "\n".join(body)
 
 
 def code_in(text: str) -> Iterator[Code]:
@@ -205,8 +217,8 @@ def code_in(text: str) -> Iterator[Code]:
             prose.append("")
         else:
             prose.append(line)
-    spans = [Code(first + para.count("\n", 0, span.start(2)), span.group(2), None, para[:span.start()])
-             for first, para in paragraphs(prose) for span in INLINE.finditer(para)]
+    spans = [Code(first + para.count("\n", 0, span.start(2)), span.group(2), None, f"{context}\n{para[:span.start()]}")
+             for first, context, para in paragraphs(prose) for span in INLINE.finditer(para)]
     yield from sorted([*blocks, *spans], key=lambda c: c.line)
 
 
@@ -450,6 +462,11 @@ Fields: `spec.autoscaling.intervalSeconds`, `spec.autoscaling.intervalSecond`, `
 ```sh
 kubectl get rrm x -o jsonpath='{.status.artifact.id}{.status.artifact.size}'
 ```
+
+| `rerank-operator` flag | note |
+|---|---|
+| `--verbose` | exists |
+| `--loud` | does not; `helm --loud` is helm's |
 """
 
 
@@ -457,7 +474,7 @@ def test_a_wrong_flag_or_field_is_reported() -> None:
     flags = flag_problems(Path("example.md"), EXAMPLE)
     assert [p.split(" is ")[0] for p in flags] == [
         "example.md:1: --no-such-flag", "example.md:4: --quantum-leap", "example.md:7: --bogus",
-        "example.md:10: --made-up", "example.md:10: --turbo"], flags
+        "example.md:10: --made-up", "example.md:10: --turbo", "example.md:25: --loud"], flags
     assert "name the command" in flags[3]
     fields = field_problems(Path("example.md"), EXAMPLE)
     assert [p.split(" is no field")[0] for p in fields] == [

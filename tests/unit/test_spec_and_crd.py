@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -100,7 +101,7 @@ def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
     ("storage.reclaimPolicy", "Retain"), ("routing.policy", "gpu-first"),
 ])
 def test_agreed_defaults(path: str, expected: Any) -> None:
-    """The defaults listed in docs/design-notes.md and the brief, read from an empty spec after defaulting."""
+    """The defaults listed in docs/reconcile.md and the brief, read from an empty spec after defaulting."""
     value: Any = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
     for key in path.split("."):
         value = value[key]
@@ -131,7 +132,8 @@ def test_built_in_defaults_apply_when_neither_model_nor_class_sets_them() -> Non
     assert (parsed.cpu.min_replicas, parsed.cpu.max_replicas, parsed.gpu.max_replicas) == (1, 4, 2)
     assert parsed.cpu.resources == specs.DEFAULT_CPU_RESOURCES
     assert parsed.quantization.image == specs.QUANTIZER_IMAGE
-    assert (parsed.quantization.mode, parsed.quantization.target, parsed.quantization.recipe) == ("dynamic", "auto", "auto")
+    q = parsed.quantization
+    assert (q.mode, q.target, q.recipe) == ("dynamic", "auto", "auto")
     assert parsed.quantization.quality_gate == specs.QualityGate(0.99, 0.9, 3)
 
 
@@ -145,7 +147,8 @@ def test_absent_gpu_pool_is_disabled_and_cpu_pool_is_enabled() -> None:
     ({"model": {"id": "a/b", "path": "x"}}, "exactly one of id or path"),
     ({"model": {"id": "a/b"}, "pools": {"cpu": {"enabled": False}}}, "no pool"),
     ({"model": {"id": "a/b"}, "quantization": {"evaluationData": {}}}, None),
-    ({"model": {"id": "a/b"}, "quantization": {"evaluationData": {"path": "x", "configMapRef": {"name": "c", "key": "k"}}}},
+    ({"model": {"id": "a/b"},
+      "quantization": {"evaluationData": {"path": "x", "configMapRef": {"name": "c", "key": "k"}}}},
      "exactly one of configMapRef or path"),
 ])
 def test_parse_refuses_what_the_crd_refuses(spec: dict[str, Any], fragment: str | None) -> None:

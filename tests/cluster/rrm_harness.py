@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -62,8 +63,8 @@ def operator_identity(cluster: Cluster, crds_installed: list[str]) -> Identity:
     _kubectl_apply(cluster, [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": OPERATOR_SA, "namespace": OPERATOR_NS}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "rerank-operator-test"},
-         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "rerank-operator-test"}, "rules": rules},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
          "metadata": {"name": "rerank-operator-test"},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rerank-operator-test"},
@@ -100,7 +101,7 @@ class OperatorProcess:
     # How the operator is started; test_autoscaling.py uses scrape_redirect.py, which runs the same main().
     launcher: list[str] = field(default_factory=lambda: ["-m", "rerank_operator.main"])
 
-    def start(self) -> "OperatorProcess":
+    def start(self) -> OperatorProcess:
         self.metrics_port, self.health_port = free_port(), free_port()
         self.starts += 1
         self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
@@ -300,7 +301,8 @@ class Env:
 
     def running_quantizer(self, artifact_id: str | None = None) -> dict[str, Any]:
         """The one quantizer pod still running (for ``artifact_id`` if given), once it is Running."""
-        selector = "app.kubernetes.io/component=quantizer" + (f",rerank.io/artifact={artifact_id}" if artifact_id else "")
+        selector = "app.kubernetes.io/component=quantizer" + (
+            f",rerank.io/artifact={artifact_id}" if artifact_id else "")
 
         def find() -> Any:
             running = [p for p in self.kube.pods(self.namespace, selector) if p["status"].get("phase") == "Running"]
@@ -365,5 +367,6 @@ def cleanup(env: Env, namespaces: list[str]) -> None:
     if env.operator.proc is None or env.operator.proc.poll() is not None:
         env.operator.start()
     for ns in namespaces:
-        env.cluster.kubectl_run("delete", "rerankmodels", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
+        env.cluster.kubectl_run("delete", "rerankmodels", "--all", "-n", ns, "--wait=true", "--timeout=60s",
+                                check=False)
     env.operator.stop()

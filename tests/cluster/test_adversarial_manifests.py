@@ -21,9 +21,10 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -125,7 +126,8 @@ INVALID: list[Case] = [
     Case("dtype on the gpu pool", args("gpu", "--dtype=float32"), "flag --dtype is not allowed"),
     Case("telemetry endpoint", args("cpu", "--otlp-endpoint=http://10.0.0.1:4317"),
          "flag --otlp-endpoint is not allowed"),
-    Case("hub cache path", args("cpu", "--huggingface-hub-cache=/models"), "flag --huggingface-hub-cache is not allowed"),
+    Case("hub cache path", args("cpu", "--huggingface-hub-cache=/models"),
+         "flag --huggingface-hub-cache is not allowed"),
     Case("auto-truncate twice", args("cpu", "--auto-truncate"), "flag --auto-truncate is not allowed"),
     Case("workers zero", args("cpu", "--tokenization-workers=0"), "--tokenization-workers=0 has an invalid value"),
     Case("workers as two arguments", args("cpu", "--tokenization-workers", "4"),
@@ -139,9 +141,11 @@ INVALID: list[Case] = [
     # -- 3. strings that reach a command line or a path ------------------------------------------------------------
     Case("revision --help", at("model.revision", "--help"), "model.revision --help must start with a letter or digit"),
     Case("revision -rf", at("model.revision", "-rf"), "model.revision -rf must start with a letter or digit"),
-    Case("revision with ..", at("model.revision", "main/../../etc"), "model.revision main/../../etc must not contain '..'"),
+    Case("revision with ..", at("model.revision", "main/../../etc"),
+         "model.revision main/../../etc must not contain '..'"),
     Case("revision with //", at("model.revision", "refs//pr/2"), "model.revision refs//pr/2 must not contain"),
-    Case("revision ending in /", at("model.revision", "v1/"), "model.revision v1/ must not contain '..' or '//' nor end"),
+    Case("revision ending in /", at("model.revision", "v1/"),
+         "model.revision v1/ must not contain '..' or '//' nor end"),
     Case("revision with a space", at("model.revision", "main branch"), "model.revision main branch must start"),
     Case("hub id with ..", at("model.id", "org/../secret"), "model.id org/../secret must not contain '..' or '--'"),
     Case("hub id with --", at("model.id", "org/na--me"), "model.id org/na--me must not contain '..' or '--'"),
@@ -173,7 +177,8 @@ INVALID: list[Case] = [
          "quantization.resources.requests[cpu]: Forbidden: -1 is negative"),
     Case("request above limit", cpu_resources(requests={"memory": "16Gi"}, limits={"memory": "8Gi"}),
          "pools.cpu.resources.requests: Forbidden: a request must not be above its limit"),
-    Case("quantizer request above limit", at("quantization.resources", {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}),
+    Case("quantizer request above limit",
+         at("quantization.resources", {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}),
          "quantization.resources.requests: Forbidden: a request must not be above its limit"),
     Case("gpu requested without limit", cpu_resources(requests={"nvidia.com/gpu": 1}), "cannot be overcommitted"),
     Case("gpu request unlike its limit", at("pools.gpu.resources", {"requests": {"nvidia.com/gpu": 2},
@@ -203,8 +208,8 @@ INVALID: list[Case] = [
          "timeBudgetSeconds must be below quantization.activeDeadlineSeconds"),
     Case("arbitrary affinity content", affinity({"nodeAffinity": {"evil": True}}),
          'unknown field "spec.pools.cpu.affinity.nodeAffinity.evil"', parse=False),
-    Case("arbitrary affinity kind", affinity({"hostAffinity": {}}), 'unknown field "spec.pools.cpu.affinity.hostAffinity"',
-         parse=False),
+    Case("arbitrary affinity kind", affinity({"hostAffinity": {}}),
+         'unknown field "spec.pools.cpu.affinity.hostAffinity"', parse=False),
     Case("affinity In without values", affinity(term(key="zone", operator="In")),
          "operators In and NotIn need at least one value", parse=False),
     Case("affinity Gt with text", affinity(term(key="cores", operator="Gt", values=["many"])),
@@ -319,7 +324,8 @@ def plain_ns(cluster: Cluster, crds_installed: list[str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def policed_ns(cluster: Cluster, kube: client.ApiClient, crds_installed: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+def policed_ns(cluster: Cluster, kube: client.ApiClient,
+               crds_installed: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     """A namespace under the shipped policy (its binding narrowed to this namespace), with the chart's default class
     (``defaultClass.spec: {}``) and a class allowing only the direct metrics source. Yields the namespace and the
     classes as stored (with their CRD defaults)."""
@@ -337,7 +343,8 @@ def policed_ns(cluster: Cluster, kube: client.ApiClient, crds_installed: list[st
     docs = [*classes, policy, binding]
     cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(docs))
     api = client.CustomObjectsApi(kube)
-    stored = {c["metadata"]["name"]: api.get_cluster_custom_object(GROUP, VERSION, "rerankclasses", c["metadata"]["name"])
+    stored = {c["metadata"]["name"]:
+              api.get_cluster_custom_object(GROUP, VERSION, "rerankclasses", c["metadata"]["name"])
               for c in classes}
     probe = body_of(at("pools.cpu.maxReplicas", 99))
     eventually(lambda: (m := dry_run_create(kube, ns, probe)) is not None and "RerankClass" in m,

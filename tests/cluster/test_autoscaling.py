@@ -11,17 +11,19 @@ and queues that grow when a pool is short of replicas and fall when the operator
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, operator_identity, static_pv  # noqa: F401
+from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, static_pv
 
 from rerank_devcluster.waiting import eventually
 
@@ -60,7 +62,7 @@ class Histogram:
 
     def render(self, name: str) -> list[str]:
         lines = [f"# TYPE {name} histogram"]
-        lines += [f'{name}_bucket{{le="{le}"}} {n}' for le, n in zip(BUCKETS, self.buckets)]
+        lines += [f'{name}_bucket{{le="{le}"}} {n}' for le, n in zip(BUCKETS, self.buckets, strict=True)]
         lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
         return lines
 
@@ -68,14 +70,14 @@ class Histogram:
 class FakePod:
     """One TEI pod's /metrics, fed by the fleet's model; ``up`` False answers 503 (the endpoint is down)."""
 
-    def __init__(self, pool: str, fleet: "Fleet") -> None:
+    def __init__(self, pool: str, fleet: Fleet) -> None:
         self.pool = pool
         self.requests = self.success = self.failure = self.backlog = 0.0
         self.duration, self.queue_duration = Histogram(), Histogram()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's API
+            def do_GET(self) -> None:  # the name is http.server's API
                 if not fleet.up:
                     self.send_error(503)
                     return
@@ -178,10 +180,8 @@ class Fleet:
         while not self._stop.wait(0.2):
             now = time.monotonic()
             if now - refreshed >= 1.0:
-                try:
+                with contextlib.suppress(Exception):  # a failed read: keep the last view
                     self._refresh()
-                except Exception:  # noqa: BLE001 - a failed read: keep the last view
-                    pass
                 refreshed = now
             with self.lock:
                 dt, last = now - last, now
@@ -198,7 +198,7 @@ class Fleet:
 
 
 @pytest.fixture
-def scaled(cluster: Any, kube: client.ApiClient, namespace: str, operator_identity: Any,  # noqa: F811
+def scaled(cluster: Any, kube: client.ApiClient, namespace: str, operator_identity: Any,
            tmp_path: Path) -> Iterator[tuple[Env, Path]]:
     """An operator whose scraper reads pod addresses from a file the test's fleet keeps up to date."""
     static_pv(cluster, f"pv-{namespace}", namespace)

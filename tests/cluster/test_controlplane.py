@@ -67,7 +67,8 @@ def test_job_reaches_complete(cluster: Cluster, kube: client.ApiClient, namespac
     eventually(complete, what="Job Complete")
 
 
-def test_held_quantizer_pod_finishes_with_termination_message(cluster: Cluster, kube: client.ApiClient, namespace: str) -> None:
+def test_held_quantizer_pod_finishes_with_termination_message(cluster: Cluster, kube: client.ApiClient,
+                                                               namespace: str) -> None:
     """Quantizer pods stay Running until finished like a real container; the Job then fails or completes."""
     batch, core = client.BatchV1Api(kube), client.CoreV1Api(kube)
     labels = {"app.kubernetes.io/component": "quantizer"}
@@ -76,8 +77,12 @@ def test_held_quantizer_pod_finishes_with_termination_message(cluster: Cluster, 
         "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {
             "restartPolicy": "Never", "containers": [{"name": "q", "image": "quantizer:dev"}]}}},
     })
-    pod = eventually(lambda: next((p for p in core.list_namespaced_pod(namespace, label_selector="job-name=quantize").items
-                                   if p.status.phase == "Running"), None), what="quantizer pod Running")
+
+    def running() -> Any:
+        pods = core.list_namespaced_pod(namespace, label_selector="job-name=quantize").items
+        return next((p for p in pods if p.status.phase == "Running"), None)
+
+    pod = eventually(running, what="quantizer pod Running")
     time.sleep(2)  # kwok must leave it Running
     assert core.read_namespaced_pod(pod.metadata.name, namespace).status.phase == "Running"
 

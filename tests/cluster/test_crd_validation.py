@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -20,8 +21,10 @@ GPU = {"limits": {"nvidia.com/gpu": 1}}
 VALID: dict[str, Any] = {
     "apiVersion": "rerank.io/v1alpha1", "kind": "RerankModel", "metadata": {"name": "bge-m3"},
     "spec": {
-        "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6", "tokenSecretRef": {"name": "hf", "key": "token"}},
-        "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 8}, "gpu": {"minReplicas": 1, "maxReplicas": 2, "resources": GPU}},
+        "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6",
+                  "tokenSecretRef": {"name": "hf", "key": "token"}},
+        "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 8},
+                  "gpu": {"minReplicas": 1, "maxReplicas": 2, "resources": GPU}},
     },
 }
 
@@ -76,11 +79,13 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
                                "routing.weights is required with policy fixed and not allowed with other policies"),
     "fixed without weights": (spec(routing={"policy": "fixed"}),
                               "routing.weights is required with policy fixed and not allowed with other policies"),
-    "gpu weight without gpu pool": (spec(pools={"cpu": {}}, routing={"policy": "fixed", "weights": {"gpu": 50, "cpu": 50}}),
+    "gpu weight without gpu pool": (spec(pools={"cpu": {}},
+                                         routing={"policy": "fixed", "weights": {"gpu": 50, "cpu": 50}}),
                                     "routing.weights.gpu is above 0 but pools.gpu is not enabled"),
     "gpu-only without gpu pool": (spec(pools={"cpu": {}}, routing={"policy": "gpu-only"}),
                                   "routing.policy gpu-only needs pools.gpu enabled"),
-    "unknown policy": (spec(routing={"policy": "round-robin"}), "policy round-robin is not supported: use one of gpu-first"),
+    "unknown policy": (spec(routing={"policy": "round-robin"}),
+                       "policy round-robin is not supported: use one of gpu-first"),
     "existing claim and size": (spec(storage={"existingClaim": "c", "size": "10Gi"}),
                                 "storage.existingClaim cannot be combined with size"),
     "deleting a claim we did not create": (spec(storage={"existingClaim": "c", "reclaimPolicy": "Delete"}),
@@ -91,7 +96,8 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "calibration with dynamic": (spec(quantization={"calibrationData": {"configMapRef": {"name": "c", "key": "k"}}}),
                                  "quantization.calibrationData is only used by mode static"),
     "evaluation data twice": (spec(quantization={"evaluationData": {"configMapRef": {"name": "c", "key": "k"},
-                                                                    "path": "e.jsonl"}}, storage={"existingClaim": "c"}),
+                                                                    "path": "e.jsonl"}},
+                                   storage={"existingClaim": "c"}),
                               "quantization.evaluationData needs exactly one of configMapRef or path"),
     "unknown target isa": (spec(quantization={"target": "avx9"}), "target avx9 is not supported: use one of auto"),
     "too many retries": (spec(quantization={"backoffLimit": 50}), "spec.quantization.backoffLimit"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rrm_harness import Env, eventually, operator_identity, refused, rrm_env  # noqa: F401  (fixtures)
+from rrm_harness import Env, eventually, refused
 
 pytestmark = pytest.mark.cluster
 

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from rrm_harness import Env, audit_now, eventually, operator_identity, rrm_env  # noqa: F401  (fixtures)
+from rrm_harness import Env, audit_now, eventually
 
 from quantizer_job import contract
 
@@ -80,7 +80,8 @@ def test_full_lifecycle_and_idle_reconcile_makes_no_writes(rrm_env: Env) -> None
 
     printed = env.cluster.kubectl_run("get", "rrm", "bge-m3", "-n", ns).stdout.split("\n")
     assert printed[0].split() == ["NAME", "READY", "PHASE", "MODEL", "CPU", "GPU", "GPU%", "AGE"]
-    assert printed[1].split()[:7] == ["bge-m3", "True", "Ready", "BAAI/bge-reranker-v2-m3@953dc6f6f85a", "1", "1", "100"]
+    assert printed[1].split()[:7] == ["bge-m3", "True", "Ready", "BAAI/bge-reranker-v2-m3@953dc6f6f85a",
+                                      "1", "1", "100"]
     events = json.loads(env.cluster.kubectl_run("get", "events", "-n", ns, "-o", "json",
                                                 "--field-selector", "involvedObject.name=bge-m3").stdout)["items"]
     assert {"QuantizationStarted", "ArtifactPublished", "Ready"} <= {e["reason"] for e in events}

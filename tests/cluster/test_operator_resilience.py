@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
-from rrm_harness import (  # noqa: F401
+from rrm_harness import (
     Env,
     Identity,
     Kube,
     OperatorProcess,
     cleanup,
     eventually,
-    operator_identity,
     published,
-    rrm_env,
     static_pv,
 )
 
@@ -55,7 +53,8 @@ def test_deletion_garbage_collects_children_honouring_reclaim_policy(rrm_env: En
     env.kube.delete_model(ns, "bge-m3")
     eventually(lambda: env.kube.model(ns, "bge-m3") is None, 30, "the RerankModel to go (kopf's finalizer)")
     children = [("Deployment", "bge-m3-cpu"), ("Deployment", "bge-m3-gpu"), ("Service", "bge-m3"),
-                ("Service", "bge-m3-cpu"), ("Job", env.kube.jobs(ns)[0]["metadata"]["name"] if env.kube.jobs(ns) else "x")]
+                ("Service", "bge-m3-cpu"),
+                ("Job", env.kube.jobs(ns)[0]["metadata"]["name"] if env.kube.jobs(ns) else "x")]
     eventually(lambda: not any(env.kube.exists(k, ns, n) for k, n in children), 60, "garbage collection")
     time.sleep(2)
     assert env.kube.exists("PersistentVolumeClaim", ns, "bge-m3-models") is claim_survives
@@ -137,7 +136,8 @@ def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(r
     env.operator.kill()
     env.cluster.finish_pod(ns, first["metadata"]["name"], 0, published(artifact_id))
     eventually(lambda: any(c["type"] == "Complete" and c["status"] == "True"
-                           for c in (env.kube.jobs(ns)[0]["status"].get("conditions") or [])), 60, "the Job to complete")
+                           for c in (env.kube.jobs(ns)[0]["status"].get("conditions") or [])),
+               60, "the Job to complete")
     env.cluster.kubectl_run("delete", "pod", "-n", ns, first["metadata"]["name"], "--grace-period=0", "--force")
     eventually(lambda: not env.kube.pods(ns, "app.kubernetes.io/component=quantizer"), 30, "the pod to be gone")
     env.operator.start()
@@ -149,8 +149,9 @@ def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(r
     assert container["args"] == first_job["spec"]["template"]["spec"]["containers"][0]["args"]
     cond = env.kube.condition(ns, "bge-m3", "ModelReady")
     assert (cond["status"], cond["reason"]) == ("False", "RecoveringResult"), cond
-    already = contract.JobResult(ok=True, reason="AlreadyPublished", message=f"artifact {artifact_id} already published",
-                                 artifact_id=artifact_id, path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
+    already = contract.JobResult(ok=True, reason="AlreadyPublished",
+                                 message=f"artifact {artifact_id} already published", artifact_id=artifact_id,
+                                 path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
                                  manifest_sha256="cd" * 32, size_bytes=580_123_456,
                                  quality={"spearman": 0.994}, speed={"speedup": 2.88}).to_message()
     env.finish_quantizer(ok=True, message=already, artifact_id=artifact_id)

@@ -17,9 +17,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -40,7 +40,7 @@ class FakeTei:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's API
+            def do_GET(self) -> None:  # the name is http.server's API
                 body = owner.render().encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -105,11 +105,11 @@ def prometheus() -> Iterator[tuple[str, dict[str, FakeTei]]]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp, "prometheus.yml")
         config.write_text(scrape_config(targets))
-        log = Path(tmp, "prometheus.log").open("w")
-        process = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT)
+        with Path(tmp, "prometheus.log").open("w") as log:  # the child keeps its own copy of the file
+            process = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, process, Path(tmp, "prometheus.log"))
@@ -120,7 +120,6 @@ def prometheus() -> Iterator[tuple[str, dict[str, FakeTei]]]:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
-            log.close()
             for pod in pods.values():
                 if pod is not pods["m-cpu-0"]:
                     pod.stop()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -87,7 +88,8 @@ def tenancy_policies(cluster: Cluster, crds_installed: list[str]) -> Iterator[di
     apply(cluster, [rrc(DEFAULT_CLASS, DEFAULT_CLASS_SPEC, default=True), rrc(SECURE_CLASS, SECURE_CLASS_SPEC)])
     apply(cluster, [policy, binding])
     yield policy
-    cluster.kubectl_run("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all([policy, binding]), check=False)
+    cluster.kubectl_run("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all([policy, binding]),
+                        check=False)
     cluster.kubectl_run("delete", "rerankclass", DEFAULT_CLASS, SECURE_CLASS, "--ignore-not-found", check=False)
 
 
@@ -95,7 +97,8 @@ def tenancy_policies(cluster: Cluster, crds_installed: list[str]) -> Iterator[di
 def tenant_ns(cluster: Cluster, kube: client.ApiClient, namespace: str, tenancy_policies: dict[str, Any]) -> str:
     """A namespace under the policy where TENANT holds the built-in ``edit`` role, with the policy in force."""
     cluster.kubectl_run("label", "namespace", namespace, f"{TEST_LABEL}={RUN}")
-    cluster.kubectl_run("create", "rolebinding", "tenant-edit", "--clusterrole=edit", f"--user={TENANT}", "-n", namespace)
+    cluster.kubectl_run("create", "rolebinding", "tenant-edit", "--clusterrole=edit", f"--user={TENANT}",
+                        "-n", namespace)
     admin = client.CustomObjectsApi(kube)
     probe = rrm("probe", {"model": {"id": "BAAI/bge-reranker-base"}, "pools": {"cpu": {"maxReplicas": 99}}})
 
@@ -144,7 +147,8 @@ BEYOND: list[tuple[str, dict[str, Any], str]] = [
      "pools.cpu.image docker.io/evil/tei:1 is not allowed by RerankClass "
      f"{DEFAULT_CLASS}: pools.cpu.images.allowed is [ghcr.io/huggingface/text-embeddings-inference:cpu-*]"),
     ("too-much-cpu", {"pools": {"cpu": {"resources": {"requests": {"cpu": "16"}}}}},
-     f"pools.cpu.resources requests.cpu=16 exceed the limit of RerankClass {DEFAULT_CLASS}: pools.cpu.maxResources is {{"),
+     f"pools.cpu.resources requests.cpu=16 exceed the limit of RerankClass {DEFAULT_CLASS}: "
+     "pools.cpu.maxResources is {"),
     ("gpu-not-allowed", {"pools": {"gpu": {"enabled": True, "resources": {"limits": {"nvidia.com/gpu": 1}}}}},
      f"pools.gpu is enabled but RerankClass {DEFAULT_CLASS} does not allow it (pools.gpu.allowed: false)"),
     ("own-placement", {"pools": {"cpu": {"nodeSelector": {"pool": "gpu"}}}},
@@ -191,8 +195,8 @@ def test_naming_a_class_needs_use_and_then_meets_that_class(cluster: Cluster, te
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}]},
     ])
     # Now the secure class applies (not the default one: any hub organisation is fine), and it wants an API key.
-    message = eventually(lambda: (m := refusal(lambda: create(api, tenant_ns, keyless))) and "may not use" not in m and m,
-                         what="the use grant to take effect")
+    message = eventually(lambda: (m := refusal(lambda: create(api, tenant_ns, keyless))) and "may not use" not in m
+                         and m, what="the use grant to take effect")
     assert (f"pools.cpu.tei.apiKeySecretRef is required by RerankClass {SECURE_CLASS} "
             "(security.requireApiKey: true)") in message
     keyed = rrm("secure", {"className": SECURE_CLASS, "model": {"id": "anyone/reranker"},
@@ -205,7 +209,8 @@ def test_admission_cannot_know_that_a_class_is_missing(kube: client.ApiClient, t
     api = client.CustomObjectsApi(kube)
     create(api, tenant_ns, rrm("orphan", {"className": "no-such-class", "model": {"id": "evil/reranker"}}))
     classes = api.list_cluster_custom_object(GROUP, VERSION, "rerankclasses")["items"]
-    assert tenancy.class_not_found("no-such-class", classes) == "RerankClass no-such-class (spec.className) does not exist"
+    assert (tenancy.class_not_found("no-such-class", classes)
+            == "RerankClass no-such-class (spec.className) does not exist")
 
 
 def test_tightened_class_blocks_spec_changes_but_not_metadata_or_deletion(cluster: Cluster, kube: client.ApiClient,
@@ -238,8 +243,10 @@ def test_tightened_class_blocks_spec_changes_but_not_metadata_or_deletion(cluste
 @pytest.mark.parametrize(("spec", "expected"), [
     ({"pools": {"cpu": {"images": {"default": "evil/tei:1"}}}}, "images.default must be matched by images.allowed"),
     ({"pools": {"cpu": {"maxReplicas": 2}}}, "defaultMaxReplicas must be less than or equal to maxReplicas"),
-    ({"pools": {"cpu": {"maxResources": {"cpu": "1"}}}}, "every resource profile's requests must be named in maxResources"),
-    ({"pools": {"cpu": {"defaultResourceProfile": "huge"}}}, "defaultResourceProfile must name one of resourceProfiles"),
+    ({"pools": {"cpu": {"maxResources": {"cpu": "1"}}}},
+     "every resource profile's requests must be named in maxResources"),
+    ({"pools": {"cpu": {"defaultResourceProfile": "huge"}}},
+     "defaultResourceProfile must name one of resourceProfiles"),
     ({"storage": {"maxSize": "10Gi"}}, "storage.defaultSize must not be above storage.maxSize"),
     ({"quantization": {"minimumQualityGate": {"minSpearman": 0.999}}},
      "quantization.defaults.qualityGate.minSpearman must not be below minimumQualityGate.minSpearman"),
@@ -314,10 +321,12 @@ def test_quota_blocks_are_detected_from_real_objects(kube: client.ApiClient, nam
     labels = {"app": "tei"}
     container = {"name": "tei", "image": "tei:1"}
     apps.create_namespaced_deployment(namespace, {
-        "metadata": {"name": "m-cpu"}, "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                                               "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}}})
+        "metadata": {"name": "m-cpu"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}}})
     batch.create_namespaced_job(namespace, {
-        "metadata": {"name": "m-q-1"}, "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}}})
+        "metadata": {"name": "m-q-1"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}}})
     with pytest.raises(ApiException) as err:
         core.create_namespaced_persistent_volume_claim(namespace, {
             "metadata": {"name": "m-models"},
@@ -339,4 +348,5 @@ def test_quota_blocks_are_detected_from_real_objects(kube: client.ApiClient, nam
     found = eventually(blocked_job, what="the Job's FailedCreate event")
     assert found.blocked == "Job/m-q-1" and "exceeded quota: tight" in found.message, found
     found = tenancy.quota_blocked(api_errors={"PersistentVolumeClaim/m-models": pvc_error})
-    assert found is not None and found.message.startswith("PersistentVolumeClaim/m-models: exceeded quota: tight"), found
+    assert found is not None and found.message.startswith(
+        "PersistentVolumeClaim/m-models: exceeded quota: tight"), found

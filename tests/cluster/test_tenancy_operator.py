@@ -8,13 +8,15 @@ not installed. Every class is named per test and deleted afterwards (classes are
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rrm_harness import Env, audit_now, eventually, operator_identity, rrm_env  # noqa: F401  (fixtures)
+from rrm_harness import Env, audit_now, eventually
 
 pytestmark = pytest.mark.cluster
 
@@ -39,10 +41,8 @@ def rclass(rrm_env: Env) -> Iterator[Callable[..., str]]:
 
     yield make
     for name in made:
-        try:
+        with contextlib.suppress(ApiException):
             api.delete_cluster_custom_object(GROUP, VERSION, "rerankclasses", name)
-        except ApiException:
-            pass
 
 
 def patch_class(env: Env, name: str, spec: dict[str, Any]) -> None:
@@ -71,8 +71,9 @@ def test_model_within_its_class_gets_its_defaults_and_a_class_change_rolls_it(rr
     env, ns = rrm_env, rrm_env.namespace
     name = rclass({
         "pools": {"cpu": {"images": {"default": IMAGE_A, "allowed": ["registry.example.com/tei:*"]},
-                          "resourceProfiles": [{"name": "small", "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
-                                                                               "limits": {"memory": "4Gi"}}}],
+                          "resourceProfiles": [{"name": "small",
+                                                "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
+                                                              "limits": {"memory": "4Gi"}}}],
                           "defaultResourceProfile": "small"}},
         "quantization": {"defaults": {"qualityGate": {"minSpearman": 0.995}}},
         "network": {"allowedNamespaces": ["search"]},
@@ -154,7 +155,8 @@ def test_a_quota_blocking_the_pools_is_reported(rrm_env: Env, rclass: Callable[.
     cond = env.kube.wait_condition(ns, "bge-m3", "PoolsAvailable", "False", "QuotaExceeded")
     assert cond["message"].startswith("ReplicaSet/bge-m3-cpu-") and "exceeded quota: compute" in cond["message"], cond
     ready = env.kube.condition(ns, "bge-m3", "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "QuotaExceeded") and "limited: requests.cpu=1" in ready["message"]
+    assert ((ready["status"], ready["reason"]) == ("False", "QuotaExceeded")
+            and "limited: requests.cpu=1" in ready["message"])
 
 
 def test_a_quota_refusing_the_claim_is_reported(rrm_env: Env, rclass: Callable[..., str]) -> None:

@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.quantizer]
 
 
 def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "rerank_devcluster.demo", "--workdir", str(tmp_path), "--timeout", "600"],
+    done = subprocess.run([sys.executable, "-m", "rerank_devcluster.demo", "--workdir", str(tmp_path),
+                           "--timeout", "600"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "Ready=True(Serving)" in done.stdout

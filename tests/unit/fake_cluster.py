@@ -1,6 +1,7 @@
-"""The one fake of ``rerank_operator.adapters.cluster.ClusterAccess``, shared by the unit tests of both loops (reconcile and the
-autoscaler): the model as stored (status patches and annotations merged in), its children in a ``FakeWorld`` that
-runs plans the way the API server would, and, for the autoscaler, the pools' view. It records what was written."""
+"""The one fake of ``rerank_operator.adapters.cluster.ClusterAccess``, shared by the unit tests of both loops
+(reconcile and the autoscaler): the model as stored (status patches and annotations merged in), its children in a
+``FakeWorld`` that runs plans the way the API server would, and, for the autoscaler, the pools' view. It records what
+was written."""
 
 from __future__ import annotations
 

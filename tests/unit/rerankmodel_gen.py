@@ -9,7 +9,8 @@ manifest, adding defaults and a status), so tests can check that a second plan o
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from quantizer_job import contract
 from rerank_operator.core import names
@@ -119,7 +120,8 @@ def job_pod(job: dict[str, Any], exit_code: int, message: str, created: str = "2
 def finish(job: dict[str, Any], ok: bool) -> dict[str, Any]:
     done = copy.deepcopy(job)
     kind = "Complete" if ok else "Failed"
-    done["status"] = {"conditions": [{"type": kind, "status": "True", "reason": "BackoffLimitExceeded" if not ok else ""}],
+    done["status"] = {"conditions": [{"type": kind, "status": "True",
+                                      "reason": "BackoffLimitExceeded" if not ok else ""}],
                       "succeeded" if ok else "failed": 1}
     return done
 

@@ -1,4 +1,5 @@
-"""The autoscaler's shell (controllers/autoscale_loop.py) against a fake API: what it writes, when, and what it leaves alone."""
+"""The autoscaler's shell (controllers/autoscale_loop.py) against a fake API: what it writes, when, and what it leaves
+alone."""
 
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def test_first_tick_primes_then_records_a_decision_once_and_steady_load_writes_n
     assert len(fake.patches) == 1
     st = fake.body["status"]
     decision = st["autoscaling"]["lastDecision"]
-    assert (decision["gpuReplicas"], decision["cpuReplicas"], decision["gpuPercent"], decision["held"]) == (1, 1, 100, False)
+    assert (decision["gpuReplicas"], decision["cpuReplicas"], decision["gpuPercent"],
+            decision["held"]) == (1, 1, 100, False)
     assert st["autoscaling"]["fresh"] is True and st["autoscaling"]["signals"]["gpu"]["requestRate"] > 0
     conds = {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
     assert conds == {"MetricsAvailable": ("True", "MetricsFresh"), "TrafficEnforced": ("True", "HTTPRoute")}
@@ -117,7 +119,8 @@ def test_lost_metrics_hold_and_say_so_once() -> None:
     st = fake.body["status"]
     assert len(fake.patches) == 2  # one decision, then one hold: not one write per tick
     assert st["autoscaling"]["lastDecision"]["held"] is True and st["autoscaling"]["fresh"] is False
-    assert (st["autoscaling"]["lastDecision"]["gpuReplicas"], st["autoscaling"]["lastDecision"]["cpuReplicas"]) == (1, 1)
+    last = st["autoscaling"]["lastDecision"]
+    assert (last["gpuReplicas"], last["cpuReplicas"]) == (1, 1)
     cond = next(c for c in st["conditions"] if c["type"] == "MetricsAvailable")
     assert (cond["status"], cond["reason"]) == ("False", "MetricsStale") and "connection refused" in cond["message"]
 
@@ -130,7 +133,8 @@ def test_without_gateway_the_split_is_not_enforced_and_external_replicas_are_not
     st = fake.body["status"]
     cond = next(c for c in st["conditions"] if c["type"] == "TrafficEnforced")
     assert (cond["status"], cond["reason"]) == ("False", "NoGateway") and "still scaled" in cond["message"]
-    assert "gpuReplicas" not in st["autoscaling"]["lastDecision"] and st["autoscaling"]["lastDecision"]["gpuPercent"] == 100
+    last = st["autoscaling"]["lastDecision"]
+    assert "gpuReplicas" not in last and last["gpuPercent"] == 100
 
 
 def test_gpu_pool_lost_records_the_shift_the_reconcile_loop_already_made() -> None:

@@ -12,7 +12,8 @@ from rerank_operator.core.conditions import Condition
 
 DESIRED = drift.stamp({
     "apiVersion": "apps/v1", "kind": "Deployment",
-    "metadata": {"name": "m-cpu", "namespace": "ns", "labels": {"a": "1"}, "ownerReferences": [{"uid": "u1", "name": "m"}]},
+    "metadata": {"name": "m-cpu", "namespace": "ns", "labels": {"a": "1"},
+                 "ownerReferences": [{"uid": "u1", "name": "m"}]},
     "spec": {"replicas": 2, "template": {"spec": {"containers": [{
         "name": "tei", "args": ["--port", "8080"], "ports": [{"name": "http", "containerPort": 8080}],
         "resources": {"requests": {"cpu": "0.5", "memory": "4Gi"}, "limits": {"memory": 8 * 2**30}}}]}}},

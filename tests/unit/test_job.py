@@ -59,7 +59,8 @@ def test_args_round_trip_through_the_quantizers_parser(mods: tuple[Mod, ...], ex
 
 
 def test_config_map_data_is_mounted_where_the_args_point() -> None:
-    manifest, request = build(set_("quantization.evaluationData", {"configMapRef": {"name": "pairs", "key": "e.jsonl"}}))
+    manifest, request = build(set_("quantization.evaluationData",
+                                   {"configMapRef": {"name": "pairs", "key": "e.jsonl"}}))
     assert request.eval_pairs is not None
     mount_dir, file_name = request.eval_pairs.rsplit("/", 1)
     mount = mounts(manifest)[mount_dir]
@@ -84,7 +85,8 @@ def test_volume_token_and_hardening() -> None:
 
 
 def test_job_metadata() -> None:
-    manifest, _ = build(set_("quantization", {"backoffLimit": 4, "activeDeadlineSeconds": 900, "timeBudgetSeconds": 600}), attempt=3)
+    manifest, _ = build(set_("quantization", {"backoffLimit": 4, "activeDeadlineSeconds": 900,
+                                              "timeBudgetSeconds": 600}), attempt=3)
     meta = manifest["metadata"]
     assert manifest["spec"]["backoffLimit"] == 4 and manifest["spec"]["activeDeadlineSeconds"] == 900
     assert meta["ownerReferences"][0]["uid"] == "0b1c-uid" and meta["ownerReferences"][0]["controller"] is True

@@ -13,10 +13,7 @@ BIN = Path(sys.executable).parent
 RUFF_SCOPE = ["operator/rerank_operator", "hack/rerank_devcluster", "hack/gen_api_docs.py", "quantizer_job",
               "benchmarks/autoscale_sim", "benchmarks/ort_profile.py", "benchmarks/quantizer_large.py",
               "benchmarks/quantizer_speed.py", "benchmarks/tei_rerank.py", "benchmarks/trained_fixture.py",
-              "benchmarks/int8_sensitivity.py",
-              "tests/quantizer/test_search.py", "tests/quantizer/test_outliers.py",
-              "tests/unit/test_lint.py",
-              "tests/unit/test_layers.py", "tests/cluster/scrape_redirect.py"]
+              "benchmarks/int8_sensitivity.py", "tests"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:

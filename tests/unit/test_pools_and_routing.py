@@ -80,7 +80,8 @@ def test_replicas_left_out_for_external_management() -> None:
 
 def test_gpu_pool_scheduling_and_resources() -> None:
     dep = build("gpu", set_("pools.gpu.nodeSelector", {"gpu": "h100"}),
-                set_("pools.gpu.tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]))
+                set_("pools.gpu.tolerations",
+                     [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]))
     pod = dep["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu": "h100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert tei(dep)["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -150,5 +151,6 @@ def test_model_service_selects_the_receiving_pools() -> None:
     matches = lambda sel, labels: all(labels.get(k) == v for k, v in sel.items())  # noqa: E731
     assert matches(one, gpu_pod) and not matches(one, cpu_pod)
     assert matches(both, gpu_pod) and matches(both, cpu_pod)
-    quantizer_pod = {names.LABEL_INSTANCE: "bge-m3", names.LABEL_NAME: names.APP_NAME, names.LABEL_COMPONENT: "quantizer"}
+    quantizer_pod = {names.LABEL_INSTANCE: "bge-m3", names.LABEL_NAME: names.APP_NAME,
+                     names.LABEL_COMPONENT: "quantizer"}
     assert not matches(both, quantizer_pod)

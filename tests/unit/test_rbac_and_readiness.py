@@ -62,7 +62,8 @@ def facts(plan: Plan, errors: tuple[str, ...] = (), observed: Observed | None = 
 
 
 def test_first_failing_check_wins() -> None:
-    failed = Plan(artifact=ArtifactDecision("a", None, pending=Pending("a", "j", 1, "Failed", "QualityGateFailed", "m")),
+    failed = Plan(artifact=ArtifactDecision("a", None,
+                                            pending=Pending("a", "j", 1, "Failed", "QualityGateFailed", "m")),
                   traffic=SERVING)
     ready, verdict = readiness.evaluate(facts(failed, errors=("Service x: 403",)))
     assert (ready, verdict.reason) == (False, "ApplyFailed")
@@ -78,7 +79,7 @@ def test_no_artifact_yet_means_awaiting() -> None:
 def test_missing_existing_claim_is_named() -> None:
     spec = spec_of(model(set_("storage", {"existingClaim": "shared"})))
     plan = Plan(artifact=ArtifactDecision("a", {"id": "a"}), pools_deployed=True, traffic=SERVING)
-    ready, verdict = readiness.evaluate(readiness.Facts(spec, Observed(), plan))
+    _ready, verdict = readiness.evaluate(readiness.Facts(spec, Observed(), plan))
     assert verdict.reason == "ClaimNotFound" and "shared" in verdict.message
 
 

@@ -1,6 +1,6 @@
-"""controllers/reconcile_loop.py, the shell of one reconcile, against the shared fake cluster (fake_cluster.py, the same one the
-autoscaler's tests use): what it reads, executes, writes to the status and posts, and that a second run over what the
-first wrote is idle."""
+"""controllers/reconcile_loop.py, the shell of one reconcile, against the shared fake cluster (fake_cluster.py, the same
+one the autoscaler's tests use): what it reads, executes, writes to the status and posts, and that a second run over
+what the first wrote is idle."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ crash a reconcile with an unhelpful traceback instead of an InvalidSpec conditio
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -19,7 +20,8 @@ JSON = st.recursive(
 )
 
 VALID: dict[str, Any] = {
-    "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6", "tokenSecretRef": {"name": "hf", "key": "token"}},
+    "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6",
+              "tokenSecretRef": {"name": "hf", "key": "token"}},
     "quantization": {"qualityGate": {"minSpearman": 0.99}, "resources": {"requests": {"cpu": "2"}}},
     "storage": {"size": "20Gi", "accessModes": ["ReadWriteOnce"]},
     "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4, "tei": {"extraArgs": ["--tokenization-workers=2"]},
@@ -36,10 +38,10 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     found = [prefix] if prefix else []
     if isinstance(node, dict):
         for k, v in node.items():
-            found += _paths(v, prefix + (k,))
+            found += _paths(v, (*prefix, k))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            found += _paths(v, prefix + (i,))
+            found += _paths(v, (*prefix, i))
     return found
 
 
@@ -47,10 +49,8 @@ PATHS = _paths(VALID)
 
 
 def _parses_or_refuses(spec: Any) -> None:
-    try:
+    with contextlib.suppress(specs.SpecError):
         specs.parse(spec)
-    except specs.SpecError:
-        pass
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,6 +8,7 @@ cooldown 15 s).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 from autoscale_helpers import NOW, pool, spec
 from hypothesis import example, given, settings
@@ -279,8 +280,8 @@ def test_learned_steady_signal_never_oscillates(gpu, cpu, gpu_replicas, cpu_repl
         seen.append(current)
     for series in ([c.gpu_replicas for c in seen[1:]], [c.cpu_replicas for c in seen[1:]],
                    [c.cpu_percent for c in seen[1:]]):
-        moves = [b - a for a, b in zip(series, series[1:]) if b != a]
-        assert sum((a > 0) != (b > 0) for a, b in zip(moves, moves[1:])) <= 1, series
+        moves = [b - a for a, b in pairwise(series) if b != a]
+        assert sum((a > 0) != (b > 0) for a, b in pairwise(moves)) <= 1, series
     assert seen[-1] == seen[-2]
 
 
@@ -333,7 +334,7 @@ def test_closed_loop_split_settles_without_swinging(demand, gpu_cap, cpu_cap, gp
         current, history = Current(decision.gpu_replicas, decision.cpu_replicas, decision.cpu_percent), \
             decision.history
         shares.append(decision.cpu_percent)
-    moves = [b - a for a, b in zip(shares, shares[1:]) if b != a]
-    large = sum(1 for a, b in zip(moves, moves[1:]) if (a > 0) != (b > 0) and max(abs(a), abs(b)) > 10)
+    moves = [b - a for a, b in pairwise(shares) if b != a]
+    large = sum(1 for a, b in pairwise(moves) if (a > 0) != (b > 0) and max(abs(a), abs(b)) > 10)
     assert large <= 2, shares
     assert max(shares[-10:]) - min(shares[-10:]) <= 10, shares

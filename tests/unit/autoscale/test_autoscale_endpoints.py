@@ -23,7 +23,7 @@ def test_operator_default_without_a_class_server(class_spec: dict | None) -> Non
 
 
 def test_no_server_anywhere_says_who_must_configure_one() -> None:
-    with pytest.raises(InvalidAutoscalingSpec, match="platform configured no Prometheus server.*--prometheus-url"):
+    with pytest.raises(InvalidAutoscalingSpec, match=r"platform configured no Prometheus server.*--prometheus-url"):
         endpoints.prometheus_for("prometheus", None, PrometheusSettings())
 
 

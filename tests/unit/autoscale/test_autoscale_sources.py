@@ -71,7 +71,7 @@ def test_direct_source_reports_a_pool_whose_pods_do_not_answer():
 
 def test_direct_source_scrapes_real_http_at_the_address_it_is_given():
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's API
+        def do_GET(self) -> None:  # the name is http.server's API
             body = SCRAPES[("b", 2)].encode() if self.path == "/metrics" else b""
             self.send_response(200 if body else 404)
             self.end_headers()

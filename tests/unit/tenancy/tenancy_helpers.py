@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -45,7 +46,8 @@ def at(path: str, value: Any) -> Mod:
     return lambda obj: set_path(obj, path, copy.deepcopy(value))
 
 
-def rclass(*mods: Mod, name: str = "standard", default: bool = False, created: str = "2025-01-01T00:00:00Z") -> dict[str, Any]:
+def rclass(*mods: Mod, name: str = "standard", default: bool = False,
+           created: str = "2025-01-01T00:00:00Z") -> dict[str, Any]:
     """A RerankClass object; ``mods`` edit its spec before the CRD's defaults are applied."""
     spec: dict[str, Any] = {}
     for mod in mods:

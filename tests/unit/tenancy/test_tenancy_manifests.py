@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
 from tenancy_helpers import POLICY, REPO, class_schema

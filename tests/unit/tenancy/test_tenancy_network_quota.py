@@ -75,7 +75,8 @@ def job(name: str, **status: Any) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": status}
 
 
-def event(kind: str, name: str, message: str, when: str = "2025-01-01T00:00:00Z", reason: str = "FailedCreate") -> dict[str, Any]:
+def event(kind: str, name: str, message: str, when: str = "2025-01-01T00:00:00Z",
+          reason: str = "FailedCreate") -> dict[str, Any]:
     return {"involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message, "lastTimestamp": when}
 
 

@@ -53,9 +53,11 @@ def test_a_model_within_the_class_has_no_violations() -> None:
      "model.id evil/model is not from a hub organisation RerankClass standard allows: "
      "modelSources.hubOrganizations is [BAAI, mixedbread-ai]"),
     ((at("model.id", "bert-base-uncased"),), "model.id bert-base-uncased is not from a hub organisation"),
-    ((at("storage.size", "51Gi"),), "storage.size 51Gi is above the limit of RerankClass standard: storage.maxSize is 50Gi"),
+    ((at("storage.size", "51Gi"),),
+     "storage.size 51Gi is above the limit of RerankClass standard: storage.maxSize is 50Gi"),
     ((at("storage.storageClassName", "gold"),),
-     "storage.storageClassName gold is not allowed by RerankClass standard: storage.allowedStorageClassNames is [fast, standard]"),
+     "storage.storageClassName gold is not allowed by RerankClass standard: "
+     "storage.allowedStorageClassNames is [fast, standard]"),
     ((at("storage", {"existingClaim": "data"}),), "storage.existingClaim is not allowed by RerankClass standard"),
     ((at("quantization.qualityGate.minSpearman", 0.9),),
      "quantization.qualityGate.minSpearman 0.9 is below the floor of RerankClass standard: "
@@ -73,7 +75,8 @@ def test_each_limit_is_reported_by_name(mods: tuple[Mod, ...], expected: str) ->
 
 def test_a_local_path_needs_allow_local_paths() -> None:
     spec = {**CLASS, "storage": {**CLASS["storage"], "allowExistingClaim": True}}
-    found = tenancy.violations(effective(at("model", {"path": "uploads/m"}), at("storage.existingClaim", "data")), spec, "standard")
+    found = tenancy.violations(effective(at("model", {"path": "uploads/m"}), at("storage.existingClaim", "data")),
+                               spec, "standard")
     assert found == ["model.path is not allowed by RerankClass standard (modelSources.allowLocalPaths: false): "
                      "use model.id from an allowed hub organisation"]
 

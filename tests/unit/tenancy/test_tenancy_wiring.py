@@ -1,4 +1,5 @@
-"""class_index.py and tenancy/tenant.py: the RerankClass wiring of the reconcile loop (class cache, re-enqueue, effective spec, conditions)."""
+"""class_index.py and tenancy/tenant.py: the RerankClass wiring of the reconcile loop (class cache, re-enqueue,
+effective spec, conditions)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_the_default_class_fills_the_spec_and_the_model_complies() -> None:
     parsed = specs.parse(t.effective)
     assert parsed.cpu.image == "registry.local/tei:cpu-1.9"
     assert parsed.cpu.resources == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
-    assert t.condition() == Condition("ClassCompliant", "True", "Compliant", "within the limits of RerankClass standard")
+    assert t.condition() == Condition("ClassCompliant", "True", "Compliant",
+                                      "within the limits of RerankClass standard")
 
 
 def test_a_class_tightened_after_admission_is_a_violation_but_still_served() -> None:
@@ -154,7 +156,7 @@ def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off(
     assert [(r.kind, r.name) for r in off.delete] == [("NetworkPolicy", "bge-tei")]
 
 
-# -- quotas and status --------------------------------------------------------------------------------------------------
+# -- quotas and status -------------------------------------------------------------------------------------------------
 QUOTA_MESSAGE = ('persistentvolumeclaims "bge-models" is forbidden: exceeded quota: storage, requested: '
                  'requests.storage=20Gi, used: requests.storage=0, limited: requests.storage=1Gi')
 

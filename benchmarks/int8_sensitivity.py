@@ -74,7 +74,7 @@ def main() -> None:
         ref = score(fp32)
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
         cache: Q.GraphCache = {}
-        graph = Q.optimized_for(BASE, fp32, work, heads, hidden, cache)
+        graph = Q.optimized_for(BASE, fp32, work, heads, hidden, cache).path
         by_role = roles(onnx.load(str(graph), load_external_data=False))
         coarse = outliers.measure(graph, outliers.spread(batches, Q.PROBE_BATCHES), threads)
         rows: dict[str, dict[str, Any]] = {}

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
 
 
 def tree_rss(pid: int) -> int:
@@ -51,7 +52,7 @@ def tree_rss(pid: int) -> int:
 
 
 def build_model(d: Path) -> dict:
-    from quantizer_job import devmodels
+    from rerank_devcluster import devmodels
 
     t0 = time.monotonic()
     # initializer_range 0.02 is transformers' default for XLM-R; see devmodels for why tiny models use 0.1.

@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
 
-from quantizer_job import devmodels, evaldata, export, isa, metrics, textenc, verify
+from quantizer_job import evaldata, export, isa, metrics, textenc, verify
 from quantizer_job import quantize as Q
+from rerank_devcluster import devmodels
 
 RECIPES = [
     # The seeds' recipe: optimum AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False).
@@ -71,7 +73,8 @@ def bench_model(name: str, src: Path, work: Path, threads: int, seconds: float, 
 
     variants: dict[str, Path] = {"fp32-ort": fp32}
     quality: dict[str, dict] = {}
-    opt = Q.optimize(fp32, work / "opt" / "model.onnx", 1, int(cfg["num_attention_heads"]), int(cfg["hidden_size"]))
+    opt = Q.optimize(fp32, work / "opt" / "model.onnx", 1, int(cfg["num_attention_heads"]),
+                     int(cfg["hidden_size"])).path
     variants["fp32-ort-fused"] = opt
     ref = verify.score_timed(verify.make_session(fp32, threads), batches, 0).scores
     for r in RECIPES:

@@ -45,8 +45,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
 
-from quantizer_job import devmodels, metrics
+from quantizer_job import metrics
+from rerank_devcluster import devmodels
 
 FIXTURE_VERSION = 2
 CANDIDATES = 15

@@ -41,8 +41,9 @@ EXPORT_CHECK_PAIRS = 6
 #: Share of the time budget the default evaluation set may take for the FP32 reference (see _default_eval_size).
 EVAL_BUDGET_SHARE = 0.04
 MIN_DEFAULT_EVAL_PAIRS = 74
-#: Models whose FP32 ONNX is larger than this skip the offline transformer fusions (memory; see candidates).
-FUSION_MAX_BYTES = int(os.environ.get("RERANK_QUANTIZE_FUSION_MAX_BYTES", str(1 << 30)))
+#: Models whose FP32 ONNX is larger than this skip the offline transformer fusions (memory; see candidates), unless
+#: RERANK_QUANTIZE_FUSION_MAX_BYTES says otherwise (read when the Job runs: :func:`_fusion_max_bytes`).
+DEFAULT_FUSION_MAX_BYTES = 1 << 30
 #: TEI's CPU batch size, used for every measurement.
 BATCH_SIZE = 8
 
@@ -218,7 +219,8 @@ def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[
                            req.operators)
     found = (Q.candidate_recipes(target, req.mode, has_calibration=has_calibration)
              if req.recipe == "auto" else [fixed])
-    if fp32_bytes <= FUSION_MAX_BYTES:
+    limit = _fusion_max_bytes()
+    if fp32_bytes <= limit:
         return found
     # ORT's Python transformer optimizer holds several copies of the weights (10.5 GiB peak on a 2.2 GB
     # XLM-R large); above this size the serving session's own ORT_ENABLE_ALL fusions have to do.
@@ -231,7 +233,7 @@ def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[
             unfused.append(r2)
     if unfused != found:
         log("optimize", "skipped", reason="model too large for the offline fusion pass within the memory budget",
-            fp32_bytes=fp32_bytes, limit_bytes=FUSION_MAX_BYTES)
+            fp32_bytes=fp32_bytes, limit_bytes=limit)
     return unfused
 
 
@@ -246,9 +248,8 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
 
     def evaluate(i: int, recipe: Recipe) -> search.Trial:
         with stage("optimize", ctx.timings, level=recipe.optimization_level, recipe=recipe.name) as rec:
-            opt_path = Q.optimized_for(recipe, fp32, work, heads, hidden, optimized)
-            rec.update(bytes=model_bytes(opt_path),
-                       fusions=getattr(Q.optimize, "last_stats", {}) if recipe.optimization_level else {})
+            graph = Q.optimized_for(recipe, fp32, work, heads, hidden, optimized)
+            rec.update(bytes=model_bytes(graph.path), fusions=graph.fusions)  # empty when level 0
             trim_memory()
         cand_path = work / f"int8-{i}" / "model.onnx"
         with stage("quantize", ctx.timings, recipe=recipe.to_dict()) as rec:
@@ -538,6 +539,11 @@ def _score(ctx: Context, model: Path, batches: list[dict[str, np.ndarray]], inve
     del sess
     trim_memory()
     return timed
+
+
+def _fusion_max_bytes() -> int:
+    """The FP32 size above which the offline transformer fusions are skipped (see :func:`candidates`)."""
+    return int(os.environ.get("RERANK_QUANTIZE_FUSION_MAX_BYTES", str(DEFAULT_FUSION_MAX_BYTES)))
 
 
 def _timing_seconds() -> float:

@@ -125,14 +125,23 @@ def model_bytes(path: Path) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class Optimized:
+    """A graph ready to quantize and the fusions that made it: ``fusions`` counts each fused operator ORT's
+    transformer optimizer wrote into ``path`` (empty when no fusion pass ran), for the log."""
+
+    path: Path
+    fusions: dict[str, int] = field(default_factory=dict)
+
+
 def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int, embed_layer_norm: bool = True,
-             fast_gelu: bool = False) -> Path:
+             fast_gelu: bool = False) -> Optimized:
     """ORT transformer fusions (Attention, SkipLayerNormalization, BiasGelu, EmbedLayerNormalization).
 
     ``embed_layer_norm=False`` leaves the embedding lookups as plain Gathers, so the word table can be stored in INT8
-    (the fused EmbedLayerNormalization takes the FP32 table as an input)."""
+    (the fused EmbedLayerNormalization takes the FP32 table as an input). Level 0 returns ``src`` itself, unfused."""
     if level <= 0:
-        return src
+        return Optimized(src)
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -154,8 +163,7 @@ def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int,
     except Exception as exc:
         raise JobError("QuantizationFailed", f"transformer optimization failed: {type(exc).__name__}: {exc}") from exc
     _finish_saved_model(dst)
-    optimize.last_stats = {k: int(v) for k, v in stats.items() if v}  # type: ignore[attr-defined]
-    return dst
+    return Optimized(dst, {k: int(v) for k, v in stats.items() if v})
 
 
 def _finish_saved_model(path: Path) -> None:
@@ -316,13 +324,15 @@ def quantize_embeddings(path: Path) -> dict[str, Any]:
     return {"tables": done}
 
 
-#: Fused graphs already written, by fusion setting (:func:`optimized_for`); one per Job, shared between recipes.
-GraphCache = dict[tuple[object, ...], Path]
+#: Fused graphs already written (with their fusion counts), by fusion setting (:func:`optimized_for`); one per Job,
+#: shared between recipes.
+GraphCache = dict[tuple[object, ...], Optimized]
 
 
 def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden_size: int,
-                  cache: GraphCache) -> Path:
-    """The graph ``recipe`` quantizes: the fused graph it asks for, made once per distinct fusion setting."""
+                  cache: GraphCache) -> Optimized:
+    """The graph ``recipe`` quantizes: the fused graph it asks for, made once per distinct fusion setting, with the
+    fusion counts of that very graph (a cached graph keeps its own)."""
     lvl = recipe.optimization_level
     eln = recipe.embeddings != "int8"
     key: tuple[object, ...] = (lvl, eln, recipe.fast_gelu) if lvl > 0 else (0,)
@@ -339,7 +349,7 @@ def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int
     """The whole recipe: transformer fusions (shared through ``cache`` between recipes that need the same graph),
     INT8 quantization (minus the FFN down-projections a mixed recipe keeps FP32, chosen on ``probe_feeds``, else on
     the calibration batches), then the embedding table. Used by the Job and by the benchmarks alike."""
-    src = optimized_for(recipe, fp32, work, num_heads, hidden_size, {} if cache is None else cache)
+    src = optimized_for(recipe, fp32, work, num_heads, hidden_size, {} if cache is None else cache).path
     exclude = fp32_nodes(src, recipe, probe_feeds or calib_feeds)
     if recipe.mode == "static":
         quantize_static(src, dst, recipe, calib_feeds, input_names, exclude)
@@ -412,6 +422,7 @@ def fixed_recipe(mode: str, target: str, optimization_level: int, per_channel: b
 
 
 __all__ = [
+    "Optimized",
     "Recipe",
     "benchmark_recipes",
     "build_int8",

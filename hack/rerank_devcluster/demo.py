@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from typing import Any
 from quantizer_job import contract
 from rerank_devcluster import binaries
 from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.waiting import eventually
 
 REPO = binaries.REPO_ROOT
 CHART = REPO / "charts" / "rerank-operator"
@@ -85,7 +87,7 @@ def start_operator(cluster: Cluster, kubeconfig: Path, workdir: Path) -> subproc
 
 def prepare_model(volume: Path) -> str:
     """The demo's model, on the stand-in volume; returns its path relative to the volume's root."""
-    from quantizer_job import devmodels
+    from rerank_devcluster import devmodels
 
     rel = "sources/minilm-reranker"
     if not (volume / rel / "config.json").exists():
@@ -164,10 +166,12 @@ def _summarize(line: str) -> str:
 
 
 def watch(cluster: Cluster, volume: Path, workdir: Path, timeout: float) -> dict[str, Any]:
+    """Until the RerankModel is Ready: run each quantizer pod as it starts, print each change of its status."""
     handled: set[str] = set()
     last = ""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def step() -> dict[str, Any] | None:
+        nonlocal last
         for pod in kubectl_json(cluster, "get", "pods", "-n", DEMO_NS, "-l", QUANTIZER_SELECTOR)["items"]:
             if pod["metadata"]["name"] not in handled and pod["status"].get("phase") == "Running":
                 handled.add(pod["metadata"]["name"])
@@ -186,8 +190,11 @@ def watch(cluster: Cluster, volume: Path, workdir: Path, timeout: float) -> dict
             return obj
         if current and status.get("phase") == "Failed":
             raise SystemExit(f"RerankModel {DEMO_NS}/{MODEL} failed: {ready.get('reason')}: {ready.get('message')}")
-        time.sleep(1)
-    raise SystemExit(f"RerankModel {DEMO_NS}/{MODEL} not Ready after {timeout:.0f}s; see {workdir}/operator.log")
+        return None
+
+    result: dict[str, Any] = eventually(step, timeout, f"RerankModel {DEMO_NS}/{MODEL} to become Ready "
+                                        f"(see {workdir}/operator.log)", every=1, error=SystemExit)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,11 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         print(cluster.kubectl_run("get", "deployments,services,jobs,pvc", "-n", DEMO_NS).stdout)
         if args.keep:
             say(f"kept running: export KUBECONFIG={cluster.kubeconfig}; Ctrl-C to stop")
-            try:
-                while operator.poll() is None:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+            with contextlib.suppress(KeyboardInterrupt):
+                operator.wait()
         return 0
     finally:
         if operator and operator.poll() is None:

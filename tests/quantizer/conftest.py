@@ -51,7 +51,7 @@ def models_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def bert_model(models_dir) -> Path:
-    from quantizer_job import devmodels
+    from rerank_devcluster import devmodels
 
     return devmodels.bert_cross_encoder(models_dir / "tiny-bert", seed=1)
 
@@ -59,7 +59,7 @@ def bert_model(models_dir) -> Path:
 @pytest.fixture(scope="session")
 def xlmr_model(models_dir) -> Path:
     """Ships only sentencepiece.bpe.model (no tokenizer.json): the Job must convert one."""
-    from quantizer_job import devmodels
+    from rerank_devcluster import devmodels
 
     d = devmodels.xlmr_cross_encoder(models_dir / "tiny-xlmr", seed=2)
     assert not (d / "tokenizer.json").exists()

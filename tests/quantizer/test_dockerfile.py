@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import dockerfiles
+import pytest
 from dockerfiles import REPO_ROOT
 
 pytestmark = pytest.mark.quantizer
@@ -43,7 +42,8 @@ def test_wheel_from_the_build_context_runs_rerank_quantize(tmp_path: Path) -> No
     assert "rerank-quantize = quantizer_job.cli:main" in entry_points
     # The unpacked wheel first on the path, this venv's packages after it for the ML stack.
     out = subprocess.run([sys.executable, "-c", "import sys; from quantizer_job.cli import main; "
-                          "import quantizer_job; print(quantizer_job.__file__); sys.argv=['rerank-quantize','--help']; main()"],
+                          "import quantizer_job; print(quantizer_job.__file__); "
+                          "sys.argv=['rerank-quantize','--help']; main()"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(wheel.site), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

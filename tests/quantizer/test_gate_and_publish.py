@@ -73,7 +73,7 @@ def test_quality_gate_uses_the_threshold(bert_model, tmp_path):
     """Same model, same recipe: an unreachable threshold fails, and only the threshold changed."""
     vol = tmp_path / "vol"
     args = ["--model", str(bert_model), "--output", str(vol), "--recipe", "fixed"]
-    r = run_quantize(args + ["--artifact-id", "strict", "--min-spearman", "1.0", "--min-topk-agreement", "1.0"],
+    r = run_quantize([*args, "--artifact-id", "strict", "--min-spearman", "1.0", "--min-topk-agreement", "1.0"],
                      tmp_path)
     if r.result.get("quality", {}).get("spearman") == 1.0 and r.result["quality"].get("topk_agreement") == 1.0:
         pytest.skip("INT8 happened to rank every pair exactly like FP32")

@@ -26,7 +26,8 @@ def _spearman_no_ties(a, b):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), min_size=3, max_size=40, unique_by=(lambda t: t[0], lambda t: t[1])))
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), min_size=3, max_size=40,
+                unique_by=(lambda t: t[0], lambda t: t[1])))
 def test_spearman_matches_textbook_formula_without_ties(pairs):
     a = [p[0] for p in pairs]
     b = [p[1] for p in pairs]
@@ -54,10 +55,10 @@ def test_topk_agreement_per_query():
     same = list(ref)
     assert metrics.topk_agreement(groups, ref, same, 3) == 1.0
     # q1: top-3 {0,1,2} vs {0,1,3} -> 2/3; q2 unchanged -> 1
-    cand = [5, 4, 1, 3, 2] + ref[5:]
+    cand = [5, 4, 1, 3, 2, *ref[5:]]
     assert metrics.topk_agreement(groups, ref, cand, 3) == pytest.approx((2 / 3 + 1) / 2)
     # reversed ranking of q1: top-2 disjoint
-    rev = [1, 2, 3, 4, 5] + ref[5:]
+    rev = [1, 2, 3, 4, 5, *ref[5:]]
     assert metrics.topk_agreement(groups, ref, rev, 2) == pytest.approx((0 + 1) / 2)
 
 
@@ -97,8 +98,9 @@ def test_balance_prefers_rare_long_pairs():
     assert sum(1 for i in chosen if lengths[i] == 300) == 5
 
 
-# --- ISA ----------------------------------------------------------------------------------------------------------------
-ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_vnni avx512_bf16\n"
+# --- ISA --------------------------------------------------------------------------------------------------------------
+ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+        "flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_vnni avx512_bf16\n")
 HASWELL = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
 ADL = "flags\t\t: sse2 avx avx2 avx_vnni\n"
 GRAVITON = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimddp\n"
@@ -122,7 +124,7 @@ def test_cgroup_cpu_max():
     assert isa.cpu_budget() >= 1
 
 
-# --- eval data ----------------------------------------------------------------------------------------------------------
+# --- eval data --------------------------------------------------------------------------------------------------------
 def test_builtin_set_is_multilingual_with_short_and_long_texts():
     pairs = evaldata.builtin_pairs()
     scripts = {
@@ -167,7 +169,7 @@ def test_default_set_starts_with_the_builtin_pairs_and_pairs_every_query_with_ot
     assert evaldata.default_pairs() == full  # deterministic order (a prefix is what a capped Job scores)
 
 
-# --- bootstrap interval -------------------------------------------------------------------------------------------------
+# --- bootstrap interval -----------------------------------------------------------------------------------------------
 def test_bootstrap_interval_contains_the_estimate_and_narrows_with_more_pairs():
     rng = np.random.default_rng(3)
 

@@ -17,8 +17,6 @@ import base64
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -30,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rerank_devcluster import binaries, pki, realnode
+from rerank_devcluster.processes import Processes
+from rerank_devcluster.processes import free_port as free_port  # re-exported: tests take their ports from here
 
 SERVICE_CIDR = "10.0.0.0/16"
 POD_CIDR = "10.244.0.0/16"
@@ -62,20 +62,17 @@ class ClusterError(RuntimeError):
     """The control plane did not come up; the message carries the component logs' tails."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Cluster:
     workdir: Path
     bins: binaries.Binaries
     ports: dict[str, int]
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: Processes = field(init=False)
     keep_workdir: bool = False
     real_node: realnode.RealNode | None = None
+
+    def __post_init__(self) -> None:
+        self.processes = Processes(logs_dir=self.logs_dir, cwd=self.workdir, error=ClusterError)
 
     # -- paths -----------------------------------------------------------------------------------------------
     @property
@@ -132,7 +129,7 @@ class Cluster:
         certs = pki.create(self.workdir / "pki")
         self._write_kubeconfig(certs)
         (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
-        self._spawn("etcd", [
+        self.processes.spawn("etcd", [
             str(self.bins.etcd), "--name", "default", "--data-dir", str(self.workdir / "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{self.ports['etcd']}",
             "--advertise-client-urls", f"http://127.0.0.1:{self.ports['etcd']}",
@@ -141,7 +138,7 @@ class Cluster:
             "--initial-cluster", f"default=http://127.0.0.1:{self.ports['etcd_peer']}",
             "--unsafe-no-fsync", "--quota-backend-bytes", str(4 * 1024**3),
         ])
-        self._spawn("kube-apiserver", [
+        self.processes.spawn("kube-apiserver", [
             str(self.bins.kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -164,9 +161,9 @@ class Cluster:
             "--feature-gates=MutatingAdmissionPolicy=true",
             "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
         ])
-        self._wait_ready("/readyz", deadline)
+        self.processes.wait_for(lambda: self._exists("/readyz"), deadline, "kube-apiserver /readyz")
         kc = str(self.kubeconfig)
-        self._spawn("kube-controller-manager", [
+        self.processes.spawn("kube-controller-manager", [
             str(self.bins.kube_controller_manager), f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['kcm']}", "--leader-elect=false",
@@ -176,21 +173,21 @@ class Cluster:
             "--controllers=*,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
             "--concurrent-gc-syncs=5",
         ])
-        self._spawn("kube-scheduler", [
+        self.processes.spawn("kube-scheduler", [
             str(self.bins.kube_scheduler), f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}", "--leader-elect=false",
         ])
-        self._spawn("kwok", [
+        self.processes.spawn("kwok", [
             str(self.bins.kwok), f"--kubeconfig={kc}", f"--config={KWOK_CONFIG}",
             f"--manage-nodes-with-label-selector={NODE_LABEL}=true",
             f"--server-address=127.0.0.1:{self.ports['kwok']}",
             f"--cidr={POD_CIDR}", "--node-ip=10.1.0.1", "--node-lease-duration-seconds=40",
         ])
         self._create_nodes()
-        self._wait_for(self._nodes_ready, deadline, "kwok nodes to become Ready")
-        self._wait_for(lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"), deadline,
-                       "the default ServiceAccount (controller-manager)")
+        self.processes.wait_for(self._nodes_ready, deadline, "kwok nodes to become Ready")
+        self.processes.wait_for(lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+                                deadline, "the default ServiceAccount (controller-manager)")
 
     def add_real_node(self, timeout: float = 300.0) -> realnode.RealNode:
         """Start the real worker node (idempotent); see :mod:`rerank_devcluster.realnode`."""
@@ -200,27 +197,19 @@ class Cluster:
         return self.real_node
 
     def _add_real_node(self, deadline: float) -> None:
-        self.real_node = realnode.RealNode.create(self)  # set first: stop() cleans up after a failed start
+        # Set first: stop() cleans up after a failed start.
+        self.real_node = realnode.RealNode.create(self.processes, workdir=self.workdir, server=self.server,
+                                                  kubelet=self.bins.kubelet)
         self.real_node.start(deadline)
-        self._wait_for(self.real_node.ready, deadline, f"the real node {realnode.NAME} to become Ready")
+        self.processes.wait_for(lambda: self._node_ready(realnode.NAME), deadline,
+                                f"the real node {realnode.NAME} to become Ready")
 
     def stop(self) -> None:
         """Stop every component (reverse start order) and remove the work directory unless asked to keep it.
         A real node goes first: kubelet, then its containers, then containerd, then its mounts and cgroups."""
         if self.real_node is not None:
-            self._stop_process("kubelet")
-            self.real_node.cleanup()
-            self._stop_process("containerd")
-        for proc in reversed(list(self.processes.values())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(list(self.processes.values())):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        self.processes.clear()
+            self.real_node.stop()
+        self.processes.stop_all()
         if self.real_node is not None:
             self.real_node.teardown()
             self.real_node = None
@@ -269,23 +258,6 @@ class Cluster:
                          "-p", json.dumps(patch))
 
     # -- internals ---------------------------------------------------------------------------------------------
-    def _stop_process(self, name: str) -> None:
-        proc = self.processes.pop(name, None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.logs_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child process holds it open
-        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                                start_new_session=True)
-
     def _write_kubeconfig(self, certs: pki.Pki) -> None:
         def b64(p: Path) -> str:
             return base64.b64encode(p.read_bytes()).decode()
@@ -325,19 +297,6 @@ class Cluster:
         except OSError:
             return False
 
-    def _wait_ready(self, path: str, deadline: float) -> None:
-        self._wait_for(lambda: self._exists(path), deadline, f"kube-apiserver {path}")
-
-    def _wait_for(self, check: Any, deadline: float, what: str) -> None:
-        while time.monotonic() < deadline:
-            for name, proc in self.processes.items():
-                if proc.poll() is not None:
-                    raise ClusterError(f"{name} exited with {proc.returncode} while waiting for {what}")
-            if check():
-                return
-            time.sleep(0.3)
-        raise ClusterError(f"timed out waiting for {what}")
-
     def _create_nodes(self) -> None:
         for name, spec in NODES.items():
             body = {
@@ -357,8 +316,13 @@ class Cluster:
         code, nodes = self.request("GET", f"/api/v1/nodes?labelSelector={NODE_LABEL}%3Dtrue")
         if code != 200:
             return False
-        ready = [n for n in nodes["items"]
-                 if any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in n.get("status", {}).get("conditions", []))]
-        return len(ready) == len(NODES)
+        return len([n for n in nodes["items"] if _is_ready(n)]) == len(NODES)
+
+    def _node_ready(self, name: str) -> bool:
+        code, node = self.request("GET", f"/api/v1/nodes/{name}")
+        return code == 200 and _is_ready(node)
+
+
+def _is_ready(node: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
 

@@ -16,18 +16,17 @@ bridge, so nothing outlives the cluster.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rerank_devcluster import nodeimage, pki
-
-if TYPE_CHECKING:
-    from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.processes import Processes, free_port
+from rerank_devcluster.waiting import eventually
 
 NAME = "real-0"
 LABEL = "rerank.io/real-node"
@@ -138,10 +137,17 @@ def base_runtime_spec(runtime_default: dict[str, Any], extra_mounts: list[dict[s
 
 @dataclass
 class RealNode:
-    """The real node's processes belong to the cluster (``cluster.processes``); this object knows its paths."""
+    """The real node's processes belong to the cluster (its ``processes``, passed in); this object knows its paths.
 
-    cluster: Cluster
+    It knows of the cluster only what it is given: the work directory (the cluster CA under ``pki/``), the API
+    server's URL and the kubelet binary. Whether the node is Ready is the cluster's question to its API server.
+    """
+
+    processes: Processes
     root: Path
+    pki_dir: Path
+    server: str
+    kubelet: Path
     cgroup_root: str
     bridge: str
     images: nodeimage.NodeImages
@@ -152,16 +158,14 @@ class RealNode:
 
     # -- start -----------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, cluster: Cluster) -> RealNode:
+    def create(cls, processes: Processes, *, workdir: Path, server: str, kubelet: Path) -> RealNode:
         """The node's paths and images (built or taken from the cache); nothing runs yet."""
         images = nodeimage.ensure_images()
         tag = uuid.uuid4().hex[:6]
-        return cls(cluster=cluster, root=cluster.workdir / "node", cgroup_root=f"/rerank-{tag}",
-                   bridge=f"rrk{tag}", images=images)
+        return cls(processes=processes, root=workdir / "node", pki_dir=workdir / "pki", server=server,
+                   kubelet=kubelet, cgroup_root=f"/rerank-{tag}", bridge=f"rrk{tag}", images=images)
 
     def start(self, deadline: float) -> None:
-        from rerank_devcluster.cluster import free_port
-
         self.root.mkdir(parents=True, exist_ok=True)
         self._start_containerd(deadline)
         self._import_images()
@@ -187,9 +191,9 @@ class RealNode:
         config = self.root / "containerd.toml"
         config.write_text(containerd_config(self.root / "containerd", self.sock, net_d, cni_bin, base,
                                             nodeimage.PAUSE_IMAGE))
-        self.cluster._spawn("containerd", ["containerd", "--config", str(config)])
-        self.cluster._wait_for(lambda: self.sock.exists() and self._ctr("version", check=False).returncode == 0,
-                               deadline, "containerd's socket")
+        self.processes.spawn("containerd", ["containerd", "--config", str(config)])
+        self.processes.wait_for(lambda: self.sock.exists() and self._ctr("version", check=False).returncode == 0,
+                                deadline, "containerd's socket")
 
     def _import_images(self) -> None:
         for archive in (self.images.pause, self.images.quantizer):
@@ -198,12 +202,12 @@ class RealNode:
                 raise RealNodeError(f"ctr images import {archive}: {done.stderr.strip()}")
 
     def _start_kubelet(self, port: int, healthz_port: int) -> None:
-        certs = self.cluster.workdir / "pki"
+        certs = self.pki_dir
         crt, key = pki.client_certificate(certs, "node", f"system:node:{NAME}", "system:nodes")
         kubeconfig = self.root / "kubelet.kubeconfig"
         kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "node",
-            "clusters": [{"name": "dev", "cluster": {"server": self.cluster.server,
+            "clusters": [{"name": "dev", "cluster": {"server": self.server,
                                                      "certificate-authority": str(certs / "ca.crt")}}],
             "users": [{"name": NAME, "user": {"client-certificate": str(crt), "client-key": str(key)}}],
             "contexts": [{"name": "node", "context": {"cluster": "dev", "user": NAME}}],
@@ -216,19 +220,21 @@ class RealNode:
         config.write_text(json.dumps(kubelet_config(
             root=self.root, ca=certs / "ca.crt", port=port, healthz_port=healthz_port, runtime_sock=self.sock,
             cgroup_root=self.cgroup_root, pod_logs=pod_logs), indent=1))
-        self.cluster._spawn("kubelet", [
-            str(self.cluster.bins.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
+        self.processes.spawn("kubelet", [
+            str(self.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--root-dir={self.root / 'kubelet'}", f"--cert-dir={self.root / 'kubelet-pki'}",
             f"--hostname-override={NAME}", f"--node-labels={LABEL}=true,type=real",
             "--v=2",
         ])
 
-    def ready(self) -> bool:
-        code, node = self.cluster.request("GET", f"/api/v1/nodes/{NAME}")
-        return code == 200 and any(c["type"] == "Ready" and c["status"] == "True"
-                                   for c in node.get("status", {}).get("conditions", []))
-
     # -- stop ------------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Before the control plane stops: the kubelet (so it restarts nothing), then its containers, then
+        containerd. :meth:`teardown` follows once every process has stopped."""
+        self.processes.stop("kubelet")
+        self.cleanup()
+        self.processes.stop("containerd")
+
     def cleanup(self) -> None:
         """After the kubelet has stopped, before containerd stops: end every container of the node."""
         if not self.sock.exists():
@@ -237,12 +243,15 @@ class RealNode:
         for task in tasks:
             self._ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
         for task in tasks:
-            for _ in range(20):
-                if self._ctr("tasks", "delete", task, check=False).returncode == 0:
-                    break
-                time.sleep(0.2)
+            # Deleting a killed task succeeds once it has exited; best effort, a few seconds each.
+            with contextlib.suppress(RealNodeError):
+                eventually(functools.partial(self._delete_task, task), timeout=4,
+                           what=f"containerd task {task} to be deleted", every=0.2, error=RealNodeError)
         for container in self._ctr("containers", "ls", "-q", check=False).stdout.split():
             self._ctr("containers", "delete", container, check=False)
+
+    def _delete_task(self, task: str) -> bool:
+        return self._ctr("tasks", "delete", task, check=False).returncode == 0
 
     def teardown(self) -> None:
         """After containerd has stopped: mounts, network namespaces, the bridge and the cgroups."""

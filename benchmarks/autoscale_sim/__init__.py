@@ -15,8 +15,9 @@ Model (1 s steps, every controller sees the same world):
   when a scrape failed; baselines read them like an HPA or KEDA through Prometheus: rate() over a 1 m window of the
   15 s scrapes, read 8 s after the scrape (their sync is not aligned with the scrape);
 - decisions take effect after an actuation delay (the delay10 variant: 10 s); cost is replica-seconds (starting
-  pods included) x price; each row also has late_fraction, the share of all requests served past the SLO or rejected (a violation-second
-  counts the seconds, this the requests: a policy must not trade one for the other unseen).
+  pods included) x price; each row also has late_fraction, the share of all requests served past the SLO or
+  rejected (a violation-second counts the seconds, this the requests: a policy must not trade one for the other
+  unseen).
 Baselines (each with a tuning factor that cost-matching sweeps):
 - hpa_util: the project's old baseline, HPA on capped utilization, CPU pool idle (reference only);
 - hpa_rps: HPA v2 on per-pod request rate (uncapped), target f x throughput;

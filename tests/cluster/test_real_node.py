@@ -18,12 +18,13 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
-from rrm_harness import Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually, operator_identity  # noqa: F401
+from rrm_harness import Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually
 
 from quantizer_job import contract, publish
 from rerank_devcluster import realnode
@@ -122,7 +123,8 @@ class NodeEnv(Env):
         }
 
     def quantizer_pods(self, name: str) -> list[dict[str, Any]]:
-        return self.kube.pods(self.namespace, f"app.kubernetes.io/instance={name},app.kubernetes.io/component=quantizer")
+        selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=quantizer"
+        return self.kube.pods(self.namespace, selector)
 
     def terminated_quantizer(self, name: str, timeout: float = 240) -> dict[str, Any]:
         """The first quantizer pod of ``name`` whose container the kubelet reported as terminated."""
@@ -176,7 +178,9 @@ def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: 
     pod = env.terminated_quantizer("tiny")
     assert pod["spec"]["nodeName"] == realnode.NAME
     term = quantizer_status(pod)["state"]["terminated"]
-    assert term["exitCode"] == 0, f"{term}\n{env.cluster.kubectl_run('logs', '-n', ns, pod['metadata']['name'], check=False).stdout[-3000:]}"
+    if term["exitCode"] != 0:
+        logs = env.cluster.kubectl_run("logs", "-n", ns, pod["metadata"]["name"], check=False).stdout[-3000:]
+        pytest.fail(f"{term}\n{logs}")
     result = contract.parse_result(term["message"])  # the kubelet copied the container's file into pod status
     assert result.ok and result.reason == "Published"
     aid = pod["metadata"]["labels"]["rerank.io/artifact"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import serving
 from .errors import JobError
 from .quantize import Recipe
 from .results import round_finite
@@ -65,14 +66,20 @@ def tried_line(trial: Trial) -> dict[str, Any]:
     q, s = trial.quality, trial.speed
     return {"name": trial.recipe.name, "passed": trial.passed, "spearman": round_finite(q["spearman"], 5),
             "topk": round_finite(q["topk_agreement"], 4), "int8_pairs_per_s": round_finite(s["int8_pairs_per_s"], 2),
-            "speedup": round_finite(s["speedup"], 3), "size_ratio": round_finite(s["size_ratio"], 3)}
+            "speedup": round_finite(s["speedup"], 3), "size_ratio": round_finite(s["size_ratio"], 3),
+            **({"spread": [round_finite(s["speedup_low"], 2), round_finite(s["speedup_high"], 2)]}
+               if "speedup_low" in s and "speedup_high" in s else {})}
 
 
 def choose(trials: Sequence[Trial]) -> Trial | None:
-    """The fastest trial that passes the gate; else the best-ranking failure (for the report); None if none."""
+    """The fastest trial (served-like speedup) that passes the gate, where a speed difference inside the
+    measurement's spread is a tie that goes to the better ranking (``serving.prefer``); else the best-ranking
+    failure (for the report); None if none."""
     passing = [t for t in trials if t.passed]
     if passing:
-        return max(passing, key=lambda t: t.speed["int8_pairs_per_s"])
+        found = {str(i): (serving.of_speed(t.speed), (t.quality["spearman"], t.quality["topk_agreement"]))
+                 for i, t in enumerate(passing)}
+        return passing[int(serving.prefer(found))]
     if not trials:
         return None
     return max(trials, key=lambda t: t.quality["spearman"] if math.isfinite(t.quality["spearman"]) else -2.0)

@@ -132,7 +132,11 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     res = contract.parse_result(run.termination)
     assert res.ok and res.reason == "Published" and res.path == str(art)
     assert res.manifest_sha256 == hashlib.sha256((art / "manifest.json").read_bytes()).hexdigest()
-    assert set(res.speed) >= {"fp32_pairs_per_s", "int8_pairs_per_s", "speedup"}
+    assert set(res.speed) >= {"fp32_pairs_per_s", "int8_pairs_per_s", "speedup", "speedup_low", "speedup_high",
+                              "kernel_speedup"}
+    # The reported speed is the served-like one (serving.py), FP32 and INT8 in turns, with its range over rounds.
+    assert man["speed_settings"]["measured"] == "served" and man["speed"]["served_in_turns"] == 1.0
+    assert res.speed["speedup_low"] <= res.speed["speedup"] <= res.speed["speedup_high"]
     # Stage logs are JSON lines with timings.
     stages = {json.loads(line)["stage"] for line in run.stderr.splitlines() if line.startswith("{")}
     assert stages >= {"download", "export", "optimize", "quantize", "verify", "publish"}

@@ -1,0 +1,202 @@
+"""Throughput as TEI's ONNX Runtime backend serves it, measured inside the Job, FP32 and INT8 in turns.
+
+Why: the Job used to time each model on its evaluation batches sorted by length, one pre-tokenized batch after the
+other. Served through a real TEI router, the artifact it chose that way reached 1.3-1.5x FP32 where the Job
+reported 2.0-2.2x, and candidates the Job called tied ranked differently through the router (docs/quantization.md).
+What the sorted timing hides, and this harness keeps, is how TEI serves a CPU pod:
+
+- **Arrival order, TEI's batches.** Each query of the evaluation set is one ``/rerank`` request with its texts;
+  TEI's queue holds one entry per (query, text) pair and the ORT backend takes at most ``max_batch_requests`` (8)
+  entries a batch, in arrival order, padded to the longest pair in the batch. Nothing sorts by length, so a long
+  passage pads the short ones batched with it: INT8 and FP32 pay that padding differently.
+- **Tokenization on the same cores.** TEI tokenizes in ``tokenization_workers`` threads (cores - 1, at least one)
+  while the backend runs the previous batch, on the pod's CPUs. Here worker threads tokenize ahead of the inference
+  thread through the same fast tokenizer (it releases the GIL), so its cost competes with ONNX Runtime's threads as
+  it does in the pod.
+- **TEI's session.** ``verify.make_session``: ``ORT_ENABLE_ALL`` applied online at load, intra-op threads = the
+  CPUs the Job may use (its pod's limit), one inference at a time.
+- **A full queue.** Requests are always waiting (what matters for capacity under load), so the figure is
+  throughput, pairs per second.
+- **Turns, not one long run each.** The models take turns over the same requests for several rounds, in a rotating
+  order, so a busy neighbour slows all of them alike; the per-round ratios to FP32 give the spread, and two
+  candidates whose spreads overlap are a tie (the search then prefers the better ranking: ``prefer``).
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import textenc
+from .evaldata import Pair
+
+#: TEI's ORT backend forms batches of at most this many (query, text) entries.
+MAX_BATCH_ENTRIES = 8
+#: Rounds of turns: enough for a spread; each round is one pass of every model over the same requests.
+ROUNDS = 3
+
+Session = Any  # onnxruntime.InferenceSession (no type information shipped)
+Batch = list[tuple[str, str]]
+
+
+def served_batches(pairs: Sequence[Pair], max_entries: int = MAX_BATCH_ENTRIES) -> list[Batch]:
+    """The batches TEI's queue forms from ``pairs`` in arrival order: consecutive entries, ``max_entries`` at a time
+    (a request's texts are consecutive entries, so one request may span two batches, as in TEI)."""
+    flat = [(p.query, p.text) for p in pairs]
+    return [flat[i : i + max_entries] for i in range(0, len(flat), max_entries)]
+
+
+def take_seconds(batches: Sequence[Batch], pairs_per_s: float, seconds: float, min_batches: int = 2) -> list[Batch]:
+    """The first batches that take about ``seconds`` at ``pairs_per_s`` (at least ``min_batches``, at most all):
+    one round's work, sized so a round of every model stays within the Job's timing budget."""
+    if pairs_per_s <= 0:
+        return list(batches)
+    wanted, pairs = max(1.0, pairs_per_s * seconds), 0
+    taken: list[Batch] = []
+    for b in batches:
+        if pairs >= wanted and len(taken) >= min_batches:
+            break
+        taken.append(b)
+        pairs += len(b)
+    return taken
+
+
+def serve_pass(run: Callable[[dict[str, np.ndarray]], object], encode: Callable[[Batch], dict[str, np.ndarray]],
+               batches: Sequence[Batch], workers: int) -> float:
+    """Serve ``batches`` once as TEI does, tokenizing in ``workers`` threads ahead of inference; returns seconds.
+
+    The queue between tokenizers and the inference thread is bounded (two batches per worker ahead), as TEI's
+    tokenization keeps pace with arrivals rather than tokenizing the whole backlog at once."""
+    ready: queue.Queue[tuple[int, dict[str, np.ndarray]]] = queue.Queue(maxsize=2 * max(1, workers))
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(batches)):
+        todo.put(i)
+
+    def tokenize() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            ready.put((i, encode(batches[i])))
+
+    threads = [threading.Thread(target=tokenize, daemon=True) for _ in range(max(1, workers))]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    waiting: dict[int, dict[str, np.ndarray]] = {}
+    for nxt in range(len(batches)):  # inference in arrival order, one batch at a time
+        while nxt not in waiting:
+            i, feed = ready.get()
+            waiting[i] = feed
+        run(waiting.pop(nxt))
+    elapsed = time.perf_counter() - started
+    for t in threads:
+        t.join()
+    return elapsed
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A candidate's served speedup over FP32: the median of its per-round ratios and their range."""
+
+    median: float
+    low: float
+    high: float
+
+    def overlaps(self, other: Spread) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
+def spread(ratios: Sequence[float]) -> Spread:
+    if not ratios:
+        raise ValueError("no rounds")
+    return Spread(statistics.median(ratios), min(ratios), max(ratios))
+
+
+def in_turns(passes: Mapping[str, Callable[[], float]], rounds: int = ROUNDS) -> dict[str, list[float]]:
+    """Run every model's pass once a round, the order rotating each round; returns each model's seconds per round."""
+    names = list(passes)
+    seconds: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            seconds[n].append(passes[n]())
+    return seconds
+
+
+def speedups(seconds: Mapping[str, Sequence[float]], baseline: str = "fp32") -> dict[str, Spread]:
+    """Per-round speedup of every model over ``baseline`` (same round, same requests), as a spread."""
+    base = seconds[baseline]
+    return {n: spread([b / s for b, s in zip(base, secs, strict=True) if s > 0])
+            for n, secs in seconds.items() if n != baseline}
+
+
+def prefer(found: Mapping[str, tuple[Spread, tuple[float, ...]]]) -> str:
+    """The fastest served candidate, unless another one's spread overlaps it: then the tie goes to quality.
+
+    ``found`` maps a candidate to (its served speedup, its quality key, larger is better, e.g. (spearman, top-k)).
+    Speed differences inside the measurement's own spread are noise; ranking differences are what users see."""
+    if not found:
+        raise ValueError("no candidates")
+    fastest = max(found, key=lambda n: found[n][0].median)
+    tied = [n for n in found if found[n][0].overlaps(found[fastest][0])]
+    return max(tied, key=lambda n: (found[n][1], found[n][0].median))
+
+
+def figures(seconds: Mapping[str, Sequence[float]], pairs: int) -> dict[str, float]:
+    """What the Job reports for a candidate timed against FP32 (``seconds`` has "fp32" and "int8" rounds over the
+    same ``pairs``): served pairs/s (median round) and the speedup's median and range over rounds."""
+    s = speedups(seconds)["int8"]
+    return {"fp32_pairs_per_s": pairs / statistics.median(seconds["fp32"]),
+            "int8_pairs_per_s": pairs / statistics.median(seconds["int8"]),
+            "speedup": s.median, "speedup_low": s.low, "speedup_high": s.high}
+
+
+def of_speed(speed: Mapping[str, float]) -> Spread:
+    """A reported speed dict's spread (a figure without a range is its own range)."""
+    mid = speed["speedup"]
+    return Spread(mid, speed.get("speedup_low", mid), speed.get("speedup_high", mid))
+
+
+class Server:
+    """One model served the TEI way, ready for ``in_turns``: its session and the batches of one round."""
+
+    def __init__(self, session: Session, encode: Callable[[Batch], dict[str, np.ndarray]], batches: Sequence[Batch],
+                 workers: int) -> None:
+        self.session = session
+        self.encode = encode
+        self.batches = batches
+        self.workers = workers
+        self._names = [i.name for i in session.get_inputs()]
+
+    def _run(self, feed: dict[str, np.ndarray]) -> object:
+        return self.session.run(["logits"], {n: feed[n] for n in self._names})
+
+    def warm(self) -> None:
+        """One batch untimed: ONNX Runtime allocates and prepacks weights on a session's first run."""
+        if self.batches:
+            self._run(self.encode(self.batches[0]))
+
+    def timed(self) -> float:
+        """Seconds to serve one round."""
+        return serve_pass(self._run, self.encode, self.batches, self.workers)
+
+    def rounds(self, n: int = ROUNDS) -> list[float]:
+        return [self.timed() for _ in range(n)]
+
+
+def encoder(tok: textenc.Tokenizer, pad_id: int) -> Callable[[Batch], dict[str, np.ndarray]]:
+    """Tokenize one batch as TEI does for ``/rerank``: pair encoding, padded to the batch's longest pair."""
+    return lambda batch: textenc.encode_pairs(tok, batch, pad_id)
+
+
+def tokenization_workers(threads: int) -> int:
+    """TEI's default: one tokenization worker per core minus one, at least one."""
+    return max(1, threads - 1)

@@ -1,0 +1,111 @@
+"""The served-like measurement (quantizer_job.serving): TEI's batches in arrival order, tokenization ahead of
+inference on worker threads, models in turns, and a speed difference inside the spread being a tie that goes to
+ranking quality. Fake sessions and a fake tokenizer stand in for ONNX Runtime, so what is checked is the harness's
+bookkeeping; tests/quantizer/test_gate_and_publish.py runs it for real inside the Job."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantizer_job import search, serving
+from quantizer_job.evaldata import Pair
+from quantizer_job.quantize import Recipe
+
+pytestmark = pytest.mark.quantizer
+
+
+def pairs(per_query: dict[str, int]) -> list[Pair]:
+    return [Pair(q, f"{q}-t{i}") for q, n in per_query.items() for i in range(n)]
+
+
+def test_batches_follow_arrival_order_with_at_most_eight_entries_and_no_length_sort() -> None:
+    ps = pairs({"q1": 5, "q2": 15, "q3": 1})
+    ps[1] = Pair("q1", "a much longer text " * 40)  # a long passage must stay where it arrived
+    batches = serving.served_batches(ps)
+    assert [len(b) for b in batches] == [8, 8, 5]
+    assert [t for b in batches for _, t in b] == [p.text for p in ps]
+    assert batches[0][:5] == [(p.query, p.text) for p in ps[:5]] and batches[0][5][0] == "q2"  # a request spans two
+
+
+def test_one_round_takes_about_the_timing_budget_and_at_least_two_batches() -> None:
+    batches = [[("q", str(i))] * 8 for i in range(10)]
+    assert len(serving.take_seconds(batches, pairs_per_s=16.0, seconds=2.0)) == 4  # 32 pairs wanted
+    assert len(serving.take_seconds(batches, pairs_per_s=1.0, seconds=1.0)) == 2  # the minimum
+    assert len(serving.take_seconds(batches, pairs_per_s=1000.0, seconds=5.0)) == 10  # all there is
+    assert len(serving.take_seconds(batches, pairs_per_s=0.0, seconds=5.0)) == 10
+
+
+def test_inference_runs_in_arrival_order_while_workers_tokenize_ahead() -> None:
+    batches = [[("q", str(i))] for i in range(12)]
+    ran: list[int] = []
+    encoders: set[str] = set()
+
+    def encode(batch: serving.Batch) -> dict[str, np.ndarray]:
+        encoders.add(threading.current_thread().name)
+        time.sleep(0.002 * (int(batch[0][1]) % 3))  # out-of-order completion between workers
+        return {"input_ids": np.array([[int(batch[0][1])]])}
+
+    def run(feed: dict[str, np.ndarray]) -> object:
+        ran.append(int(feed["input_ids"][0, 0]))
+        return None
+
+    seconds = serving.serve_pass(run, encode, batches, workers=3)
+    assert ran == list(range(12)) and seconds > 0
+    assert len(encoders) == 3 and threading.current_thread().name not in encoders  # tokenized off the main thread
+
+
+def test_models_take_turns_in_a_rotating_order() -> None:
+    order: list[str] = []
+
+    def timed(name: str, secs: float) -> Callable[[], float]:
+        def one() -> float:
+            order.append(name)
+            return secs
+        return one
+
+    seconds = serving.in_turns({"fp32": timed("fp32", 2.0), "int8": timed("int8", 1.0)}, rounds=3)
+    assert order == ["fp32", "int8", "int8", "fp32", "fp32", "int8"]
+    assert seconds == {"fp32": [2.0, 2.0, 2.0], "int8": [1.0, 1.0, 1.0]}
+
+
+def test_speedups_are_per_round_ratios_with_their_range() -> None:
+    s = serving.speedups({"fp32": [2.0, 3.0, 2.2], "int8": [1.0, 1.0, 1.1]})["int8"]
+    assert (s.median, s.low, s.high) == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(3.0))
+    f = serving.figures({"fp32": [2.0, 3.0, 2.2], "int8": [1.0, 1.0, 1.1]}, pairs=44)
+    assert f["fp32_pairs_per_s"] == pytest.approx(20.0) and f["int8_pairs_per_s"] == pytest.approx(44.0)
+    assert (f["speedup"], f["speedup_low"], f["speedup_high"]) == (s.median, s.low, s.high)
+
+
+def test_a_speed_difference_inside_the_spread_goes_to_quality() -> None:
+    fast_worse = (serving.Spread(2.05, 1.95, 2.15), (0.990, 0.90))
+    tied_better = (serving.Spread(2.00, 1.90, 2.10), (0.997, 0.95))
+    clearly_slower_best = (serving.Spread(1.50, 1.45, 1.55), (0.999, 1.00))
+    assert serving.prefer({"a": fast_worse, "b": tied_better, "c": clearly_slower_best}) == "b"
+    separated = (serving.Spread(2.50, 2.40, 2.60), (0.990, 0.90))
+    assert serving.prefer({"a": separated, "b": tied_better}) == "a"
+
+
+def test_the_search_chooses_by_the_served_spread() -> None:
+    def trial(name: str, spearman: float, speed: tuple[float, float, float]) -> search.Trial:
+        mid, low, high = speed
+        return search.Trial(recipe=Recipe(name=name), path=Path(f"/work/{name}/model.onnx"),
+                            quality={"spearman": spearman, "topk_agreement": 0.95},
+                            speed={"int8_pairs_per_s": 100 * mid, "speedup": mid, "speedup_low": low,
+                                   "speedup_high": high, "size_ratio": 0.26}, why=[])
+
+    noisy_tie = [trial("fast", 0.991, (2.04, 1.90, 2.20)), trial("ranks-better", 0.996, (2.00, 1.85, 2.15))]
+    chosen = search.choose(noisy_tie)
+    assert chosen is not None and chosen.recipe.name == "ranks-better"
+    line = search.tried_line(noisy_tie[0])
+    assert line["spread"] == [1.9, 2.2] and line["speedup"] == 2.04
+    for a, b in itertools.permutations(noisy_tie):  # the order tried does not matter
+        got = search.choose([a, b])
+        assert got is not None and got.recipe.name == "ranks-better"
+

@@ -87,6 +87,17 @@ def test_gpu_pool_scheduling_and_resources() -> None:
     assert tei(dep)["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
+def test_the_cpu_pool_gets_a_cpu_limit_so_tei_sizes_its_threads_to_its_cpus() -> None:
+    default = tei(build("cpu"))["resources"]
+    assert default["requests"]["cpu"] == "2" and default["limits"] == {"memory": "8Gi", "cpu": "2"}
+    fractional = tei(build("cpu", set_("pools.cpu.resources", {"requests": {"cpu": "1500m"}})))["resources"]
+    assert fractional["limits"] == {"cpu": "2"}  # whole CPUs: TEI's thread count rounds the quota up
+    own = {"requests": {"cpu": "2"}, "limits": {"cpu": "3", "memory": "6Gi"}}
+    assert tei(build("cpu", set_("pools.cpu.resources", own)))["resources"] == own  # the user's limit stays
+    no_request = tei(build("cpu", set_("pools.cpu.resources", {"limits": {"memory": "6Gi"}})))["resources"]
+    assert no_request == {"limits": {"memory": "6Gi"}}
+
+
 def test_api_key_comes_from_the_secret_not_the_args() -> None:
     c = tei(build("cpu", set_("pools.cpu.tei.apiKeySecretRef", {"name": "keys", "key": "tei"})))
     env = {e["name"]: e for e in c["env"]}

@@ -12,12 +12,14 @@ over (``replicaManagement: external``) is never fought over it, and switching mo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from quantizer_job import contract
 from rerank_operator.core import names
 from rerank_operator.core.builders import pods
+from rerank_operator.core.quantities import parse_quantity
 from rerank_operator.core.spec import Pool, RerankModelSpec
 
 CONTAINER = "tei"
@@ -49,6 +51,22 @@ def tei_args(spec: RerankModelSpec, pool: Pool, artifact_id: str | None) -> list
     if pool.name == "gpu":
         args += ["--dtype", pool.dtype]
     return args + list(tei.extra_args)
+
+
+def container_resources(pool: Pool) -> dict[str, Any]:
+    """The TEI container's resources: the pool's, and for the CPU pool a CPU limit when it has only a request.
+
+    Why: TEI sizes ONNX Runtime's intra-op thread pool and its tokenization workers from the CPUs it can see
+    (``num_cpus``: the cgroup CPU quota, else every core the node lets it run on). With a request and no limit, a pod
+    that asked for 2 CPUs on a 64-core node runs 64 inference threads and 63 tokenizers in 2 CPUs' worth of time
+    (huggingface/text-embeddings-inference #170, #404: about 6x slower). A limit of the request rounded up to whole
+    CPUs makes TEI's threads exactly the CPUs it is given. A limit the user set is kept as it is."""
+    resources = {k: dict(v) if isinstance(v, Mapping) else v for k, v in pool.resources.items()}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    if pool.name == "cpu" and "cpu" in requests and "cpu" not in limits:
+        resources["limits"] = {**limits, "cpu": str(math.ceil(parse_quantity(requests["cpu"])))}
+    return resources
 
 
 def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
@@ -99,8 +117,9 @@ def build_deployment(
     }
     if env:
         container["env"] = env
-    if pool.resources:
-        container["resources"] = dict(pool.resources)
+    resources = container_resources(pool)
+    if resources:
+        container["resources"] = resources
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

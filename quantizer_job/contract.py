@@ -85,6 +85,9 @@ class JobRequest:
     topk: int = 3
     time_budget_seconds: int = 900
     keep_original: bool = True  # also publish original/ (model.safetensors) for the GPU pool
+    #: CPUs of the pool that will serve the artifact: speed is measured with that many ONNX Runtime threads (as TEI
+    #: sizes them), at most the Job's own; 0: the Job's own CPUs. Measurement only: not part of the artifact's id.
+    serve_threads: int = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--time-budget-seconds", type=int, default=900)
     parser.add_argument("--keep-original", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--serve-threads", type=int, default=0,
+                        help="CPUs of the serving CPU pool: speed is measured with that many threads (0: the Job's)")
 
 
 def build_args(req: JobRequest) -> list[str]:
@@ -134,6 +139,8 @@ def build_args(req: JobRequest) -> list[str]:
         args += ["--eval-pairs", req.eval_pairs]
     if req.calibration_pairs:
         args += ["--calibration-pairs", req.calibration_pairs]
+    if req.serve_threads:
+        args += ["--serve-threads", str(req.serve_threads)]
     return args
 
 

@@ -206,10 +206,14 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
         rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
         served = serving.take_seconds(serving.served_batches(eval_pairs), ref.pairs_per_s, _timing_seconds())
         fp32_rounds = None
-        if model_bytes(exported.onnx) > _fusion_max_bytes():  # too large to keep loaded beside each candidate
+        large = model_bytes(exported.onnx) > _fusion_max_bytes()  # too large to keep loaded beside each candidate
+        if large and serve_threads(ctx) == ctx.threads:
             fp32_rounds = _server(ctx, exported, fp32_sess, served).rounds()
-            rec.update(fp32_served_s=[round(x, 3) for x in fp32_rounds])
         del fp32_sess
+        if large and fp32_rounds is None:  # the pool's thread count differs: its own session, after freeing ours
+            fp32_rounds = _server(ctx, exported, exported.onnx, served).rounds()
+        if fp32_rounds is not None:
+            rec.update(fp32_served_s=[round(x, 3) for x in fp32_rounds])
 
     calib_feeds: list[dict[str, np.ndarray]] = []
     calib_pairs = inputs.calib_pairs
@@ -259,10 +263,10 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
 
     def served(cand_path: Path) -> dict[str, float]:
         """The candidate served the TEI way, in turns with FP32 (see serving.py): pairs/s and speedup spread."""
-        cand = _server(ctx, exported, verify.make_session(cand_path, ctx.threads), ref.served)
+        cand = _server(ctx, exported, cand_path, ref.served)
         if ref.fp32_rounds is None:
             if not fp32_server:
-                fp32_server.append(_server(ctx, exported, verify.make_session(fp32, ctx.threads), ref.served))
+                fp32_server.append(_server(ctx, exported, fp32, ref.served))
             seconds = serving.in_turns({"fp32": fp32_server[0].timed, "int8": cand.timed})
         else:
             seconds = {"fp32": ref.fp32_rounds, "int8": cand.rounds()}
@@ -379,8 +383,9 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice) ->
         "gate": {"min_spearman": req.min_spearman, "min_topk_agreement": req.min_topk_agreement, "topk": req.topk},
         "speed": finite_values(best.speed),
         "speed_settings": {"measured": "served", "max_batch_entries": serving.MAX_BATCH_ENTRIES,
-                           "intra_op_threads": ctx.threads,
-                           "tokenization_workers": serving.tokenization_workers(ctx.threads),
+                           "intra_op_threads": serve_threads(ctx), "job_threads": ctx.threads,
+                           "pool_threads": req.serve_threads,
+                           "tokenization_workers": serving.tokenization_workers(serve_threads(ctx)),
                            "rounds": serving.ROUNDS,
                            "graph_optimization_level": "ORT_ENABLE_ALL", "kernel_batch_size": BATCH_SIZE},
         "export": {"opset": info["opset"], "inputs": info["input_names"], "outputs": info["output_names"],
@@ -570,9 +575,19 @@ def _score(ctx: Context, model: Path, batches: list[dict[str, np.ndarray]], inve
     return timed
 
 
-def _server(ctx: Context, exported: Exported, sess: verify.Session, batches: list[serving.Batch]) -> serving.Server:
+def serve_threads(ctx: Context) -> int:
+    """The threads TEI will give ONNX Runtime in the CPU pool (``--serve-threads``: the pool's CPUs), at most the
+    Job's own CPUs (more threads than CPUs would measure contention, not the pool)."""
+    return min(ctx.req.serve_threads or ctx.threads, ctx.threads)
+
+
+def _server(ctx: Context, exported: Exported, model: Path | verify.Session,
+            batches: list[serving.Batch]) -> serving.Server:
+    """``model`` (a path, or a session built with the serving thread count) served as TEI serves it."""
+    threads = serve_threads(ctx)
+    sess = verify.make_session(model, threads) if isinstance(model, Path) else model
     server = serving.Server(sess, serving.encoder(exported.tokenizer, exported.pad_id), batches,
-                            serving.tokenization_workers(ctx.threads))
+                            serving.tokenization_workers(threads))
     server.warm()
     return server
 

@@ -109,3 +109,14 @@ def test_the_search_chooses_by_the_served_spread() -> None:
         got = search.choose([a, b])
         assert got is not None and got.recipe.name == "ranks-better"
 
+
+
+@pytest.mark.parametrize("pool, job, expect", [(0, 4, 4), (2, 4, 2), (8, 4, 4), (1, 1, 1)])
+def test_the_pool_thread_count_is_measured_within_the_jobs_own_cpus(pool: int, job: int, expect: int) -> None:
+    from quantizer_job import pipeline
+    from quantizer_job.contract import JobRequest
+
+    req = JobRequest(model="m", output_root="/v", artifact_id="a", serve_threads=pool)
+    ctx = pipeline.Context(req=req, tmp=Path("/tmp/x"), threads=job, elapsed=lambda: 0.0)
+    assert pipeline.serve_threads(ctx) == expect
+    assert serving.tokenization_workers(expect) == max(1, expect - 1)

@@ -48,6 +48,12 @@ def mounts(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     ((set_("quantization", {"mode": "static", "calibrationData": {"configMapRef": {"name": "cal", "key": "c"}}}),),
      {"mode": "static", "calibration_pairs": "/etc/rerank/calibration/pairs.jsonl"}),
     ((set_("quantization.timeBudgetSeconds", 300),), {"time_budget_seconds": 300}),
+    # Speed is measured with the threads the CPU pool's TEI will have: its CPU limit (the default pool: 2 CPUs).
+    ((), {"serve_threads": 2}),
+    ((set_("pools.cpu.resources", {"requests": {"cpu": "3500m"}}),), {"serve_threads": 4}),
+    ((set_("pools.cpu.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "6"}}),), {"serve_threads": 6}),
+    ((set_("pools.cpu.resources", {"limits": {"memory": "4Gi"}}),), {"serve_threads": 0}),
+    ((set_("pools.cpu.enabled", False), set_("pools.gpu", {})), {"serve_threads": 0}),
 ])
 def test_args_round_trip_through_the_quantizers_parser(mods: tuple[Mod, ...], expect: dict[str, Any]) -> None:
     manifest, request = build(*mods)

@@ -69,6 +69,12 @@ def container_resources(pool: Pool) -> dict[str, Any]:
     return resources
 
 
+def pool_cpus(pool: Pool) -> int:
+    """The CPUs TEI in ``pool`` sizes its threads to: its container's CPU limit rounded up; 0 when it has none."""
+    limits = container_resources(pool).get("limits") or {}
+    return math.ceil(parse_quantity(limits["cpu"])) if "cpu" in limits else 0
+
+
 def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": "http"},

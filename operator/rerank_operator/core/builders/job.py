@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from quantizer_job import contract
 from rerank_operator.core import conditions, names
-from rerank_operator.core.builders import pods
+from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.spec import DataSource, RerankModelSpec
 
 CONTAINER = "quantizer"
@@ -64,6 +64,8 @@ def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
         topk=q.quality_gate.topk,
         time_budget_seconds=q.time_budget_seconds,
         keep_original=True,
+        # The Job times candidates with the threads the CPU pool's TEI will use (not part of the artifact's id).
+        serve_threads=deployment.pool_cpus(spec.cpu) if spec.cpu.enabled else 0,
     )
 
 

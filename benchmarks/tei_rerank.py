@@ -1,23 +1,47 @@
-"""FP32 vs INT8 model directories served the way TEI serves them, driven through ``/rerank`` by concurrent clients.
+"""FP32 vs INT8 model directories served the way TEI serves them, driven through ``/rerank`` by concurrent clients,
+next to what the quantization Job reports for the same model and pairs.
 Prints JSON: pairs/s, request p50/p95, Spearman and top-3 agreement vs FP32 PyTorch, size vs the FP32 ONNX, and
-PyTorch FP32 throughput on the same pairs with the same threads.
+PyTorch FP32 throughput on the same pairs with the same threads; for ``auto`` the Job's own speed figures and
+``job_vs_router`` (the Job's speedup over the router's for the same artifact).
 
     python benchmarks/tei_rerank.py --fixture minilm-ce [--router /path/to/text-embeddings-router]
-        [--variants auto,seed-plain-pertensor,...] [--clients 4] [--rounds 3] [--chunk 8] [--queries 80]
+        [--profile fixture|short|longtail] [--variants auto,fused-matmul-perchannel-emb8,...] [--clients 4]
+        [--rounds 3] [--chunk 8] [--queries 80] [--pin | --no-pin] [--job-harness | --no-job-harness]
 
 Fixtures are the trained cross-encoders of ``benchmarks/trained_fixture.py`` (built and cached on first use); every
-query of the fixture's held-out ``eval.jsonl`` is one ``/rerank`` request with its 15 texts.
+query of the fixture's held-out ``eval.jsonl`` is one ``/rerank`` request.
+
+Length profiles (``--profile``), built from the fixture's held-out queries with a fixed seed; the profiled pairs are
+written as a JSONL file that is both the Job's ``--eval-pairs`` and what the clients send (same model, same pairs):
+- ``fixture``: the fixture's queries as they are (15 texts each, up to 700 characters).
+- ``short``: 8 texts a query (the issue's workload), each cut to at most 300 characters at a word boundary.
+- ``longtail``: 8 texts a query, lengths drawn from a lognormal with median 200 and p90 1,000 characters, capped at
+  1,500. A text longer than its drawn length is cut there (at a word boundary); a shorter one is extended with the
+  texts of its own query's candidate pool (the 7 of the 15 not sent first) until it reaches the length, then cut:
+  the fixture's texts stop at 700 characters, so leaving them short would lose the tail the profile is about.
 
 Harness (``"harness"`` in the output):
 - ``tei-router``: ``--router`` given: each directory is served by a real ``text-embeddings-router`` (ORT backend)
-  on a local port, one after the other, and the clients POST ``/rerank`` with ``raw_scores``.
+  on a local port, and the clients POST ``/rerank`` with ``raw_scores``.
 - ``ort-fallback``: no router: an in-process stand-in built as TEI's ORT backend is: one ONNX Runtime 1.22 session,
-  ``ORT_ENABLE_ALL``, intra-op threads = CPUs, one inference at a time, FIFO queue of pairs, batches of at most 8
-  pairs padded to their longest, tokenization in the client threads.
+  ``ORT_ENABLE_ALL``, intra-op threads = the serving CPUs, one inference at a time, FIFO queue of pairs, batches of
+  at most 8 pairs padded to their longest, tokenization in the client threads (pinned, on the clients' CPUs: the
+  fallback's pod does not pay for tokenization as TEI's does).
+- ``job_harness`` (every harness, ``--job-harness``): the Job's own served measurement (``quantizer_job.serving``:
+  arrival-order batches of 8, tokenization workers, models in turns) run here on every variant, over all profiled
+  pairs and over the prefix the Job times, on the serving CPUs: it separates the Job's harness from its sample.
+
+Placement (``--pin``, default when there are >= 2 CPUs): the routers run under ``taskset -c <first CPU>`` (each sees
+one CPU, as a pod with a 1-CPU limit: TEI sizes its intra-op threads and tokenization workers from it), the Job runs
+under the same ``taskset`` (it sizes its threads from its affinity, so it measures the same 1-CPU pod), PyTorch FP32
+and the Job harness run on that CPU with one thread, and the clients on the other CPUs. Unpinned (``--no-pin``)
+clients share every CPU with the routers, which compresses the INT8/FP32 ratio (the faster model pays more client
+overhead per second).
 
 Variants: ``fp32`` (the optimum-style FP32 export, the baseline) is always served; ``auto`` is the artifact
-``rerank-quantize --recipe auto`` publishes (given the fixture's eval and calibration pairs); any other name is a
-recipe of :data:`RECIPES` quantized in-process. All variants are served at once (one router each) and take turns
+``rerank-quantize --recipe auto`` publishes (given the profiled eval pairs and the fixture's calibration pairs); any
+other name is a recipe of :func:`_recipes` (the benchmark recipes and the Job's ``auto`` candidates, by the names
+``recipe.tried`` reports) quantized in-process. All variants are served at once (one router each) and take turns
 ``--chunk`` queries at a time (the order rotating), over all queries, ``--rounds`` times: every variant sees the same
 minutes of the machine, so load from other processes slows all of them alike (whole-run turns gave per-round ratios
 from 0.8x to 5x on a shared machine). Throughput is total pairs over total time; per-round figures are kept.
@@ -26,7 +50,9 @@ from 0.8x to 5x on a shared machine). Throughput is total pairs over total time;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import queue
 import shutil
@@ -38,6 +64,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,15 +75,111 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import trained_fixture
 
-from quantizer_job import evaldata, export, isa, layout, metrics, textenc, verify
+from quantizer_job import evaldata, export, isa, layout, metrics, serving, textenc, verify
 from quantizer_job import quantize as Q
 
-TEI_MAX_BATCH = verify.TEI_MAX_BATCH
+REPO = Path(__file__).resolve().parents[1]
+TEI_MAX_BATCH = serving.MAX_BATCH_ENTRIES
+#: Texts a query for the ``short`` and ``longtail`` profiles (the issue's workload).
+PROFILE_TEXTS = 8
+SHORT_MAX_CHARS = 300
+LONGTAIL_MEDIAN, LONGTAIL_P90, LONGTAIL_MAX, LONGTAIL_MIN = 200, 1000, 1500, 16
+PROFILE_SEED = 25
+PROFILES = ("fixture", "short", "longtail")
 
 
 def _recipes() -> dict[str, Q.Recipe]:
-    out = {r.name: r for r in Q.benchmark_recipes("avx512_vnni")}
+    """Recipes by name: the benchmark recipes, and the Job's ``auto`` candidates for this machine (same names as
+    its ``recipe.tried``; a candidate's definition wins where the names coincide)."""
+    target = isa.detect_local_target()
+    out = {r.name: r for r in Q.benchmark_recipes(target)}
+    out.update({r.name: r for r in Q.candidate_recipes(target, "dynamic", has_calibration=True)})
     return out
+
+
+# --- length profiles ------------------------------------------------------------------------------------------------
+def cut(text: str, n: int) -> str:
+    """``text`` cut to at most ``n`` characters at a word boundary (a hard cut if the last space is too early)."""
+    if len(text) <= n:
+        return text
+    j = text.rfind(" ", 0, n + 1)
+    return (text[:j] if j >= n // 2 else text[:n]).rstrip()
+
+
+def longtail_lengths(n: int, seed: int = PROFILE_SEED) -> list[int]:
+    """``n`` character lengths from a lognormal with median LONGTAIL_MEDIAN and p90 LONGTAIL_P90, capped at
+    LONGTAIL_MAX: stratified (the normal quantiles of (i + 0.5) / n, in a fixed-seed random order), so the sample's
+    median and p90 are the profile's rather than off by sampling noise (about +-10 % at 640 draws)."""
+    nd = statistics.NormalDist()
+    sigma = math.log(LONGTAIL_P90 / LONGTAIL_MEDIAN) / nd.inv_cdf(0.9)
+    z = np.random.default_rng(seed).permutation([nd.inv_cdf((i + 0.5) / n) for i in range(n)])
+    x = np.round(LONGTAIL_MEDIAN * np.exp(sigma * z))
+    return [int(v) for v in np.clip(x, LONGTAIL_MIN, LONGTAIL_MAX)]
+
+
+def profile_groups(groups: list[tuple[str, list[str]]], profile: str) -> list[tuple[str, list[str]]]:
+    """The fixture's queries shaped to ``profile`` (see the module docstring)."""
+    if profile == "fixture":
+        return groups
+    if profile == "short":
+        return [(q, [cut(t, SHORT_MAX_CHARS) for t in ts[:PROFILE_TEXTS]]) for q, ts in groups]
+    if profile != "longtail":
+        raise SystemExit(f"unknown profile {profile!r}")
+    lengths = iter(longtail_lengths(len(groups) * PROFILE_TEXTS))
+    out = []
+    for q, pool in groups:
+        texts = []
+        for i in range(PROFILE_TEXTS):
+            want, text = next(lengths), pool[i]
+            extra = pool[PROFILE_TEXTS:] + pool[:i] + pool[i + 1:PROFILE_TEXTS]  # the unsent texts first
+            k = 0
+            while len(text) < want and k < len(extra):
+                text, k = text + " " + extra[k], k + 1
+            texts.append(cut(text, want))
+        out.append((q, texts))
+    return out
+
+
+def profile_stats(groups: list[tuple[str, list[str]]], tok) -> dict:
+    chars = [len(t) for _, ts in groups for t in ts]
+    toks = textenc.token_lengths(tok, [(q, t) for q, ts in groups for t in ts])
+
+    def q(xs: list[int]) -> dict:
+        return {"p50": int(np.percentile(xs, 50)), "p90": int(np.percentile(xs, 90)), "max": int(max(xs))}
+
+    return {"chars": q(chars), "tokens": q(toks)}
+
+
+def write_groups(path: Path, groups: list[tuple[str, list[str]]]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for q, ts in groups:
+            f.write(json.dumps({"query": q, "texts": ts}, ensure_ascii=False) + "\n")
+    return path
+
+
+# --- placement ------------------------------------------------------------------------------------------------------
+def placement(pin: bool) -> tuple[list[int], list[int]]:
+    """(serving CPUs, client CPUs): pinned, the first CPU serves and the others are the clients'; else all share."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if pin and len(cpus) >= 2:
+        return cpus[:1], cpus[1:]
+    return cpus, cpus
+
+
+def taskset(cpus: list[int], pin: bool) -> list[str]:
+    """The command prefix that runs a process on ``cpus`` (nothing when unpinned)."""
+    return ["taskset", "-c", ",".join(map(str, cpus))] if pin else []
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: list[int]) -> Iterator[None]:
+    """Run the calling thread (and the threads it starts) on ``cpus``; the previous affinity is restored after."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 # --- model directories ----------------------------------------------------------------------------------------------
@@ -73,7 +196,30 @@ def tei_dir(onnx_path: Path, src: Path, tok_json: Path, dst: Path) -> Path:
     return dst
 
 
-def prepare(fx: dict, work: Path, variants: list[str], threads: int) -> tuple[dict[str, Path], dict]:
+def run_job(fx: dict, work: Path, eval_jsonl: Path, prefix: list[str]) -> tuple[Path | None, dict]:
+    """``rerank-quantize --recipe auto`` on the profiled pairs, under ``prefix`` (taskset): its artifact and figures."""
+    src, vol = Path(fx["model_dir"]), work / "vol"
+    cmd = [*prefix, sys.executable, "-m", "quantizer_job", "--model", str(src), "--output", str(vol),
+           "--artifact-id", "bench", "--recipe", "auto", "--eval-pairs", str(eval_jsonl),
+           "--calibration-pairs", fx["calib_jsonl"], "--no-keep-original"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
+    (work / "job.stderr.log").write_text(proc.stderr)
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise SystemExit(f"the Job printed no result (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    res = json.loads(lines[-1])
+    speed = res.get("speed") or {}
+    keep = ("speedup", "speedup_low", "speedup_high", "kernel_speedup", "fp32_pairs_per_s", "int8_pairs_per_s",
+            "kernel_fp32_pairs_per_s", "kernel_int8_pairs_per_s", "served_in_turns")
+    note = {"job_seconds": round(time.monotonic() - t0, 1), "job_command_prefix": " ".join(prefix),
+            "job_reason": res.get("reason"), "chosen": res["recipe"].get("name"), "job_quality": res.get("quality"),
+            "job_speed": {k: speed[k] for k in keep if k in speed}, "tried": res["recipe"].get("tried")}
+    return (vol / "artifacts" / "bench" / "cpu-int8" if res.get("ok") else None), note
+
+
+def prepare(fx: dict, work: Path, variants: list[str], threads: int, eval_jsonl: Path,
+            job_prefix: list[str]) -> tuple[dict[str, Path], dict]:
     src = Path(fx["model_dir"])
     cfg = layout.read_config(src)
     exp = export.run({"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tok"),
@@ -87,19 +233,12 @@ def prepare(fx: dict, work: Path, variants: list[str], threads: int) -> tuple[di
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     for v in variants:
         if v == "auto":
-            vol = work / "vol"
-            cmd = [sys.executable, "-m", "quantizer_job", "--model", str(src), "--output", str(vol),
-                   "--artifact-id", "bench", "--recipe", "auto", "--eval-pairs", fx["eval_jsonl"],
-                   "--calibration-pairs", fx["calib_jsonl"], "--no-keep-original"]
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            notes["auto"] = {"job_seconds": round(time.monotonic() - t0, 1), "job_reason": res.get("reason"),
-                             "chosen": res["recipe"].get("name"), "job_quality": res.get("quality"),
-                             "tried": res["recipe"].get("tried")}
-            if res.get("ok"):
-                dirs["auto"] = vol / "artifacts" / "bench" / "cpu-int8"
+            d, notes["auto"] = run_job(fx, work, eval_jsonl, job_prefix)
+            if d is not None:
+                dirs["auto"] = d
             continue
+        if v not in recipes:
+            raise SystemExit(f"unknown variant {v!r}; recipes: {', '.join(sorted(recipes))}")
         r = recipes[v]
         out = work / "q" / v / "model.onnx"
         t0 = time.monotonic()
@@ -120,7 +259,12 @@ def calib_feeds(fx: dict, tok_json: Path, cfg: dict) -> list[dict]:
 
 # --- servers ----------------------------------------------------------------------------------------------------------
 class FallbackServer:
-    """TEI's ORT backend in-process: FIFO queue of pairs, one worker running batches of <= 8 pairs."""
+    """TEI's ORT backend in-process: FIFO queue of pairs, one worker running batches of <= 8 pairs.
+
+    Not :func:`quantizer_job.serving.serve_pass`: that serves a fixed list of batches formed up front, with no
+    requests, so it has no per-request latency and no interleaving of concurrent clients' pairs, which this server
+    exists to show (``job_harness`` runs serve_pass itself). Its batch encoder tokenizes a whole batch, where TEI
+    (and this queue) tokenize per request and batch the tokenized pairs."""
 
     harness = "ort-fallback"
 
@@ -179,17 +323,21 @@ class FallbackServer:
 
 
 class RouterServer:
-    """A real ``text-embeddings-router`` serving ``model_dir`` on a free local port."""
+    """A real ``text-embeddings-router`` serving ``model_dir`` on a free local port (under ``prefix``: taskset)."""
 
     harness = "tei-router"
 
-    def __init__(self, binary: str, model_dir: Path, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+    def __init__(self, binary: str, model_dir: Path, log: Path, prefix: list[str] | None = None):
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        self.port = ports[0]
         self.logf = open(log, "w")  # noqa: SIM115 - the router writes to it until close()
-        self.proc = subprocess.Popen([binary, "--model-id", str(model_dir), "--hostname", "127.0.0.1", "--port",
-                                      str(self.port), "--dtype", "float32", "--max-client-batch-size", "64"],
+        self.proc = subprocess.Popen([*(prefix or []), binary, "--model-id", str(model_dir), "--hostname", "127.0.0.1",
+                                      "--port", str(self.port), "--prometheus-port", str(ports[1]),
+                                      "--dtype", "float32", "--max-client-batch-size", "64"],
                                      stdout=self.logf, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, HOSTNAME="127.0.0.1"))
         deadline = time.monotonic() + 300
@@ -273,6 +421,36 @@ def interleaved(servers: dict, groups: list[tuple[str, list[str]]], clients: int
                 "p95_ms": metrics.percentile(a["latencies"], 95) * 1e3} for v, a in acc.items()}
 
 
+def job_harness(dirs: dict[str, Path], pairs: list[evaldata.Pair], threads: int, rounds: int,
+                timed_pairs: int | None) -> dict[str, dict]:
+    """The Job's served measurement (quantizer_job.serving) on every variant: all variants in turns, over all the
+    profiled pairs, and over the prefix of ``timed_pairs`` pairs the Job timed (when known)."""
+    d0 = dirs["fp32"]
+    cfg = layout.read_config(d0)
+    tok = textenc.load_tokenizer(str(d0 / "tokenizer.json"), textenc.max_input_length(cfg))
+    encode = serving.encoder(tok, layout.pad_token_id(cfg, d0 / "tokenizer.json"))
+    every = serving.served_batches(pairs)
+    sets = {"all": every}
+    if timed_pairs:
+        sets["job_prefix"] = every[:max(1, math.ceil(timed_pairs / TEI_MAX_BATCH))]
+    servers = {v: serving.Server(verify.make_session(d / layout.MODEL_FILE, threads), encode, every,
+                                 serving.tokenization_workers(threads)) for v, d in dirs.items()}
+    for s in servers.values():
+        s.warm()
+    out: dict[str, dict] = {v: {} for v in dirs}
+    for label, batches in sets.items():
+        for s in servers.values():
+            s.batches = batches
+        seconds = serving.in_turns({v: s.timed for v, s in servers.items()}, rounds)
+        n = sum(len(b) for b in batches)
+        out["fp32"][label] = {"pairs": n, "pairs_per_s": round(n / statistics.median(seconds["fp32"]), 2)}
+        for v, sp in serving.speedups(seconds).items():
+            out[v][label] = {"pairs": n, "pairs_per_s": round(n / statistics.median(seconds[v]), 2),
+                             "speedup": round(sp.median, 3), "speedup_low": round(sp.low, 3),
+                             "speedup_high": round(sp.high, 3)}
+    return out
+
+
 def torch_fp32(model_dir: Path, groups, threads: int) -> dict:
     """transformers cross-encoder in PyTorch FP32: the same pairs in batches of 8, same threads."""
     import torch
@@ -304,23 +482,77 @@ def dir_bytes(d: Path) -> int:
     return sum((d / n).stat().st_size for n in (layout.MODEL_FILE, layout.DATA_FILE) if (d / n).exists())
 
 
+def job_timed_pairs(groups: list[tuple[str, list[str]]], kernel_fp32_pairs_per_s: float | None) -> int | None:
+    """How many pairs the Job timed a round: ``serving.round_batches``, the Job's own rule
+    (RERANK_QUANTIZE_TIMING_SECONDS is 2 s unless set), at its kernel FP32 speed (quantizer_job/pipeline.py)."""
+    if not kernel_fp32_pairs_per_s:
+        return None
+    pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
+    secs = float(os.environ.get("RERANK_QUANTIZE_TIMING_SECONDS", "2.0"))
+    return sum(len(b) for b in serving.round_batches(pairs, kernel_fp32_pairs_per_s, secs))
+
+
+def compare_job(rows: dict, notes: dict) -> dict | None:
+    """The Job's figures for ``auto`` next to the router's for the same artifact, and auto's pick vs the best."""
+    auto = notes.get("auto")
+    if not auto or "auto" not in rows or "x_fp32_ort" not in rows["auto"]:
+        return None
+    js, r = auto["job_speed"], rows["auto"]
+    out = {"chosen": auto["chosen"], "job_speedup": js.get("speedup"),
+           "job_speedup_range": [js.get("speedup_low"), js.get("speedup_high")],
+           "job_kernel_speedup": js.get("kernel_speedup"), "router_speedup": r["x_fp32_ort"],
+           "router_speedup_per_round": r["x_fp32_ort_per_round"]}
+    if js.get("speedup"):
+        out["job_vs_router"] = round(js["speedup"] / r["x_fp32_ort"], 3)
+    tried = {t["name"]: t for t in auto.get("tried") or []}
+    for v, row in rows.items():  # the Job's own figure for every served recipe it tried too
+        if v in tried and "speedup" in tried[v]:
+            row["job_tried_speedup"] = tried[v]["speedup"]
+            row["job_tried_spread"] = tried[v].get("spread")
+            row["job_vs_router"] = round(tried[v]["speedup"] / row["x_fp32_ort"], 3)
+    cands = {v: row for v, row in rows.items() if v != "fp32" and "pairs_per_s" in row}
+    best = max(cands, key=lambda v: cands[v]["pairs_per_s"])
+    ratio = r["pairs_per_s"] / cands[best]["pairs_per_s"]
+    lo, hi = min(r["x_fp32_ort_per_round"]), max(r["x_fp32_ort_per_round"])
+    blo, bhi = min(cands[best]["x_fp32_ort_per_round"]), max(cands[best]["x_fp32_ort_per_round"])
+    tie_for_quality = (lo <= bhi and blo <= hi) and r["spearman_vs_fp32_ort"] >= cands[best]["spearman_vs_fp32_ort"]
+    out.update(best_router_variant=best, auto_vs_best=round(ratio, 3), auto_within_5pct=ratio >= 0.95,
+               auto_tie_for_quality=bool(tie_for_quality))
+    return out
+
+
 def run(fixture: str, variants: list[str], router: str | None, clients: int, rounds: int, queries: int,
-        threads: int, work: Path, chunk: int = 8) -> dict:
-    fx = trained_fixture.make_fixture(fixture, threads=threads)
+        work: Path, chunk: int = 8, profile: str = "fixture", pin: bool = True, with_job_harness: bool = True) -> dict:
+    serve_cpus, client_cpus = placement(pin)
+    pinned = serve_cpus != client_cpus
+    threads = len(serve_cpus)  # what TEI and the Job size their threads from, on the serving CPUs
+    fx = trained_fixture.make_fixture(fixture, threads=isa.cpu_budget())
     groups = [(p["query"], p["texts"]) for p in map(json.loads, Path(fx["eval_jsonl"]).read_text().splitlines())]
-    groups = groups[:queries]
-    dirs, notes = prepare(fx, work, variants, threads)
+    groups = profile_groups(groups[:queries], profile)
+    eval_jsonl = write_groups(work / f"eval-{profile}.jsonl", groups)
+    prefix = taskset(serve_cpus, pinned)
+    dirs, notes = prepare(fx, work, variants, isa.cpu_budget(), eval_jsonl, prefix)
     keys = [q for q, ts in groups for _ in ts]
-    tref = torch_fp32(Path(fx["model_dir"]), groups, threads)
+    with on_cpus(serve_cpus):
+        tref = torch_fp32(Path(fx["model_dir"]), groups, threads)
     servers: dict = {}
     try:
-        for v, d in dirs.items():
-            servers[v] = RouterServer(router, d, work / f"router-{v}.log") if router else FallbackServer(d, threads)
-        runs = interleaved(servers, groups, clients, rounds, chunk)
+        with on_cpus(serve_cpus):  # routers (taskset) or the fallback's worker threads start on the serving CPUs
+            for v, d in dirs.items():
+                servers[v] = (RouterServer(router, d, work / f"router-{v}.log", prefix) if router
+                              else FallbackServer(d, threads))
+        with on_cpus(client_cpus):  # the clients' threads are started (and stay) on the other CPUs
+            runs = interleaved(servers, groups, clients, rounds, chunk)
     finally:
         for srv in servers.values():
             srv.close()
-    torch_again = torch_fp32(Path(fx["model_dir"]), groups, threads)
+    timed = job_timed_pairs(groups, notes.get("auto", {}).get("job_speed", {}).get("kernel_fp32_pairs_per_s"))
+    jh = {}
+    with on_cpus(serve_cpus):
+        torch_again = torch_fp32(Path(fx["model_dir"]), groups, threads)
+        if with_job_harness:
+            pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
+            jh = job_harness(dirs, pairs, threads, rounds, timed)
     torch_pps = statistics.median([tref["pairs_per_s"], torch_again["pairs_per_s"]])
     fp32 = runs["fp32"]
     fp32_bytes = dir_bytes(dirs["fp32"])
@@ -329,8 +561,8 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
         s = r["scores"]
         per_round = [x / f for x, f in zip(r["rounds"], fp32["rounds"], strict=True)]
         rows[v] = {"pairs_per_s": round(r["pairs_per_s"], 2),
-                   "x_fp32_ort": round(r["pairs_per_s"] / fp32["pairs_per_s"], 2),
-                   "x_fp32_ort_per_round": [round(x, 2) for x in per_round],
+                   "x_fp32_ort": round(r["pairs_per_s"] / fp32["pairs_per_s"], 3),
+                   "x_fp32_ort_per_round": [round(x, 3) for x in per_round],
                    "x_torch_fp32": round(r["pairs_per_s"] / torch_pps, 2),
                    "p50_ms": round(r["p50_ms"], 1), "p95_ms": round(r["p95_ms"], 1),
                    "spearman_vs_torch": round(metrics.spearman(tref["scores"], s), 5),
@@ -338,39 +570,51 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
                    "spearman_vs_fp32_ort": round(metrics.spearman(fp32["scores"], s), 5),
                    "top3_vs_fp32_ort": round(metrics.topk_agreement(keys, fp32["scores"], s, 3), 4),
                    "model_bytes": dir_bytes(dirs[v]), "size_vs_fp32": round(dir_bytes(dirs[v]) / fp32_bytes, 3),
-                   "rounds_pairs_per_s": [round(x, 2) for x in r["rounds"]], **notes.get(v, {})}
-    enc_lens = textenc.token_lengths(textenc.load_tokenizer(str(dirs["fp32"] / "tokenizer.json"), 512),
-                                     [(q, t) for q, ts in groups for t in ts])
+                   "rounds_pairs_per_s": [round(x, 2) for x in r["rounds"]],
+                   **({"job_harness": jh[v]} if v in jh else {}), **notes.get(v, {})}
+    tok = textenc.load_tokenizer(str(dirs["fp32"] / "tokenizer.json"), 512)
     for v, n in notes.items():
         if v not in rows:
             rows[v] = {"not_served": "the Job published nothing", **n}
-    return {"fixture": fixture, "harness": RouterServer.harness if router else FallbackServer.harness,
-            "router": router, "clients": clients, "rounds": rounds,
-            "chunk_queries": chunk, "threads": threads, "queries": len(groups),
-            "pairs": len(keys), "median_tokens": int(np.median(enc_lens)),
-            "torch_fp32_pairs_per_s": round(torch_pps, 2), "fixture_training": fx.get("heldout_vs_teacher"),
+    return {"fixture": fixture, "profile": profile, "profile_lengths": profile_stats(groups, tok),
+            "eval_jsonl": str(eval_jsonl), "harness": RouterServer.harness if router else FallbackServer.harness,
+            "router": router, "pinned": pinned, "serve_cpus": serve_cpus, "client_cpus": client_cpus,
+            "clients": clients, "rounds": rounds, "chunk_queries": chunk, "threads": threads, "queries": len(groups),
+            "pairs": len(keys), "job_timed_pairs": timed, "torch_fp32_pairs_per_s": round(torch_pps, 2),
+            "fixture_training": fx.get("heldout_vs_teacher"), "job_vs_router": compare_job(rows, notes),
             "variants": rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixture", default="minilm-ce")
+    ap.add_argument("--profile", choices=PROFILES, default="fixture",
+                    help="text lengths: the fixture's, short (<= 300 characters) or longtail (median 200, p90 1,000)")
     ap.add_argument("--variants", default="auto")
     ap.add_argument("--router", default=None, help="path to a text-embeddings-router binary (ORT backend)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=8, help="queries each variant serves before the next one's turn")
     ap.add_argument("--queries", type=int, default=80)
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2,
+                    help="routers and the Job on the first CPU (taskset), clients on the others")
+    ap.add_argument("--job-harness", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time every variant with the Job's own served harness (quantizer_job.serving)")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (under --workdir) after the run")
     a = ap.parse_args()
     import onnxruntime
 
-    threads = isa.cpu_budget()
     variants = [v for v in a.variants.split(",") if v and v != "fp32"]
-    with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
-        out = run(a.fixture, variants, a.router, a.clients, a.rounds, a.queries, threads, Path(tmp), a.chunk)
+    tmp = tempfile.mkdtemp(dir=a.workdir, prefix="tei-rerank-")
+    try:
+        out = run(a.fixture, variants, a.router, a.clients, a.rounds, a.queries, Path(tmp), a.chunk, a.profile,
+                  a.pin, a.job_harness)
+    finally:
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     out.update(onnxruntime=onnxruntime.__version__, target=isa.detect_local_target(),
-               loadavg_after=os.getloadavg()[0])
+               loadavg_after=os.getloadavg()[0], **({"workdir": tmp} if a.keep else {}))
     print(json.dumps(out, indent=1))
 
 

@@ -204,7 +204,7 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
         if export_diff > 1e-3 * scale:
             raise JobError("ExportFailed", f"ONNX FP32 differs from PyTorch by {export_diff:.3g}")
         rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
-        served = serving.take_seconds(serving.served_batches(eval_pairs), ref.pairs_per_s, _timing_seconds())
+        served = serving.round_batches(eval_pairs, ref.pairs_per_s, _timing_seconds())
         fp32_rounds = None
         large = model_bytes(exported.onnx) > _fusion_max_bytes()  # too large to keep loaded beside each candidate
         if large and serve_threads(ctx) == ctx.threads:

@@ -18,8 +18,9 @@ What the sorted timing hides, and this harness keeps, is how TEI serves a CPU po
 - **A full queue.** Requests are always waiting (what matters for capacity under load), so the figure is
   throughput, pairs per second.
 - **Turns, not one long run each.** The models take turns over the same requests for several rounds, in a rotating
-  order, so a busy neighbour slows all of them alike; the per-round ratios to FP32 give the spread, and two
-  candidates whose spreads overlap are a tie (the search then prefers the better ranking: ``prefer``).
+  order, so a busy neighbour slows all of them alike; the per-round ratios to FP32 give the spread, and a candidate
+  whose median is inside the fastest's range (and within 5% of it) ties with it: the search then prefers the better
+  ranking (``prefer``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ from .evaldata import Pair
 MAX_BATCH_ENTRIES = 8
 #: Rounds of turns: enough for a spread; each round is one pass of every model over the same requests.
 ROUNDS = 3
+#: One round's work, in multiples of the Job's timing unit (RERANK_QUANTIZE_TIMING_SECONDS, 2 s) of FP32 kernel time.
+#: Measured against a real TEI router, rounds of 2 s (about 120 pairs of a MiniLM-size model) put two runs of the same
+#: Job up to 7% apart, more than their own ranges said; 3x as many pairs keeps the figure stable.
+ROUND_UNITS = 3.0
+#: A candidate ties with the fastest only if its median is inside the fastest's range and at most this much below
+#: its median: wide ranges from a loaded machine must not let a slow candidate win on quality.
+TIE_TOLERANCE = 0.05
 
 Session = Any  # onnxruntime.InferenceSession (no type information shipped)
 Batch = list[tuple[str, str]]
@@ -51,6 +59,12 @@ def served_batches(pairs: Sequence[Pair], max_entries: int = MAX_BATCH_ENTRIES) 
     (a request's texts are consecutive entries, so one request may span two batches, as in TEI)."""
     flat = [(p.query, p.text) for p in pairs]
     return [flat[i : i + max_entries] for i in range(0, len(flat), max_entries)]
+
+
+def round_batches(pairs: Sequence[Pair], kernel_pairs_per_s: float, timing_seconds: float) -> list[Batch]:
+    """One round's requests: the first served batches worth ``ROUND_UNITS`` x ``timing_seconds`` of FP32 work at its
+    kernel speed (the Job's and the benchmarks' one rule, so a benchmark can time exactly what the Job timed)."""
+    return take_seconds(served_batches(pairs), kernel_pairs_per_s, ROUND_UNITS * timing_seconds)
 
 
 def take_seconds(batches: Sequence[Batch], pairs_per_s: float, seconds: float, min_batches: int = 2) -> list[Batch]:
@@ -111,9 +125,6 @@ class Spread:
     low: float
     high: float
 
-    def overlaps(self, other: Spread) -> bool:
-        return self.low <= other.high and other.low <= self.high
-
 
 def spread(ratios: Sequence[float]) -> Spread:
     if not ratios:
@@ -138,15 +149,21 @@ def speedups(seconds: Mapping[str, Sequence[float]], baseline: str = "fp32") -> 
             for n, secs in seconds.items() if n != baseline}
 
 
+def ties(fastest: Spread, other: Spread, tolerance: float = TIE_TOLERANCE) -> bool:
+    """``other`` is as fast as ``fastest`` within the measurement: its median inside the fastest's range, and no
+    more than ``tolerance`` below the fastest's median (so noise costs at most that much speed)."""
+    return other.median >= max(fastest.low, fastest.median * (1.0 - tolerance))
+
+
 def prefer(found: Mapping[str, tuple[Spread, tuple[float, ...]]]) -> str:
-    """The fastest served candidate, unless another one's spread overlaps it: then the tie goes to quality.
+    """The fastest served candidate, unless another one ties with it (``ties``): then the best ranking wins.
 
     ``found`` maps a candidate to (its served speedup, its quality key, larger is better, e.g. (spearman, top-k)).
     Speed differences inside the measurement's own spread are noise; ranking differences are what users see."""
     if not found:
         raise ValueError("no candidates")
     fastest = max(found, key=lambda n: found[n][0].median)
-    tied = [n for n in found if found[n][0].overlaps(found[fastest][0])]
+    tied = [n for n in found if ties(found[fastest][0], found[n][0])]
     return max(tied, key=lambda n: (found[n][1], found[n][0].median))
 
 

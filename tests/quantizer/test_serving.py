@@ -35,6 +35,8 @@ def test_batches_follow_arrival_order_with_at_most_eight_entries_and_no_length_s
 
 
 def test_one_round_takes_about_the_timing_budget_and_at_least_two_batches() -> None:
+    ps = pairs({f"q{i}": 8 for i in range(10)})
+    assert serving.round_batches(ps, 16.0, 2.0 / serving.ROUND_UNITS) == serving.served_batches(ps)[:4]
     batches = [[("q", str(i))] * 8 for i in range(10)]
     assert len(serving.take_seconds(batches, pairs_per_s=16.0, seconds=2.0)) == 4  # 32 pairs wanted
     assert len(serving.take_seconds(batches, pairs_per_s=1.0, seconds=1.0)) == 2  # the minimum
@@ -92,6 +94,17 @@ def test_a_speed_difference_inside_the_spread_goes_to_quality() -> None:
     assert serving.prefer({"a": separated, "b": tied_better}) == "a"
 
 
+def test_a_wide_range_from_a_loaded_machine_does_not_make_a_slow_candidate_a_tie() -> None:
+    # Seen under load: a slow candidate's range [1.17, 2.60] overlapped every other one and won on quality.
+    noisy_slow_best = (serving.Spread(1.45, 1.17, 2.60), (0.998, 0.95))
+    fast = (serving.Spread(1.91, 1.87, 1.97), (0.995, 0.95))
+    assert serving.prefer({"slow": noisy_slow_best, "fast": fast}) == "fast"
+    # Inside the fastest's range but more than 5% below its median: still not a tie (noise costs at most 5%).
+    wide_fastest = serving.Spread(2.00, 1.70, 2.10)
+    assert not serving.ties(wide_fastest, serving.Spread(1.85, 1.80, 1.90))
+    assert serving.ties(wide_fastest, serving.Spread(1.92, 1.80, 2.00))
+
+
 def test_the_search_chooses_by_the_served_spread() -> None:
     def trial(name: str, spearman: float, speed: tuple[float, float, float]) -> search.Trial:
         mid, low, high = speed
@@ -100,11 +113,11 @@ def test_the_search_chooses_by_the_served_spread() -> None:
                             speed={"int8_pairs_per_s": 100 * mid, "speedup": mid, "speedup_low": low,
                                    "speedup_high": high, "size_ratio": 0.26}, why=[])
 
-    noisy_tie = [trial("fast", 0.991, (2.04, 1.90, 2.20)), trial("ranks-better", 0.996, (2.00, 1.85, 2.15))]
+    noisy_tie = [trial("fast", 0.991, (2.04, 1.99, 2.20)), trial("ranks-better", 0.996, (2.00, 1.85, 2.15))]
     chosen = search.choose(noisy_tie)
     assert chosen is not None and chosen.recipe.name == "ranks-better"
     line = search.tried_line(noisy_tie[0])
-    assert line["spread"] == [1.9, 2.2] and line["speedup"] == 2.04
+    assert line["spread"] == [1.99, 2.2] and line["speedup"] == 2.04
     for a, b in itertools.permutations(noisy_tie):  # the order tried does not matter
         got = search.choose([a, b])
         assert got is not None and got.recipe.name == "ranks-better"

@@ -14,7 +14,7 @@ What the sorted timing hides, and this harness keeps, is how TEI serves a CPU po
   thread through the same fast tokenizer (it releases the GIL), so its cost competes with ONNX Runtime's threads as
   it does in the pod.
 - **TEI's session.** ``verify.make_session``: ``ORT_ENABLE_ALL`` applied online at load, intra-op threads = the
-  CPUs the Job may use (its pod's limit), one inference at a time.
+  CPU pool's CPUs (``--serve-threads``, at most the Job's own), one inference at a time.
 - **A full queue.** Requests are always waiting (what matters for capacity under load), so the figure is
   throughput, pairs per second.
 - **Turns, not one long run each.** The models take turns over the same requests for several rounds, in a rotating
@@ -88,7 +88,7 @@ def serve_pass(run: Callable[[dict[str, np.ndarray]], object], encode: Callable[
 
     The queue between tokenizers and the inference thread is bounded (two batches per worker ahead), as TEI's
     tokenization keeps pace with arrivals rather than tokenizing the whole backlog at once."""
-    ready: queue.Queue[tuple[int, dict[str, np.ndarray]]] = queue.Queue(maxsize=2 * max(1, workers))
+    ready: queue.Queue[tuple[int, dict[str, np.ndarray] | BaseException]] = queue.Queue(maxsize=2 * max(1, workers))
     todo: queue.Queue[int] = queue.Queue()
     for i in range(len(batches)):
         todo.put(i)
@@ -99,7 +99,11 @@ def serve_pass(run: Callable[[dict[str, np.ndarray]], object], encode: Callable[
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            ready.put((i, encode(batches[i])))
+            try:
+                ready.put((i, encode(batches[i])))
+            except Exception as exc:  # handed to the inference thread, which would otherwise wait for it forever
+                ready.put((i, exc))
+                return
 
     threads = [threading.Thread(target=tokenize, daemon=True) for _ in range(max(1, workers))]
     started = time.perf_counter()
@@ -108,8 +112,10 @@ def serve_pass(run: Callable[[dict[str, np.ndarray]], object], encode: Callable[
     waiting: dict[int, dict[str, np.ndarray]] = {}
     for nxt in range(len(batches)):  # inference in arrival order, one batch at a time
         while nxt not in waiting:
-            i, feed = ready.get()
-            waiting[i] = feed
+            i, got = ready.get()
+            if isinstance(got, BaseException):
+                raise got
+            waiting[i] = got
         run(waiting.pop(nxt))
     elapsed = time.perf_counter() - started
     for t in threads:

@@ -63,6 +63,16 @@ def test_inference_runs_in_arrival_order_while_workers_tokenize_ahead() -> None:
     assert len(encoders) == 3 and threading.current_thread().name not in encoders  # tokenized off the main thread
 
 
+def test_a_tokenizer_error_is_raised_not_waited_for() -> None:
+    def encode(batch: serving.Batch) -> dict[str, np.ndarray]:
+        if batch[0][1] == "3":
+            raise ValueError("cannot tokenize 3")
+        return {"input_ids": np.array([[0]])}
+
+    with pytest.raises(ValueError, match="cannot tokenize 3"):
+        serving.serve_pass(lambda feed: None, encode, [[("q", str(i))] for i in range(6)], workers=2)
+
+
 def test_models_take_turns_in_a_rotating_order() -> None:
     order: list[str] = []
 

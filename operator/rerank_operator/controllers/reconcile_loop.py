@@ -97,13 +97,8 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     refused = tuple(str(r) for r in executed.other_refusals)
     new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
                                   compliance=tenancy.condition(), quota=quota)
-    patch = statuses.merge_patch(previous, new_status)
-    if patch:
-        cluster.patch_status(owner, patch)
-    posted = events.actions(plan, executed.done) + events.transitions(previous, new_status)
-    for event in posted:
-        cluster.post_event(owner, event)
-    writes = len(executed.done) + len(executed.refused) + bool(patch) + len(posted)
+    written = _write_status(cluster, owner, previous, new_status, events.actions(plan, executed.done))
+    writes = len(executed.done) + len(executed.refused) + written
     _count_jobs(plan, executed.done, previous, new_status)
     pools = new_status.get("pools") or {}
     metrics.record_model(
@@ -136,10 +131,16 @@ def _refuse(cluster: ClusterAccess, owner: names.Owner, previous: Mapping[str, A
     """Record why nothing was applied (children that already run are left alone) and post its transitions; returns
     the writes made."""
     new_status = statuses.compute(owner.generation, previous, now, refusal, compliance=tenancy.condition())
+    return _write_status(cluster, owner, previous, new_status)
+
+
+def _write_status(cluster: ClusterAccess, owner: names.Owner, previous: Mapping[str, Any],
+                  new_status: Mapping[str, Any], actions: Sequence[events.Event] = ()) -> int:
+    """Patch the status if it changed, then post ``actions`` and the status's transitions; returns the writes."""
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
-    posted = events.transitions(previous, new_status)
+    posted = [*actions, *events.transitions(previous, new_status)]
     for event in posted:
         cluster.post_event(owner, event)
     return bool(patch) + len(posted)

@@ -6,7 +6,6 @@ plane cannot start, those tests ERROR with the component logs; they are never sk
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 
 from rerank_devcluster import binaries
 from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.operator_process import apply_and_wait_established, install_crds
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRDS_DIR = REPO_ROOT / "crds"
@@ -55,30 +55,17 @@ def kube(cluster: Cluster):  # -> kubernetes.client.ApiClient
     return config.new_client_from_config(config_file=str(cluster.kubeconfig))
 
 
-def _apply_and_wait_established(cluster: Cluster, files: list[Path]) -> list[str]:
-    names = []
-    for f in files:
-        out = cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", str(f), "-o", "json")
-        doc = json.loads(out.stdout)
-        items = doc.get("items", [doc])
-        names += [f"crd/{i['metadata']['name']}" for i in items if i.get("kind") == "CustomResourceDefinition"]
-    if names:
-        cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", *names)
-    return names
-
-
 @pytest.fixture(scope="session")
 def crds_installed(cluster: Cluster) -> list[str]:
     """The project's CRDs from crds/, applied server-side and Established."""
-    files = sorted(CRDS_DIR.glob("*.yaml"))
-    assert files, f"no CRDs in {CRDS_DIR}"
-    return _apply_and_wait_established(cluster, files)
+    assert sorted(CRDS_DIR.glob("*.yaml")), f"no CRDs in {CRDS_DIR}"
+    return install_crds(cluster)
 
 
 @pytest.fixture(scope="session")
 def gateway_api_installed(cluster: Cluster) -> list[str]:
     """Gateway API standard CRDs (HTTPRoute, Gateway, ...) from the sigs.k8s.io/gateway-api module zip."""
-    return _apply_and_wait_established(cluster, binaries.gateway_api_crds())
+    return apply_and_wait_established(cluster, binaries.gateway_api_crds())
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@
     with Cluster.start() as cluster:
         subprocess.run([cluster.kubectl, "--kubeconfig", cluster.kubeconfig, "get", "nodes"])
 
-What runs: etcd, kube-apiserver (RBAC, admission, CEL, audit log of write calls), kube-controller-manager
-(Deployments, ReplicaSets, Jobs, garbage collection, namespaces), kube-scheduler, and kwok faking the kubelets of
+What runs: etcd, kube-apiserver (RBAC, admission, CEL, audit log of write calls and of the operator's
+every call), kube-controller-manager
+(Deployments, ReplicaSets, Jobs, garbage collection, namespaces; client rate limits raised for fleets of models),
+kube-scheduler, and kwok faking the kubelets of
 a few nodes (two CPU nodes and one GPU node advertising ``nvidia.com/gpu``). With ``real_node=True`` a real
 worker node joins them (containerd, runc, CNI, kubelet: :mod:`rerank_devcluster.realnode`), tainted so that only
 pods asking for it run there. Each component logs to ``<workdir>/logs/<name>.log``; :meth:`Cluster.log_tails`
@@ -46,16 +48,30 @@ NODES: dict[str, dict[str, Any]] = {
     },
 }
 
-# Audit only what changes state: tests count the operator's write calls (an idle reconcile must make none).
-AUDIT_POLICY = """\
+#: The operator's identity in the tests and benchmarks (rerank_devcluster.operator_process.OPERATOR_USER).
+OPERATOR_USER = "system:serviceaccount:rerank-system:rerank-operator"
+
+# The audit log: every request of the operator's ServiceAccount (reads included: benchmarks/fleet.py counts its
+# requests per second by verb; a long-running watch logs ResponseStarted when it opens and ResponseComplete when it
+# ends), and only what changes state for everyone else. Tests count the operator's write calls by verb (an idle
+# reconcile must make none), so its reads being here changes nothing for them.
+AUDIT_POLICY = f"""\
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
 - level: Metadata
+  users: ["{OPERATOR_USER}"]
+- level: Metadata
   verbs: [create, update, patch, delete, deletecollection]
 - level: None
 """
+
+# Client rate limits of the control plane's own controllers. Their defaults (controller-manager 20 QPS, burst 30;
+# the scheduler 50/100) would make a fleet of a thousand models wait on the Job, ReplicaSet and scheduler clients
+# rather than on the operator; a local etcd and API server take far more than this.
+KUBE_API_QPS = 400
+KUBE_API_BURST = 800
 
 
 class ClusterError(RuntimeError):
@@ -172,11 +188,14 @@ class Cluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--use-service-account-credentials=false",
             "--controllers=*,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
             "--concurrent-gc-syncs=5",
+            f"--kube-api-qps={KUBE_API_QPS}", f"--kube-api-burst={KUBE_API_BURST}",
+            "--concurrent-job-syncs=10", "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
         ])
         self.processes.spawn("kube-scheduler", [
             str(self.bins.kube_scheduler), f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}", "--leader-elect=false",
+            f"--kube-api-qps={KUBE_API_QPS}", f"--kube-api-burst={KUBE_API_BURST}",
         ])
         self.processes.spawn("kwok", [
             str(self.bins.kwok), f"--kubeconfig={kc}", f"--config={KWOK_CONFIG}",
@@ -231,7 +250,8 @@ class Cluster:
                               text=True, input=input, timeout=120)
 
     def audit_events(self) -> list[dict[str, Any]]:
-        """Every write call the apiserver has seen so far (audit level Metadata)."""
+        """Every audit event so far (level Metadata): everyone's write calls, and every call of the operator's
+        ServiceAccount (``AUDIT_POLICY``); filter by ``verb`` for writes."""
         if not self.audit_log.exists():
             return []
         return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
@@ -239,23 +259,8 @@ class Cluster:
     def finish_pod(self, namespace: str, name: str, exit_code: int, message: str = "") -> None:
         """End a held pod the way a real container would: terminated state, termination message, phase."""
         pod = json.loads(self.kubectl_run("get", "pod", "-n", namespace, name, "-o", "json").stdout)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        statuses = []
-        for c in pod["spec"]["containers"]:
-            terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                          "startedAt": now, "finishedAt": now}
-            if message:
-                terminated["message"] = message
-            statuses.append({"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
-                             "started": False, "restartCount": 0, "state": {"terminated": terminated}})
-        patch = {"status": {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "containerStatuses": statuses,
-            "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
-                           for t in ("Ready", "ContainersReady")],
-        }}
         self.kubectl_run("patch", "pod", "-n", namespace, name, "--subresource=status", "--type=merge",
-                         "-p", json.dumps(patch))
+                         "-p", json.dumps(finished_pod_status(pod, exit_code, message)))
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _write_kubeconfig(self, certs: pki.Pki) -> None:
@@ -297,8 +302,15 @@ class Cluster:
         except OSError:
             return False
 
-    def _create_nodes(self) -> None:
-        for name, spec in NODES.items():
+    def add_nodes(self, nodes: dict[str, dict[str, Any]], timeout: float = 60.0) -> None:
+        """More kwok nodes (same shape as :data:`NODES`: labels, and allocatable that replaces the defaults'), e.g.
+        room for a benchmark's thousands of pods; returns once they are Ready."""
+        self._create_nodes(nodes)
+        self.processes.wait_for(lambda: all(self._node_ready(n) for n in nodes), time.monotonic() + timeout,
+                                f"kwok nodes {sorted(nodes)} to become Ready")
+
+    def _create_nodes(self, nodes: dict[str, dict[str, Any]] = NODES) -> None:
+        for name, spec in nodes.items():
             body = {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
@@ -321,6 +333,26 @@ class Cluster:
     def _node_ready(self, name: str) -> bool:
         code, node = self.request("GET", f"/api/v1/nodes/{name}")
         return code == 200 and _is_ready(node)
+
+
+def finished_pod_status(pod: dict[str, Any], exit_code: int, message: str = "") -> dict[str, Any]:
+    """The status patch that ends a held pod (``pod`` as the API returns it) the way a real container would:
+    terminated state with ``exit_code`` and the termination ``message``, phase Succeeded or Failed."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    statuses = []
+    for c in pod["spec"]["containers"]:
+        terminated: dict[str, Any] = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                      "startedAt": now, "finishedAt": now}
+        if message:
+            terminated["message"] = message
+        statuses.append({"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+                         "started": False, "restartCount": 0, "state": {"terminated": terminated}})
+    return {"status": {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": statuses,
+        "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                       for t in ("Ready", "ContainersReady")],
+    }}
 
 
 def _is_ready(node: dict[str, Any]) -> bool:

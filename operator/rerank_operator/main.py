@@ -1,7 +1,8 @@
-"""``rerank-operator``: the operator process (kopf, standalone, no peering).
+"""``rerank-operator``: the operator process (kopf, standalone: no kopf peering; leader election is our own Lease).
 
 Flags (docs/operations.md, "The operator process"): ``--namespace NS`` (repeatable) or ``--all-namespaces`` (default),
-``--health-port`` (serves ``/healthz``), ``--metrics-port`` (Prometheus ``/metrics``), ``--log-format json|text``.
+``--health-port`` (serves ``/healthz``), ``--metrics-port`` (Prometheus ``/metrics``), ``--log-format json|text``,
+``--leader-election`` and its ``--leader-election-*`` timing (docs/operations.md, "High availability").
 The flags become one typed ``settings.Settings``, handed to ``handlers.install``: nothing travels through the
 environment.
 """
@@ -18,6 +19,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.leadership import DEFAULT_LEASE_NAME, LeaderElectionSettings
 from rerank_operator.core.settings import DEFAULT_RESYNC_SECONDS, Settings
 
 
@@ -42,6 +44,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="PromQL giving GPU memory used (bytes) per GPU pool pod")
     prom.add_argument("--prometheus-gpu-memory-total-query", default="",
                       help="PromQL giving GPU memory total (bytes) per GPU pool pod")
+    election = parser.add_argument_group(
+        "leader election", "run several replicas: one leads (writes), the others keep their caches warm and take "
+        "over through a coordination.k8s.io Lease (docs/operations.md, High availability)")
+    election.add_argument("--leader-election", action="store_true",
+                          help="elect one leader through a Lease (off: this process always writes)")
+    election.add_argument("--leader-election-namespace", default=None,
+                          help="namespace of the Lease (default: $POD_NAMESPACE, the operator's own)")
+    election.add_argument("--leader-election-id", default=DEFAULT_LEASE_NAME, help="name of the Lease")
+    election.add_argument("--leader-election-lease-seconds", type=float, default=10.0,
+                          help="how long a standby waits after the Lease last changed before it takes over")
+    election.add_argument("--leader-election-renew-seconds", type=float, default=7.0,
+                          help="how long the leader keeps leading without a successful renew")
+    election.add_argument("--leader-election-retry-seconds", type=float, default=2.0,
+                          help="how often the leader renews and a standby tries to acquire")
     return parser.parse_args(argv)
 
 
@@ -50,8 +66,16 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     prometheus = PrometheusSettings(url=args.prometheus_url or None,
                                     gpu_memory_used_query=args.prometheus_gpu_memory_used_query or None,
                                     gpu_memory_total_query=args.prometheus_gpu_memory_total_query or None)
-    return Settings.from_env(env, prometheus=prometheus, resync_seconds=args.resync_seconds,
-                             watch_server_timeout=args.watch_server_timeout)
+    try:
+        election = LeaderElectionSettings(
+            enabled=args.leader_election, namespace=args.leader_election_namespace or None,
+            name=args.leader_election_id, lease_duration_seconds=args.leader_election_lease_seconds,
+            renew_deadline_seconds=args.leader_election_renew_seconds,
+            retry_period_seconds=args.leader_election_retry_seconds)
+        return Settings.from_env(env, prometheus=prometheus, resync_seconds=args.resync_seconds,
+                                 watch_server_timeout=args.watch_server_timeout, leader_election=election)
+    except ValueError as exc:  # inconsistent flags: refuse to start, saying which, as argparse would
+        raise SystemExit(f"rerank-operator: error: {exc}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     asyncio.run(kopf.operator(
-        registry=handlers.install(settings),
+        registry=handlers.install(settings, args.namespaces),
         standalone=True,
         clusterwide=not args.namespaces,
         namespaces=args.namespaces,

@@ -7,20 +7,17 @@
   ``rerank-operator`` subprocess watching that namespace; teardown deletes the RerankModels while the operator still
   runs (kopf's finalizer), then stops it.
 - Write calls are counted from the API server's audit log, by the operator's user: that includes kopf's own writes,
-  which the operator's metric cannot see.
+  which the operator's metric cannot see. (The audit log also has the operator's reads; ``operator_writes`` filters.)
+- The identity, the operator process, static PVs and the quantizer's termination messages live in
+  ``rerank_devcluster.operator_process``, shared with benchmarks/fleet.py; they are re-exported here.
 """
 
 from __future__ import annotations
 
 import copy
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -28,154 +25,56 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from quantizer_job import contract
-from rerank_devcluster.cluster import Cluster, free_port
+from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.operator_process import (
+    GROUP,
+    OPERATOR_NS,
+    OPERATOR_SA,
+    OPERATOR_USER,
+    PLURAL,
+    RBAC_RULES,
+    REPO,
+    RESYNC_SECONDS,
+    VERSION,
+    WRITE_VERBS,
+    Identity,
+    OperatorProcess,
+    create_identity,
+    published,
+    refused,
+    static_pv,
+)
+from rerank_devcluster.operator_process import kubectl_apply as _kubectl_apply
 from rerank_devcluster.waiting import eventually
 
-REPO = Path(__file__).resolve().parents[2]
-RBAC_RULES = REPO / "operator" / "rerank_operator" / "rbac_rules.yaml"
-OPERATOR_NS = "rerank-system"
-OPERATOR_SA = "rerank-operator"
-OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
-RESYNC_SECONDS = 2.0
-GROUP, VERSION, PLURAL = "rerank.io", "v1alpha1", "rerankmodels"
-WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+__all__ = ["GROUP", "OPERATOR_NS", "OPERATOR_SA", "OPERATOR_USER", "PLURAL", "RBAC_RULES", "REPO", "RESYNC_SECONDS",
+           "VERSION", "WRITE_VERBS", "Env", "Identity", "Kube", "OperatorProcess", "_kubectl_apply", "audit_now",
+           "bind_leader_election", "cleanup", "eventually", "operator_identity", "published", "refused",
+           "rerank_model", "rrm_env", "static_pv"]
 
 
-
-
-# --- identity -------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Identity:
-    kubeconfig: Path
-    username: str
-
-
-def _kubectl_apply(cluster: Cluster, objs: list[dict[str, Any]]) -> None:
-    cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-",
-                        input="\n---\n".join(yaml.safe_dump(o) for o in objs))
+LEADER_ELECTION_RULES = REPO / "operator" / "rerank_operator" / "rbac_leader_election.yaml"
 
 
 @pytest.fixture(scope="session")
 def operator_identity(cluster: Cluster, crds_installed: list[str]) -> Identity:
-    rules = yaml.safe_load(RBAC_RULES.read_text())
+    identity = create_identity(cluster)
+    bind_leader_election(cluster, OPERATOR_NS)  # as the chart does: the Lease lives in the operator's namespace
+    return identity
+
+
+def bind_leader_election(cluster: Cluster, namespace: str) -> None:
+    """A Role of exactly rbac_leader_election.yaml in ``namespace``, bound to the operator's ServiceAccount."""
+    name = "rerank-operator-leader-election"
     _kubectl_apply(cluster, [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": OPERATOR_SA, "namespace": OPERATOR_NS}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "rerank-operator-test"}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "rerank-operator-test"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rerank-operator-test"},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace},
+         "rules": yaml.safe_load(LEADER_ELECTION_RULES.read_text())},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS}]},
     ])
-    eventually(lambda: cluster.kubectl_run("get", "sa", OPERATOR_SA, "-n", OPERATOR_NS, check=False).returncode == 0,
-               what="the operator's ServiceAccount")
-    token = cluster.kubectl_run("create", "token", OPERATOR_SA, "-n", OPERATOR_NS, "--duration=4h").stdout.strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
-    path = cluster.workdir / "operator-kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-        "clusters": [{"name": "dev", "cluster": {"server": cluster.server, "certificate-authority-data": ca}}],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "dev", "user": "operator"}}],
-    }))
-    return Identity(path, OPERATOR_USER)
-
-
-# --- the operator process ---------------------------------------------------------------------------------------------
-
-@dataclass
-class OperatorProcess:
-    cluster: Cluster
-    identity: Identity
-    namespaces: list[str]
-    proc: subprocess.Popen[bytes] | None = None
-    metrics_port: int = 0
-    health_port: int = 0
-    starts: int = 0
-    log: Path = field(default=Path("/dev/null"))
-    extra_env: dict[str, str] = field(default_factory=dict)
-    # How the operator is started; test_autoscaling.py uses scrape_redirect.py, which runs the same main().
-    launcher: list[str] = field(default_factory=lambda: ["-m", "rerank_operator.main"])
-
-    def start(self) -> OperatorProcess:
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.starts += 1
-        self.log = self.cluster.logs_dir / f"operator-{'-'.join(self.namespaces)}-{self.starts}.log"
-        env = {**self.cluster.env(), "KUBECONFIG": str(self.identity.kubeconfig), **self.extra_env}
-        argv = [sys.executable, *self.launcher, "--log-format", "json", "--watch-server-timeout", "20",
-                "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
-                "--resync-seconds", str(RESYNC_SECONDS)]
-        for ns in self.namespaces:
-            argv += ["--namespace", ns]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        eventually(self.healthy, timeout=30, what=f"operator /healthz (log {self.log})")
-        return self
-
-    def healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as when a node dies or the OOM killer strikes."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
-    def metric_sum(self, prefix: str) -> float:
-        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
-
-    def resyncs(self, count: int, timeout: float = 60) -> float:
-        """Wait (the shared ``eventually`` loop) until the operator has run ``count`` more reconciles than now, its
-        resync timer's included; returns how many it ran. Replaces sleeping for "a few resync periods"."""
-        start = self.metric_sum("rerank_operator_reconciles_total")
-
-        def more() -> float:
-            return self.metric_sum("rerank_operator_reconciles_total") - start
-
-        eventually(lambda: more() >= count, timeout, f"{count} more reconciles (log {self.log})")
-        return more()
-
-    def settle(self, quiet: float = 1.0, timeout: float = 60) -> None:
-        """Wait until the operator has made no write request for ``quiet`` seconds (its own write counter): the last
-        status and event writes of a transition have landed."""
-        last = {"writes": self.metric_sum("rerank_operator_api_writes_total"), "since": time.monotonic()}
-
-        def quiet_enough() -> bool:
-            writes, now = self.metric_sum("rerank_operator_api_writes_total"), time.monotonic()
-            if writes != last["writes"]:
-                last.update(writes=writes, since=now)
-            return now - last["since"] >= quiet
-
-        eventually(quiet_enough, timeout, f"the operator's writes to settle (log {self.log})", every=0.2)
 
 
 # --- the test's view of the cluster -----------------------------------------------------------------------------------
@@ -275,19 +174,6 @@ def rerank_model(name: str, ns: str, storage_class: str, **spec: Any) -> dict[st
     return copy.deepcopy(body)
 
 
-def published(artifact_id: str) -> str:
-    return contract.JobResult(
-        ok=True, reason="Published", message="published", artifact_id=artifact_id,
-        path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id), manifest_sha256="cd" * 32,
-        size_bytes=580_123_456, quality={"spearman": 0.994, "topk_agreement": 0.96},
-        speed={"fp32_pairs_per_s": 41.0, "int8_pairs_per_s": 118.0, "speedup": 2.88},
-        recipe={"per_channel": True, "operators": ["MatMul"]}).to_message()
-
-
-def refused(reason: str, message: str) -> str:
-    return contract.JobResult(ok=False, reason=reason, message=message).to_message()
-
-
 @dataclass
 class Env:
     cluster: Cluster
@@ -334,15 +220,6 @@ class Env:
         return [e for e in self.cluster.audit_events()
                 if e.get("user", {}).get("username") == self.operator.identity.username
                 and e.get("verb") in WRITE_VERBS and e.get("stageTimestamp", "") >= since]
-
-
-def static_pv(cluster: Cluster, name: str, storage_class: str) -> None:
-    _kubectl_apply(cluster, [{
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-        "spec": {"capacity": {"storage": "500Gi"}, "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
-                 "storageClassName": storage_class, "persistentVolumeReclaimPolicy": "Delete",
-                 "hostPath": {"path": f"/tmp/{name}"}},
-    }])
 
 
 def audit_now() -> str:

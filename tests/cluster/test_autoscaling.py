@@ -1,12 +1,13 @@
 """The autoscaler on the real control plane: bursts, spillover to the CPU pool, recovery, a lost GPU pool, lost metrics.
 
 The pools' pods are kwok pods, so the test serves their ``te_*`` metrics itself: each pod gets a local HTTP server
-(``FakePod``) and the operator is pointed at them through scrape_redirect.py's address file (pod name ->
-127.0.0.1:port, rewritten as pods come and go). ``Fleet`` is a small fluid queueing model of the service: requests
-arrive at a rate the test sets, are split between the pools by the HTTPRoute's weights (as a Gateway would) and
-evenly over each pool's Ready pods; a pod serves at most its capacity, the rest queues, and every request is observed
-in the latency histograms with its queueing time. So the operator sees what a real TEI fleet would show: latency
-and queues that grow when a pool is short of replicas and fall when the operator reacts.
+(``FakePod``, on rerank_devcluster.fake_tei) and the operator is pointed at them through
+rerank_devcluster.scrape_redirect's address file (pod name -> 127.0.0.1:port, rewritten as pods come and go).
+``Fleet`` is a small fluid queueing model of the service: requests arrive at a rate the test sets, are split between
+the pools by the HTTPRoute's weights (as a Gateway would) and evenly over each pool's Ready pods; a pod serves at
+most its capacity, the rest queues, and every request is observed in the latency histograms with its queueing time.
+So the operator sees what a real TEI fleet would show: latency and queues that grow when a pool is short of replicas
+and fall when the operator reacts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, static_pv
 
+from rerank_devcluster.fake_tei import MetricsServer, TeiCounters
 from rerank_devcluster.waiting import eventually
 
 pytestmark = pytest.mark.cluster
 
 NAME = "bge-m3"
-BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CAPACITY = {"gpu": 10.0, "cpu": 4.0}      # requests/s one pod serves
 BASE_LATENCY = {"gpu": 0.03, "cpu": 0.2}  # seconds, without queueing
 MAX_BACKLOG = 400.0                        # per pod; beyond it requests fail
@@ -47,84 +47,25 @@ POOLS = {"cpu": {"minReplicas": 1, "maxReplicas": 4},
 GATEWAY = {"gateway": {"parentRefs": [{"name": "shared", "namespace": "gateway-system"}]}}
 
 
-class Histogram:
-    def __init__(self) -> None:
-        self.buckets = [0.0] * len(BUCKETS)
-        self.count = 0.0
-        self.sum = 0.0
-
-    def observe(self, value: float, n: float) -> None:
-        for i, le in enumerate(BUCKETS):
-            if value <= le:
-                self.buckets[i] += n
-        self.count += n
-        self.sum += value * n
-
-    def render(self, name: str) -> list[str]:
-        lines = [f"# TYPE {name} histogram"]
-        lines += [f'{name}_bucket{{le="{le}"}} {n}' for le, n in zip(BUCKETS, self.buckets, strict=True)]
-        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
-        return lines
-
-
 class FakePod:
     """One TEI pod's /metrics, fed by the fleet's model; ``up`` False answers 503 (the endpoint is down)."""
 
     def __init__(self, pool: str, fleet: Fleet) -> None:
         self.pool = pool
-        self.requests = self.success = self.failure = self.backlog = 0.0
-        self.duration, self.queue_duration = Histogram(), Histogram()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # the name is http.server's API
-                if not fleet.up:
-                    self.send_error(503)
-                    return
-                with fleet.lock:
-                    body = owner.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.counters = TeiCounters(CAPACITY[pool], BASE_LATENCY[pool], MAX_BACKLOG)
+        self.server = MetricsServer(lambda: self.render() if fleet.up else None)
+        self.address = self.server.address
+        self.fleet = fleet
 
     def step(self, rate: float, dt: float) -> None:
-        """``rate`` requests/s arrive for ``dt`` seconds; serve what capacity allows, queue or drop the rest."""
-        capacity = CAPACITY[self.pool]
-        arrived = rate * dt
-        self.requests += arrived
-        served = min(self.backlog + arrived, capacity * dt)
-        self.backlog += arrived - served
-        dropped = max(0.0, self.backlog - MAX_BACKLOG)
-        self.backlog -= dropped
-        self.failure += dropped
-        self.success += served
-        if served > 0:
-            waited = self.backlog / capacity
-            self.queue_duration.observe(waited, served)
-            self.duration.observe(BASE_LATENCY[self.pool] + waited, served)
+        self.counters.step(rate, dt)
 
     def render(self) -> str:
-        return "\n".join([
-            "# TYPE te_request_count counter", f'te_request_count{{method="batch"}} {self.requests}',
-            "# TYPE te_request_success counter", f'te_request_success{{method="batch"}} {self.success}',
-            "# TYPE te_request_failure counter", f'te_request_failure{{err="overloaded"}} {self.failure}',
-            "# TYPE te_queue_size gauge", f"te_queue_size {self.backlog}",
-            *self.duration.render("te_request_duration"),
-            *self.queue_duration.render("te_request_queue_duration"), "",
-        ])
+        with self.fleet.lock:
+            return self.counters.render()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
 
 class Fleet:
@@ -204,7 +145,7 @@ def scaled(cluster: Any, kube: client.ApiClient, namespace: str, operator_identi
     static_pv(cluster, f"pv-{namespace}", namespace)
     override = tmp_path / "scrape-addresses.json"
     override.write_text("{}")
-    launcher = [str(Path(__file__).with_name("scrape_redirect.py")), str(override)]
+    launcher = ["-m", "rerank_devcluster.scrape_redirect", str(override)]
     operator = OperatorProcess(cluster, operator_identity, [namespace], launcher=launcher).start()
     env = Env(cluster, Kube(cluster, kube), namespace, namespace, operator)
     try:

@@ -200,3 +200,57 @@ def test_the_two_builders_own_disjoint_fields_and_carry_the_others_over() -> Non
     off = statuses.autoscaler_part(both, None, [], generation=1, now="t2")
     assert off == reconciled
     assert statuses.merge_patch(both, off) == {"autoscaling": None, "conditions": reconciled["conditions"]}
+
+
+class Fleet:
+    """Several models' FakeClusters behind one ClusterAccess, by the owner's name (the fleet loop's view)."""
+
+    def __init__(self, models: dict[str, FakeCluster]) -> None:
+        self.models = models
+
+    def all_keys(self) -> list[tuple[str, str]]:
+        return [(NS, name) for name in self.models]
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            name = args[1] if method == "get_model" else args[0].name if args else None
+            fake = self.models[str(name)] if name in self.models else next(iter(self.models.values()))
+            return getattr(fake, method)(*args, **kwargs)
+        return call
+
+
+class RecordingSources(autoscaler.Sources):
+    def __init__(self, tei: FakeTei, clock: list[float]) -> None:
+        super().__init__(autoscaler.tei_scrape.ScrapePool(fetch=tei, clock=lambda: clock[0]))
+        self.batches: list[list[tuple[str, str]]] = []
+
+    def collect(self, batch: Any) -> Any:
+        self.batches.append(sorted(batch))
+        return super().collect(batch)
+
+
+def test_the_fleet_loop_collects_every_due_model_in_one_batch_and_ticks_on_aligned_times() -> None:
+    clock = [1001.0]
+    tei = FakeTei(clock, 5.0, 0.03)
+    view = PoolsView(deployments={"gpu": dep("gpu", 1), "cpu": dep("cpu", 1)},
+                     pods=(pod("gpu", 1), pod("cpu", 2)), route=route(100, 0))
+    fakes = {}
+    for name, interval in (("a", 5), ("b", 5), ("c", 10)):
+        body = stored({**copy.deepcopy(SPEC), "autoscaling": {**SPEC["autoscaling"], "intervalSeconds": interval}})
+        body["metadata"]["name"] = name
+        fakes[name] = FakeCluster(body, view=view)
+    fleet = Fleet(fakes)
+    sources = RecordingSources(tei, clock)
+    decided: list[tuple[str, str]] = []
+    loop = autoscaler.FleetAutoscaler(fleet, registry=autoscaler.class_index.Registry(),  # type: ignore[arg-type]
+                                      settings=autoscaler.Settings(), handoff=autoscaler.Handoff(), models=fleet,
+                                      after_decision=decided.append, sources=sources, clock=lambda: clock[0])
+    for _ in range(5):
+        clock[0] += loop.round()
+    # Every model is due at once first; then a and b every 5 s on multiples of 5, c every 10 s with them.
+    assert sources.batches[0] == [(NS, "a"), (NS, "b"), (NS, "c")]
+    assert all(b in ([(NS, "a"), (NS, "b")], [(NS, "a"), (NS, "b"), (NS, "c")]) for b in sources.batches[1:])
+    assert clock[0] % 5 == 0
+    # Each model primed on its first tick and recorded one decision on its second, like a model alone.
+    assert sorted(set(decided)) == [(NS, "a"), (NS, "b"), (NS, "c")]
+    assert all(len(f.patches) == 1 for f in fakes.values())

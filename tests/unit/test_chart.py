@@ -7,6 +7,7 @@ check that helm follows both links when rendering and when packaging, so neither
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tarfile
@@ -21,6 +22,7 @@ from rerank_devcluster import binaries
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "charts" / "rerank-operator"
 RBAC_RULES = REPO_ROOT / "operator" / "rerank_operator" / "rbac_rules.yaml"
+LEADER_RULES = REPO_ROOT / "operator" / "rerank_operator" / "rbac_leader_election.yaml"
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 Doc = dict[str, Any]
@@ -41,6 +43,7 @@ def render(helm: str, *args: str) -> list[Doc]:
 
 
 OPERATOR_NAME = "rr-rerank-operator"  # the release's full name: the operator's own objects
+LEADER_ROLE = f"{OPERATOR_NAME}-leader-election"  # the Role (and binding) for the leader-election Lease
 
 
 def only(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
@@ -63,6 +66,8 @@ def test_chart_links_to_the_single_sources() -> None:
     assert (CHART / "crds").is_symlink() and (CHART / "crds").resolve() == REPO_ROOT / "crds"
     link = CHART / "files" / "rbac_rules.yaml"
     assert link.is_symlink() and link.resolve() == RBAC_RULES
+    link = CHART / "files" / "rbac_leader_election.yaml"
+    assert link.is_symlink() and link.resolve() == LEADER_RULES
 
 
 def test_lint(helm: str) -> None:
@@ -89,6 +94,8 @@ def test_packaged_chart_carries_the_crds_and_rules(helm: str, tmp_path: Path) ->
         assert packaged == crd_docs()
         rules = tar.extractfile("rerank-operator/files/rbac_rules.yaml")
         assert rules is not None and yaml.safe_load(rules.read()) == rbac_rules()
+        rules = tar.extractfile("rerank-operator/files/rbac_leader_election.yaml")
+        assert rules is not None and yaml.safe_load(rules.read()) == yaml.safe_load(LEADER_RULES.read_text())
         for policy in (REPO_ROOT / "policies").glob("*.yaml"):
             packaged_policy = tar.extractfile(f"rerank-operator/files/policies/{policy.name}")
             assert packaged_policy is not None and packaged_policy.read() == policy.read_bytes()
@@ -108,7 +115,7 @@ def test_cluster_wide_rbac_equals_the_rules_file(helm: str) -> None:
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": "rerank-system"}]
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"] != LEADER_ROLE]
     assert "--all-namespaces" in container(docs)["args"]
 
 
@@ -124,8 +131,10 @@ def is_cluster_scoped(rule: Doc) -> bool:
 
 def test_namespaced_mode_renders_a_role_per_namespace(helm: str) -> None:
     docs = render(helm, "--set", "watchNamespaces={team-a,team-b}")
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    roles = {d["metadata"]["namespace"]: d for d in docs
+             if d["kind"] == "Role" and d["metadata"]["name"] != LEADER_ROLE}
+    bindings = {d["metadata"]["namespace"]: d for d in docs
+                if d["kind"] == "RoleBinding" and d["metadata"]["name"] != LEADER_ROLE}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
     namespaced = [r for r in rbac_rules() if not is_cluster_scoped(r)]
     cluster_wide = [r for r in rbac_rules() if is_cluster_scoped(r)]
@@ -166,14 +175,16 @@ def test_tenant_roles_and_admission_policy_come_from_policies_dir(helm: str) -> 
     def key(d: Doc) -> tuple[str, str]:
         return d["kind"], d["metadata"]["name"]
 
-    rendered_tenant = [d for d in default if d["metadata"]["name"] != OPERATOR_NAME and "rbac" in d["apiVersion"]]
+    rendered_tenant = [d for d in default if d["metadata"]["name"] not in (OPERATOR_NAME, LEADER_ROLE)
+                       and "rbac" in d["apiVersion"]]
     assert sorted(rendered_tenant, key=key) == sorted(tenant, key=key)
     assert not [d for d in default if d["kind"].startswith("ValidatingAdmissionPolicy")]
     assert not [d for d in default if d["kind"] == "RerankClass"]
     on = render(helm, "--set", "admissionPolicy.enabled=true", "--set", "tenantRoles.enabled=false")
     assert sorted((d for d in on if d["apiVersion"].startswith("admissionregistration")), key=key) == \
         sorted(policy_docs("rerankmodel-class-policy.yaml"), key=key)
-    assert [d["metadata"]["name"] for d in on if "rbac" in d["apiVersion"]] == [OPERATOR_NAME, OPERATOR_NAME]
+    assert sorted(d["metadata"]["name"] for d in on if "rbac" in d["apiVersion"]) == [
+        OPERATOR_NAME, OPERATOR_NAME, LEADER_ROLE, LEADER_ROLE]
 
 
 def test_default_class(helm: str) -> None:
@@ -204,7 +215,7 @@ def test_deployment_is_locked_down(helm: str) -> None:
     docs = render(helm)
     dep = only(docs, "Deployment")
     pod = dep["spec"]["template"]["spec"]
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     psc = pod["securityContext"]
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
     assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -234,6 +245,84 @@ def test_deployment_ports_probes_args_and_image(helm: str) -> None:
     digest = "sha256:" + "a" * 64
     c = container(render(helm, "--set", f"image.digest={digest}"))
     assert c["image"] == f"ghcr.io/rerank-operator/rerank-operator@{digest}"
+
+
+# -- high availability: replicas, leader election, disruption budget, spreading ----------------------------------
+
+def leader_rules() -> list[Doc]:
+    return yaml.safe_load(LEADER_RULES.read_text())
+
+
+def test_default_is_two_replicas_electing_a_leader(helm: str) -> None:
+    docs = render(helm)
+    dep = only(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    args = container(docs)["args"]
+    assert args[args.index("--leader-election"):][:5] == [
+        "--leader-election", f"--leader-election-id={OPERATOR_NAME}", "--leader-election-lease-seconds=10",
+        "--leader-election-renew-seconds=7", "--leader-election-retry-seconds=2"]
+    env = {e["name"]: e for e in container(docs)["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    from rerank_operator import main
+
+    parsed = main.parse_args([a for a in args if a.startswith("--leader")])
+    election = main.settings_from(parsed, {"POD_NAMESPACE": "rerank-system"}).leader_election
+    assert (election.enabled, election.namespace, election.name) == (True, "rerank-system", OPERATOR_NAME)
+
+
+def test_the_lease_role_is_exactly_the_rules_file_in_the_release_namespace(helm: str) -> None:
+    for sets in ([], ["--set", "watchNamespaces={team-a}"]):
+        docs = render(helm, *sets)
+        role, binding = only(docs, "Role", LEADER_ROLE), only(docs, "RoleBinding", LEADER_ROLE)
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "rerank-system"
+        assert role["rules"] == leader_rules() == [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEADER_ROLE}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": only(docs, "ServiceAccount")["metadata"][
+            "name"], "namespace": "rerank-system"}]
+
+
+def test_pdb_and_anti_affinity_keep_a_standby(helm: str) -> None:
+    docs = render(helm)
+    pdb = only(docs, "PodDisruptionBudget")
+    pod = only(docs, "Deployment")["spec"]["template"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == pdb["spec"]["selector"]["matchLabels"]
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
+    docs = render(helm, "--set-json", f"affinity={json.dumps(own)}")  # the chart's values replace the spreading
+    assert only(docs, "Deployment")["spec"]["template"]["spec"]["affinity"] == own
+
+
+def test_one_replica_has_no_pdb_and_no_spreading(helm: str) -> None:
+    docs = render(helm, "--set", "replicaCount=1")
+    assert only(docs, "Deployment")["spec"]["replicas"] == 1
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert "affinity" not in only(docs, "Deployment")["spec"]["template"]["spec"]
+    assert "--leader-election" in container(docs)["args"]  # still elected: a rollout overlaps two pods
+
+
+def test_without_leader_election_one_replica_and_no_lease_role(helm: str) -> None:
+    docs = render(helm, "--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
+    dep = only(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in container(docs)["args"] if a.startswith("--leader-election")]
+    assert not [d for d in docs if d["metadata"]["name"] == LEADER_ROLE]
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["leaderElection.enabled=false"], "replicaCount > 1 needs leaderElection.enabled"),
+    (["leaderElection.renewDeadlineSeconds=10"], "renewDeadlineSeconds must be shorter"),
+    (["leaderElection.retryPeriodSeconds=7"], "retryPeriodSeconds must be shorter"),
+])
+def test_inconsistent_election_values_are_refused(helm: str, sets: list[str], message: str) -> None:
+    out = run_helm(helm, "template", "rr", str(CHART), *[a for s in sets for a in ("--set", s)], check=False)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
 def test_metrics_service_selects_the_operator(helm: str) -> None:
@@ -284,7 +373,8 @@ def test_tei_podmonitor_matches_the_operators_pod_labels(helm: str) -> None:
 
 @pytest.mark.parametrize("bad", [
     "logFormat=xml", "watchNamespaces={Not_A_Namespace}", "image.pullPolicy=Sometimes", "unknownKey=1",
-    "metrics.port=0", "image.digest=latest",
+    "metrics.port=0", "image.digest=latest", "replicaCount=0", "leaderElection.leaseDurationSeconds=0",
+    "leaderElection.unknown=1",
 ])
 def test_schema_refuses_bad_values(helm: str, bad: str) -> None:
     out = run_helm(helm, "template", "rr", str(CHART), "--set", bad, check=False)

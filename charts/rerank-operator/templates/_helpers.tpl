@@ -68,6 +68,22 @@ files/rbac_rules.yaml symlink so the chart and the operator share one file.
 {{- end }}
 
 {{/*
+The leader-election Lease's rules: operator/rerank_operator/rbac_leader_election.yaml, through the
+files/rbac_leader_election.yaml symlink (the cluster tests bind the same file).
+*/}}
+{{- define "rerank-operator.leaderElectionRules" -}}
+{{- $raw := .Files.Get "files/rbac_leader_election.yaml" }}
+{{- if not $raw }}
+{{- fail "files/rbac_leader_election.yaml is missing or empty (a symlink to operator/rerank_operator/rbac_leader_election.yaml)" }}
+{{- end }}
+{{- $rules := fromYamlArray $raw }}
+{{- if or (not $rules) (kindIs "string" (first $rules)) }}
+{{- fail (printf "files/rbac_leader_election.yaml must be a YAML list of PolicyRules: %v" $rules) }}
+{{- end }}
+{{- toYaml $rules }}
+{{- end }}
+
+{{/*
 The rules split by scope, as YAML {"namespaced": [...], "cluster": [...]}: in namespaced mode the first go into a
 Role per watched namespace, the second (kopf's CRD and namespace discovery, cluster-scoped kinds of our own CRDs)
 into a ClusterRole, since a Role cannot grant cluster-scoped resources. A rule mixing both kinds is refused.

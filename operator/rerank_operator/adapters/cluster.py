@@ -17,12 +17,14 @@ the core's plain data: ``observed.Observed``/``PoolsView`` in, ``plan.Plan`` and
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from rerank_operator.adapters.caches import Caches
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
 from rerank_operator.core import names
 from rerank_operator.core.builders import job
@@ -71,19 +73,23 @@ def _refused(ref: ObjectRef, verb: str, exc: ApiError, text: str) -> Refused:
 
 
 class Cluster:
-    """A RerankModel-shaped view of the API: observe one model's children, execute its plan, write its status."""
+    """A RerankModel-shaped view of the API: observe one model's children, execute its plan, write its status.
 
-    def __init__(self, client: Client) -> None:
+    Reads come from ``caches`` (watch-fed, informer.py): observing a model costs no request. The only reads that
+    still go to the API are the rare ones the caches do not hold: a user's own claim (``storage.existingClaim``:
+    not labelled as ours) and the FailedCreate Events of a Job that has no pod. Every write's answer (the object as
+    stored) goes back into the caches, so the next reconcile sees its own writes even before the watch does."""
+
+    def __init__(self, client: Client, caches: Caches) -> None:
         self.client = client
-
-    @classmethod
-    def from_environment(cls, user_agent: str) -> Cluster:
-        return cls(Client.from_environment(user_agent))
+        self.caches = caches
 
     # --- reading ----------------------------------------------------------------------------------------------------
 
     def get_model(self, namespace: str, name: str) -> Obj | None:
-        return self.client.get(names.API_VERSION, names.KIND, namespace, name)
+        """The model as last seen (its watch, or our own last write of it); a copy the caller may change."""
+        body = self.caches.models.get(namespace, name)
+        return copy.deepcopy(body) if body is not None else None
 
     def list_classes(self) -> list[Obj]:
         """Every RerankClass (cluster-scoped); none when their CRD is not installed."""
@@ -96,45 +102,41 @@ class Cluster:
         return [dict(i) for i in result.get("items") or ()]
 
     def observe(self, owner: names.Owner, spec: RerankModelSpec) -> Observed:
-        """Everything the plan needs, in six reads, filtered to children controlled by this very object."""
-        ns, selector = owner.namespace, names.owned_selector(owner.name)
-
-        def mine(objs: list[Obj] | None) -> list[Obj]:
-            return [o for o in objs or () if controlled_by(o, owner.uid)]
-
-        claim_name = spec.storage.existing_claim or names.pvc_name(owner.name)
-        quantizer = f"{selector},{names.LABEL_COMPONENT}={names.COMPONENT_QUANTIZER}"
-        jobs = mine(self.client.list_objects("batch/v1", "Job", ns, quantizer))
-        job_uids = {j["metadata"]["uid"] for j in jobs}
-        job_pods = [p for p in self.client.list_objects("v1", "Pod", ns, quantizer) or ()
-                    if any(controlled_by(p, uid) for uid in job_uids)]
+        """Everything the plan needs, from the caches, filtered to children controlled by this very object."""
+        ns, c = owner.namespace, self.caches
+        jobs = [j for j in c.store("Job").controlled_by(owner.uid)
+                if (j["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_QUANTIZER]
+        job_pods = [p for j in jobs for p in c.store("Pod").controlled_by(j["metadata"]["uid"])]
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
-                       for d in mine(self.client.list_objects("apps/v1", "Deployment", ns, selector))}
-        services = {s["metadata"]["name"]: s for s in mine(self.client.list_objects("v1", "Service", ns, selector))}
-        routes = self.client.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
-        route = next((r for r in mine(routes) if r["metadata"]["name"] == names.route_name(owner.name)), None)
-        policy = self.client.get("networking.k8s.io/v1", "NetworkPolicy", ns, names.network_policy_name(owner.name))
-        # Quota checks (tenancy.quota_blocked) read more only while something is missing: a pool short of ready
+                       for d in c.store("Deployment").controlled_by(owner.uid)}
+        services = {s["metadata"]["name"]: s for s in c.store("Service").controlled_by(owner.uid)}
+        route = next((r for r in c.store("HTTPRoute").controlled_by(owner.uid)
+                      if r["metadata"]["name"] == names.route_name(owner.name)), None)
+        policy = c.store("NetworkPolicy").get(ns, names.network_policy_name(owner.name))
+        # Quota checks (tenancy.quota_blocked) look further only while something is missing: a pool short of ready
         # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
         replica_sets: list[Obj] = []
         if short_of_replicas(deployments.values()):
-            dep_uids = {d["metadata"]["uid"] for d in deployments.values()}
-            replica_sets = [r for r in self.client.list_objects("apps/v1", "ReplicaSet", ns, selector) or ()
-                            if any(controlled_by(r, uid) for uid in dep_uids)]
+            replica_sets = [r for d in deployments.values()
+                            for r in c.store("ReplicaSet").controlled_by(d["metadata"]["uid"])]
         job_events: list[Obj] = []
         if any(job.waiting_for_pods(j) for j in jobs):
             events = self.client.request("GET", api_path("v1", "Event", ns),
-                                   field_selector="involvedObject.kind=Job,reason=FailedCreate")
+                                         field_selector="involvedObject.kind=Job,reason=FailedCreate")
             job_events = [dict(e) for e in events.get("items") or ()]
+        if spec.storage.existing_claim:  # the user's own claim carries none of our labels: read it
+            claim = self.client.get("v1", "PersistentVolumeClaim", ns, spec.storage.existing_claim)
+        else:
+            claim = c.store("PersistentVolumeClaim").get(ns, names.pvc_name(owner.name))
         return Observed(
-            claim=self.client.get("v1", "PersistentVolumeClaim", ns, claim_name),
+            claim=claim,
             jobs=tuple(jobs),
             job_pods=tuple(job_pods),
             deployments=deployments,
             services=services,
             route=route,
-            route_api_available=routes is not None,
-            network_policy=next(iter(mine([policy] if policy else [])), None),
+            route_api_available=c.available("HTTPRoute"),
+            network_policy=policy if policy is not None and controlled_by(policy, owner.uid) else None,
             replica_sets=tuple(replica_sets),
             job_events=tuple(job_events),
         )
@@ -151,11 +153,11 @@ class Cluster:
         for obj in plan.apply:
             kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
-                self.client.request(
+                self.caches.record(self.client.request(
                     "PATCH", api_path(obj["apiVersion"], kind, meta["namespace"], meta["name"]),
                     verb="apply", kind=kind, body=json.dumps(obj), content_type="application/apply-patch+yaml",
                     field_manager=names.FIELD_MANAGER, force_conflicts=True,
-                )
+                ), obj)
                 done.append(ref)
             except ApiError as exc:
                 hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
@@ -163,8 +165,9 @@ class Cluster:
         for obj in plan.create:
             kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
-                self.client.request("POST", api_path(obj["apiVersion"], kind, meta["namespace"]), verb="create",
-                                    kind=kind, body=obj, field_manager=names.FIELD_MANAGER)
+                self.caches.record(self.client.request(
+                    "POST", api_path(obj["apiVersion"], kind, meta["namespace"]), verb="create", kind=kind, body=obj,
+                    field_manager=names.FIELD_MANAGER), obj)
                 done.append(ref)
             except ApiError as exc:
                 if exc.status != 409:  # already exists: a previous run created it; nothing to do
@@ -196,41 +199,37 @@ class Cluster:
                 refused.append(_refused(ref, "scale", exc, text))
 
     def observe_pools(self, owner: names.Owner) -> PoolsView:
-        """What the autoscaler needs, in three reads: the pool Deployments, their pods, the HTTPRoute."""
-        ns, selector = owner.namespace, names.owned_selector(owner.name)
-
-        def mine(obj: Obj) -> bool:
-            return controlled_by(obj, owner.uid)
-
+        """What the autoscaler needs, from the caches: the pool Deployments, their pods, the HTTPRoute."""
+        c = self.caches
         deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
-                       for d in self.client.list_objects("apps/v1", "Deployment", ns, selector) or () if mine(d)}
-        pods = [p for p in self.client.list_objects("v1", "Pod", ns, f"{selector},{names.LABEL_POOL}") or ()
-                if not p["metadata"].get("deletionTimestamp")]
-        routes = self.client.list_objects("gateway.networking.k8s.io/v1", "HTTPRoute", ns, selector)
-        route = next((r for r in routes or () if mine(r) and r["metadata"]["name"] == names.route_name(owner.name)),
-                     None)
+                       for d in c.store("Deployment").controlled_by(owner.uid)}
+        pods = [p for p in c.store("Pod").select(owner.namespace, {names.LABEL_INSTANCE: owner.name})
+                if (p["metadata"].get("labels") or {}).get(names.LABEL_POOL)
+                and not p["metadata"].get("deletionTimestamp")]
+        route = next((r for r in c.store("HTTPRoute").controlled_by(owner.uid)
+                      if r["metadata"]["name"] == names.route_name(owner.name)), None)
         return PoolsView(deployments=deployments, pods=tuple(pods), route=route,
-                         route_api_available=routes is not None)
+                         route_api_available=c.available("HTTPRoute"))
 
     def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
         """Merge ``annotations`` into the RerankModel's metadata (None removes one); kopf ignores metadata."""
         try:
-            self.client.request(
+            self.caches.record(self.client.request(
                 "PATCH", api_path(names.API_VERSION, names.KIND, owner.namespace, owner.name), verb="patch",
                 kind=names.KIND, body={"metadata": {"annotations": dict(annotations)}},
                 content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
-            )
+            ), {"apiVersion": names.API_VERSION, "kind": names.KIND})
         except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
                 raise
 
     def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:
         try:
-            self.client.request(
+            self.caches.record(self.client.request(
                 "PATCH", api_path(names.API_VERSION, names.KIND, owner.namespace, owner.name, "status"),
                 verb="patch-status", kind=names.KIND, body={"status": patch},
                 content_type="application/merge-patch+json", field_manager=names.FIELD_MANAGER,
-            )
+            ), {"apiVersion": names.API_VERSION, "kind": names.KIND})
         except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
                 raise

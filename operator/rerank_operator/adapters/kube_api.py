@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.watch.watch import iter_resp_lines
 
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.core import names
@@ -31,6 +34,7 @@ _PLURALS = {
     "HTTPRoute": "httproutes",
     "NetworkPolicy": "networkpolicies",
     "ReplicaSet": "replicasets",
+    "Lease": "leases",
     names.KIND: names.PLURAL,
 }
 _TRANSIENT = {0, 429, 500, 502, 503, 504}
@@ -38,6 +42,10 @@ _TRANSIENT = {0, 429, 500, 502, 503, 504}
 
 class TransientApiError(RuntimeError):
     """The API server could not be reached or asked us to come back later."""
+
+
+class WatchExpired(RuntimeError):
+    """The resourceVersion a watch resumes from is too old (410 Gone): list again."""
 
 
 class ApiError(RuntimeError):
@@ -49,9 +57,11 @@ class ApiError(RuntimeError):
         self.message = message
 
 
-def api_path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+def api_path(api_version: str, kind: str, namespace: str | None, name: str | None = None,
+             sub: str | None = None) -> str:
+    """The REST path of a kind's collection (in ``namespace``; all namespaces for None) or of one object."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}"
+    path = f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}" if namespace else f"{prefix}/{_PLURALS[kind]}"
     if name:
         path += f"/{name}"
     if sub:
@@ -129,3 +139,47 @@ class Client:
             item.setdefault("apiVersion", api_version)
             item.setdefault("kind", kind)
         return items
+
+    def list_all(self, api_version: str, kind: str, namespace: str | None, selector: str) -> tuple[list[Obj], str]:
+        """Every object matching ``selector`` (in ``namespace``, or all) and the list's resourceVersion, the point a
+        watch resumes from (informer.py). Raises ApiError 404 when the API is absent."""
+        result = self.request("GET", api_path(api_version, kind, namespace), label_selector=selector)
+        items = [dict(i) for i in result.get("items") or ()]
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items, str((result.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(self, api_version: str, kind: str, namespace: str | None, selector: str, resource_version: str,
+              seconds: int) -> Iterator[tuple[str, Obj]]:
+        """(type, object) events after ``resource_version`` for ``seconds`` (BOOKMARKs included: they carry the
+        newest resourceVersion); raises WatchExpired when the server no longer has that version."""
+        path = api_path(api_version, kind, namespace)
+        try:
+            response = self._api.request("GET", path, serialize=False, watch=True, label_selector=selector,
+                                         resource_version=resource_version, allow_watch_bookmarks=True,
+                                         timeout_seconds=seconds, _request_timeout=(10, seconds + 30))
+        except ApiException as exc:
+            if exc.status == 410:
+                raise WatchExpired(f"GET {path}: {exc.status} {_reason(exc)}") from exc
+            if exc.status in _TRANSIENT:
+                raise TransientApiError(f"GET {path}: {exc.status} {_reason(exc)}") from exc
+            raise ApiError("GET", path, int(exc.status or 0), _reason(exc)) from exc
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise TransientApiError(f"GET {path}: {exc}") from exc
+        try:
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                event = json.loads(line)
+                obj = dict(event.get("object") or {})
+                if event.get("type") == "ERROR":
+                    if obj.get("code") == 410:
+                        raise WatchExpired(f"watch {path}: {obj.get('message')}")
+                    raise TransientApiError(f"watch {path}: {obj.get('code')} {obj.get('message')}")
+                obj.setdefault("apiVersion", api_version)
+                obj.setdefault("kind", kind)
+                yield str(event.get("type")), obj
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # broke mid-stream: resume from the last version seen
+            raise TransientApiError(f"watch {path}: {exc}") from exc
+        finally:
+            response.close()
+            response.release_conn()

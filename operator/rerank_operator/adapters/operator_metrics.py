@@ -65,3 +65,25 @@ def forget(gauge: Gauge | Counter, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set: nothing to forget
         gauge.remove(*labels)
 
+
+PROMQL_QUERIES = Counter(
+    "rerank_operator_promql_queries_total",
+    "Instant queries the autoscaler's Prometheus source sent (one HTTP request each), by result (ok, error).",
+    ["result"],
+)
+
+
+#: 1 while this process leads (controllers/leader.py; always 1 without --leader-election), 0 while it stands by.
+#: Summed over the replicas it must be 1: 0 is a failover in progress, 2 would be two writers.
+LEADER = Gauge("rerank_operator_leader", "1 when this operator process is the leader (the one that writes).")
+
+
+#: The fleet's shape (controllers/handlers.py, autoscale_loop.py): how much the operator holds and how long a round
+#: of the autoscaler over every due model takes.
+AUTOSCALER_ROUND = Histogram(
+    "rerank_operator_autoscaler_round_seconds",
+    "Duration of one autoscaler round over every model due (signals of all of them collected at once).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+QUEUE_DEPTH = Gauge("rerank_operator_queue_depth", "RerankModels waiting in the reconcile queue.")
+CACHED_OBJECTS = Gauge("rerank_operator_cached_objects", "Objects held in the watch-fed caches, by kind.", ["kind"])

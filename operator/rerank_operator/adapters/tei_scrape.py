@@ -1,9 +1,19 @@
 """The default metrics source: scrape each ready TEI pod's /metrics and aggregate per pool.
 
-No dependency beyond the pods themselves. Rates and quantiles need two scrapes of the same pod, so the source
-keeps the previous scrape per pod (keyed by pod name and IP: a replaced pod starts over). Pods that do not answer
-within the timeout are left out of this tick's aggregate; if no pod of a pool answers, the pool's signals carry
-an error and the policy holds.
+No dependency beyond the pods themselves. One ``ScrapePool`` per operator process serves every model: a tick of the
+fleet loop hands it all due models' ready pods at once, and it scrapes them concurrently on one persistent,
+bounded thread pool, each request with the per-pod timeout, and answers within the tick's deadline however many
+pods hang. What a slow or dead pod costs is confined to that pod:
+
+- a pod whose scrape is not done by the deadline counts as an error for this tick; the scrape is not resubmitted
+  while it is still running (a later tick picks up its result), so hung pods cannot pile up work on the pool;
+- a pod whose scrape failed is retried with exponential backoff (2 s, doubling up to ``backoff_max_seconds``, reset
+  by a success); while it backs off it counts as an error (saying so) and costs no request.
+
+Rates and quantiles need two scrapes of the same pod, so the pool keeps the last successful scrape per pod, keyed
+by (namespace, pod name), and compares addresses: a replaced pod starts over. A pod its model no longer lists is
+forgotten; ``forget(key)`` drops a deleted model. Pods that do not answer are left out of the tick's aggregate
+(the pure ``aggregate``); if no pod of a pool answers, the pool's signals carry an error and the policy holds.
 
 A pod's address is ``pod_address(target)`` (its IP and TEI's port), looked up on every scrape; a caller may pass
 ``address_of`` instead (the unit tests point it at local servers; tests/cluster/scrape_redirect.py, the cluster
@@ -12,11 +22,11 @@ tests' operator launcher, replaces ``pod_address`` because kwok pods have no net
 
 from __future__ import annotations
 
+import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from rerank_operator.core.autoscale import exposition
@@ -24,19 +34,32 @@ from rerank_operator.core.autoscale.config import Pool
 from rerank_operator.core.autoscale.signals import PoolSignals, Signals
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
-MAX_PARALLEL = 8
+MAX_PARALLEL = 8  # DirectSource's private pool
+BACKOFF_BASE_SECONDS = 2.0
 
 Fetch = Callable[[str, float], str]
+#: A RerankModel: (namespace, name).
+ModelKey = tuple[str, str]
+#: A pod: (namespace, pod name); pod names are unique within a namespace, so one model owns each.
+PodKey = tuple[str, str]
 
 
 @dataclass(frozen=True)
 class PodTarget:
-    """A ready pod of a pool, as the operator sees it in the API."""
+    """A ready pod of a pool, as the operator sees it in the API (its namespace is its model's)."""
 
     name: str
     pool: Pool
     ip: str
     port: int
+
+
+@dataclass(frozen=True)
+class ModelTargets:
+    """One model's part of a ``ScrapePool.collect``: its ready pods to scrape, and the ready count per pool."""
+
+    targets: tuple[PodTarget, ...]
+    ready: Mapping[Pool, int]
 
 
 @dataclass(frozen=True)
@@ -80,51 +103,175 @@ def pod_address(target: PodTarget) -> str:
     return f"{target.ip}:{target.port}"
 
 
+#: What one scrape gives: the pod's values, or why there are none ("address: error").
+Outcome = Snapshot | str
+
+
+@dataclass
+class _PodState:
+    """What the pool remembers of one pod between ticks."""
+
+    last: Snapshot | None = None                  # the last successful scrape (the base of the next rates)
+    failures: int = 0                             # consecutive failed scrapes
+    retry_at: float = 0.0                         # clock() before which the pod is not asked again
+    last_error: str = ""
+    running: Future[Outcome] | None = None        # a scrape submitted and not yet settled
+    started: float = 0.0                          # time.monotonic() of its submission
+
+
+class ScrapePool:
+    """The direct source of the whole fleet: one per operator process, shared by every model.
+
+    ``collect`` scrapes all pods of all requested models concurrently on one persistent executor of
+    ``max_workers`` threads (each request bounded by ``timeout_seconds``) and returns within its deadline. Thread
+    safe: the state is only touched under a lock, never held while waiting for pods.
+    """
+
+    def __init__(self, max_workers: int = 16, timeout_seconds: float = 2.0, fetch: Fetch = http_fetch,
+                 clock: Callable[[], float] = time.time, address_of: Callable[[PodTarget], str] | None = None,
+                 backoff_max_seconds: float = 60.0) -> None:
+        self._timeout = timeout_seconds
+        self._fetch = fetch
+        self._clock = clock
+        self._address_of = address_of
+        self._backoff_max = backoff_max_seconds
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tei-scrape")
+        self._lock = threading.Lock()
+        self._pods: dict[PodKey, _PodState] = {}
+        self._members: dict[ModelKey, set[PodKey]] = {}
+
+    def collect(self, requests: Mapping[ModelKey, ModelTargets], deadline_seconds: float) -> dict[ModelKey, Signals]:
+        """Per-pool signals of every requested model, after at most ``deadline_seconds`` of scraping.
+
+        A pod counts as an error for this tick when its scrape is not done by the deadline (it goes on running and
+        is not submitted again until it ends), when it failed, or when it is backing off from earlier failures.
+        Models not in ``requests`` keep their state; pods a requested model no longer lists are forgotten.
+        """
+        end = time.monotonic() + deadline_seconds
+        previous: dict[PodKey, Snapshot] = {}
+        waiting: dict[PodKey, tuple[PodTarget, Future[Outcome]]] = {}
+        outcomes: dict[PodKey, Outcome] = {}
+        with self._lock:
+            now = self._clock()
+            due: list[tuple[PodKey, PodTarget, _PodState]] = []
+            seen: set[PodKey] = set()
+            for (namespace, _), request in requests.items():
+                for target in request.targets:
+                    pod = (namespace, target.name)
+                    if pod in seen:
+                        continue
+                    seen.add(pod)
+                    state = self._pods.setdefault(pod, _PodState())
+                    self._settle(state)
+                    if state.last is not None:
+                        previous[pod] = state.last
+                    if state.running is not None:  # a hung scrape from an earlier tick: wait for it, do not add one
+                        waiting[pod] = (target, state.running)
+                    elif now < state.retry_at:
+                        outcomes[pod] = (f"{target.name}: backing off after {state.failures} failed scrape(s), next "
+                                         f"try in {state.retry_at - now:.0f}s (last: {state.last_error})")
+                    else:
+                        due.append((pod, target, state))
+            # Pods that answered last time first: one that just came off its backoff queues behind the healthy.
+            for pod, target, fresh in sorted(due, key=lambda d: d[2].failures):
+                fresh.running = self._executor.submit(self._scrape, target)
+                fresh.started = time.monotonic()
+                waiting[pod] = (target, fresh.running)
+        wait([future for _, future in waiting.values()], timeout=max(0.0, end - time.monotonic()))
+        with self._lock:
+            for pod, (target, future) in waiting.items():
+                held = self._pods.get(pod)
+                if future.done() and not future.cancelled():
+                    outcome = future.result()
+                    if held is not None and held.running is future:
+                        self._apply(held, outcome)
+                    outcomes[pod] = outcome
+                elif future.cancel():  # still queued behind other pods: let the next tick submit it afresh
+                    if held is not None and held.running is future:
+                        held.running = None
+                    outcomes[pod] = f"{target.name}: not scraped within {deadline_seconds:g}s (scrape pool busy)"
+                else:
+                    outcomes[pod] = (f"{target.name}: no answer within {deadline_seconds:g}s (scrape running for "
+                                     f"{time.monotonic() - (held.started if held else end):.0f}s)")
+            for key, request in requests.items():
+                self._keep_only(key, {(key[0], t.name) for t in request.targets})
+        return {key: self._signals(key[0], request, previous, outcomes) for key, request in requests.items()}
+
+    def forget(self, key: ModelKey) -> None:
+        """Drop a model's pods (it was deleted or no longer uses this source)."""
+        with self._lock:
+            self._keep_only(key, set())
+            del self._members[key]
+
+    def close(self) -> None:
+        """Stop the executor: queued scrapes are cancelled, running ones end on their own (bounded by the timeout)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _keep_only(self, key: ModelKey, pods: set[PodKey]) -> None:
+        for pod in self._members.get(key, set()) - pods:
+            state = self._pods.pop(pod, None)
+            if state is not None and state.running is not None:
+                state.running.cancel()  # a running one ends on its own; its result is dropped
+        self._members[key] = pods
+
+    def _settle(self, state: _PodState) -> None:
+        """Take in the result of a scrape that ended after the tick that submitted it."""
+        if state.running is not None and state.running.done():
+            future, state.running = state.running, None
+            if not future.cancelled():
+                self._apply(state, future.result())
+
+    def _apply(self, state: _PodState, outcome: Outcome) -> None:
+        state.running = None
+        if isinstance(outcome, Snapshot):
+            state.last, state.failures, state.retry_at, state.last_error = outcome, 0, 0.0, ""
+        else:
+            state.failures += 1
+            state.last_error = outcome
+            delay = min(BACKOFF_BASE_SECONDS * 2 ** min(state.failures - 1, 30), self._backoff_max)
+            state.retry_at = self._clock() + delay
+
+    def _scrape(self, target: PodTarget) -> Outcome:
+        address = f"{target.ip}:{target.port}"
+        try:
+            address = (self._address_of or pod_address)(target)  # the module's, looked up now (module docstring)
+            text = self._fetch(f"http://{address}/metrics", self._timeout)
+            return Snapshot.from_text(text, self._clock(), address)
+        except Exception as exc:  # any failure is this pod's error, never the tick's (it serves every model)
+            return f"{address}: {exc}"
+
+    @staticmethod
+    def _signals(namespace: str, request: ModelTargets, previous: Mapping[PodKey, Snapshot],
+                 outcomes: Mapping[PodKey, Outcome]) -> Signals:
+        mine = {t.name: outcomes[(namespace, t.name)] for t in request.targets}
+        current = {name: o for name, o in mine.items() if isinstance(o, Snapshot)}
+        errors = {name: o for name, o in mine.items() if isinstance(o, str)}
+        before = {t.name: previous[(namespace, t.name)] for t in request.targets if (namespace, t.name) in previous}
+        pools = {pool: aggregate(request.ready.get(pool, 0), [t.name for t in request.targets if t.pool == pool],
+                                 before, current, errors)
+                 for pool in ("gpu", "cpu")}
+        return Signals(gpu=pools["gpu"], cpu=pools["cpu"])
+
+
 class DirectSource:
-    """Stateful only in its memory of the previous scrape per pod; one instance per RerankModel."""
+    """One model's direct source: a thin wrapper over a private ``ScrapePool`` (the per-model loop's, until the
+    fleet loop shares one pool among all models). Waits up to the timeout plus a second for its pods."""
+
+    _KEY: ModelKey = ("", "")
 
     def __init__(self, timeout_seconds: float = 2.0, fetch: Fetch = http_fetch,
                  clock: Callable[[], float] = time.time,
                  address_of: Callable[[PodTarget], str] | None = None) -> None:
-        self._timeout = timeout_seconds
-        self._address_of = address_of
-        self._fetch = fetch
-        self._clock = clock
-        self._previous: dict[str, Snapshot] = {}
+        self._deadline = timeout_seconds + 1.0
+        self._pool = ScrapePool(max_workers=MAX_PARALLEL, timeout_seconds=timeout_seconds, fetch=fetch,
+                                clock=clock, address_of=address_of)
 
     def collect(self, targets: Sequence[PodTarget], ready: Mapping[Pool, int]) -> Signals:
         """Scrape all targets (in parallel, bounded by the timeout) and return per-pool signals."""
-        address_of = self._address_of or pod_address  # the module's, looked up now (see the module docstring)
-        addresses = {t.name: address_of(t) for t in targets}
-        results = self._scrape_all(addresses)
-        current: dict[str, Snapshot] = {}
-        errors: dict[str, str] = {}
-        for name, result in results.items():
-            if isinstance(result, Snapshot):
-                current[name] = result
-            else:
-                errors[name] = result
-        pools = {}
-        for pool in ("gpu", "cpu"):
-            names = [t.name for t in targets if t.pool == pool]
-            pools[pool] = aggregate(ready.get(pool, 0), names, self._previous, current, errors)
-        self._previous = {name: snap for name, snap in {**self._previous, **current}.items()
-                          if name in addresses}
-        return Signals(gpu=pools["gpu"], cpu=pools["cpu"])
+        return self._pool.collect({self._KEY: ModelTargets(tuple(targets), dict(ready))}, self._deadline)[self._KEY]
 
-    def _scrape_all(self, addresses: Mapping[str, str]) -> dict[str, Snapshot | str]:
-        if not addresses:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(addresses))) as pool:
-            futures = {name: pool.submit(self._scrape, address) for name, address in addresses.items()}
-            return {name: future.result() for name, future in futures.items()}
-
-    def _scrape(self, address: str) -> Snapshot | str:
-        try:
-            text = self._fetch(f"http://{address}/metrics", self._timeout)
-            return Snapshot.from_text(text, self._clock(), address)
-        except (OSError, urllib.error.URLError, exposition.ExpositionError, ValueError) as exc:
-            return f"{address}: {exc}"
+    def close(self) -> None:
+        self._pool.close()
 
 
 def aggregate(ready: int, names: Iterable[str], previous: Mapping[str, Snapshot],

@@ -1,10 +1,14 @@
-"""The autoscaler's imperative shell: one loop per RerankModel, every ``spec.autoscaling.intervalSeconds``.
+"""The autoscaler's imperative shell: one loop for every RerankModel, each model every
+``spec.autoscaling.intervalSeconds``.
 
-Each tick: read the model and its pools (Deployments, ready pods, HTTPRoute), collect the signals (direct scrape
-or PromQL), let the pure policy (``core/autoscale/policy.decide``) decide, and record the decision in
-``status.autoscaling`` with the autoscaler's two conditions, MetricsAvailable and TrafficEnforced. It never writes a
-Deployment or an HTTPRoute: the reconcile loop applies ``status.autoscaling.lastDecision`` (replicas through the
-Deployments' scale subresource, weights on the HTTPRoute), and is asked to run right after a decision changed.
+Each round (``FleetAutoscaler.round``) takes the models that are due; models with the same interval are due together
+(``aligned``), so their signals are collected in one batch: all direct scrapes at once on one bounded pool with
+per-pod timeouts, or one PromQL query per signal for all of them (``Sources``). Per model (``ModelAutoscaler``): read
+the model and its pools (Deployments, ready pods, HTTPRoute) from the watch-fed caches, let the pure policy
+(``core/autoscale/policy.decide``) decide, and record the decision in ``status.autoscaling`` with the autoscaler's
+two conditions, MetricsAvailable and TrafficEnforced. It never writes a Deployment or an HTTPRoute: the reconcile
+loop applies ``status.autoscaling.lastDecision`` (replicas through the Deployments' scale subresource, weights on the
+HTTPRoute), and is asked to run right after a decision changed.
 
 Writes happen only when the decision changes (replicas, split, held or not) or a condition changes status or
 reason: the raw signals (which move every tick) and the decision's reason and time are recorded with such a
@@ -18,13 +22,16 @@ between the other's read and write.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import logging
+import math
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters import prometheus_api, tei_scrape
@@ -49,6 +56,7 @@ OWNED_CONDITIONS = conditions.AUTOSCALER_OWNED
 HISTORY_ANNOTATION = f"autoscaler.{names.GROUP}/history"  # outside kopf's own rerank.io/ keys
 IDLE_POLL_SECONDS = 15.0  # how often a model with autoscaling off (or not deployed yet) is looked at again
 MAX_REASON = 1024
+T = TypeVar("T")
 
 def utcnow() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -142,13 +150,73 @@ def count(namespace: str, model: str, current: policy.Current, decision: policy.
 
 # --- the loop ---------------------------------------------------------------------------------------------------------
 
+ModelKey = tuple[str, str]
+PrometheusKey = tuple[str, str | None, str | None]  # url, GPU memory used query, total query
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One model's tick up to its signals: what the metrics sources are asked for, and what the decision needs."""
+
+    owner: names.Owner
+    body: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    auto: config.AutoscalingSpec
+    view: PoolsView
+    ready: Mapping[config.Pool, int]
+    pods: Mapping[config.Pool, list[Any]]
+
+
+class Sources:
+    """The metrics sources of one process, shared by every model: one scrape pool (bounded threads, per-pod
+    timeouts and backoff), one PrometheusSource per server and GPU-memory queries."""
+
+    def __init__(self, scrape: tei_scrape.ScrapePool | None = None, *,
+                 prometheus: Callable[[PrometheusKey], prometheus_api.PrometheusSource] | None = None,
+                 deadline_seconds: float = 3.0) -> None:
+        self.scrape = scrape or tei_scrape.ScrapePool()
+        self._make = prometheus or (lambda k: prometheus_api.PrometheusSource(
+            k[0], window="1m", gpu_memory_used_query=k[1], gpu_memory_total_query=k[2]))
+        self._servers: dict[PrometheusKey, prometheus_api.PrometheusSource] = {}
+        self.deadline_seconds = deadline_seconds
+
+    def collect(self, batch: Mapping[ModelKey, Prepared]) -> dict[ModelKey, Signals]:
+        """Signals of every model in ``batch``: all direct scrapes at once, one set of queries per server."""
+        direct: dict[ModelKey, tei_scrape.ModelTargets] = {}
+        servers: dict[PrometheusKey, dict[ModelKey, prometheus_api.ModelPods]] = {}
+        for key, p in batch.items():
+            if p.auto.source == "prometheus":
+                server = (str(p.auto.prometheus.url), p.auto.prometheus.gpu_memory_used_query,
+                          p.auto.prometheus.gpu_memory_total_query)
+                servers.setdefault(server, {})[key] = prometheus_api.ModelPods(p.owner.namespace, {
+                    pool: (p.ready.get(pool, 0), tuple(x["metadata"]["name"] for x in found))
+                    for pool, found in p.pods.items()})
+            else:
+                direct[key] = tei_scrape.ModelTargets(tuple(
+                    tei_scrape.PodTarget(x["metadata"]["name"], pool, x["status"]["podIP"], names.TEI_PORT)
+                    for pool, found in p.pods.items() for x in found), dict(p.ready))
+        found: dict[ModelKey, Signals] = {}
+        if direct:
+            found.update(self.scrape.collect(direct, self.deadline_seconds))
+        for server, requests in servers.items():
+            if server not in self._servers:
+                self._servers[server] = self._make(server)
+            found.update(self._servers[server].collect_many(requests))
+        return found
+
+    def forget(self, key: ModelKey) -> None:
+        self.scrape.forget(key)
+
+
 class ModelAutoscaler:
-    """State of one model's loop: its metrics source (the direct one remembers the previous scrape) and history."""
+    """State of one model's autoscaling: which source it reads (a new one primes: rates need two scrapes) and the
+    policy's history. ``tick`` runs one evaluation alone; the fleet loop runs ``prepare`` for every due model,
+    collects all their signals at once, then ``finish`` for each."""
 
     def __init__(self, cluster: ClusterAccess, namespace: str, name: str, *,
                  registry: class_index.Registry | None = None, settings: Settings | None = None,
                  handoff: Handoff | None = None, after_decision: Callable[[], Any] = lambda: None,
-                 fetch: tei_scrape.Fetch = tei_scrape.http_fetch,
+                 fetch: tei_scrape.Fetch = tei_scrape.http_fetch, sources: Sources | None = None,
                  clock: Callable[[], float] = time.time, now_iso: Callable[[], str] = utcnow) -> None:
         self.cluster = cluster
         self.registry = registry or class_index.Registry()  # the process's (handlers.py); a fresh one in unit tests
@@ -157,16 +225,28 @@ class ModelAutoscaler:
         self.namespace = namespace
         self.name = name
         self.after_decision = after_decision
-        self.fetch = fetch
+        self.sources = sources or Sources(tei_scrape.ScrapePool(fetch=fetch, clock=clock))
         self.clock = clock
         self.now_iso = now_iso
-        self.source: tei_scrape.DirectSource | prometheus_api.PrometheusSource | None = None
         self.source_key: tuple[Any, ...] | None = None
         self.priming = False
         self.history: history.History | None = None
+        self.next_due = 0.0
+
+    @property
+    def key(self) -> ModelKey:
+        return self.namespace, self.name
 
     def tick(self) -> float:
-        """One evaluation; returns the seconds until the next."""
+        """One evaluation of this model alone; returns the seconds until the next."""
+        prepared = self.prepare()
+        if not isinstance(prepared, Prepared):
+            return prepared
+        return self.finish(prepared, self.sources.collect({self.key: prepared})[self.key])
+
+    def prepare(self) -> Prepared | float:
+        """Read the model and its pools (from the caches) and settle everything that needs no metrics; returns what
+        to collect signals for, or the seconds until the next look (nothing to scale now)."""
         body = self.cluster.get_model(self.namespace, self.name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return IDLE_POLL_SECONDS
@@ -190,34 +270,41 @@ class ModelAutoscaler:
             self._reset()
             self._write(owner, None, [])
             return IDLE_POLL_SECONDS
-        interval = float(auto.interval_seconds)
         view = self.cluster.observe_pools(owner)
         if any(view.replicas(p) is None for p in config.POOLS if auto.bounds(p).enabled):
-            return interval  # the pools are not deployed yet (first artifact): nothing to scale
-        ready = {p: view.ready(p) for p in config.POOLS}
-        signals = self._collect(auto, view, ready)
-        if self.priming:  # the direct source's rates need a second scrape, one interval later
+            return float(auto.interval_seconds)  # the pools are not deployed yet (first artifact): nothing to scale
+        key = (auto.source, auto.prometheus)
+        if key != self.source_key:  # a new source: the direct one's rates need a second scrape, one interval later
+            self.source_key = key
+            self.priming = auto.source != "prometheus"
+        return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
+                        {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled})
+
+    def finish(self, p: Prepared, signals: Signals) -> float:
+        """Decide from ``signals`` and record the decision if it changed; returns the seconds until the next tick."""
+        interval = float(p.auto.interval_seconds)
+        if self.priming:
             self.priming = False
             return interval
         if self.history is None:
-            self.history = _restore(meta)
-        status = body.get("status") or {}
-        current = policy.Current(gpu_replicas=view.replicas("gpu") or 0, cpu_replicas=view.replicas("cpu") or 0,
-                                 cpu_percent=current_cpu_percent(view.route, self.name, status))
-        decision = policy.decide(auto, signals, current, self.history, now=self.clock())
+            self.history = _restore(p.body["metadata"])
+        status = p.body.get("status") or {}
+        current = policy.Current(gpu_replicas=p.view.replicas("gpu") or 0, cpu_replicas=p.view.replicas("cpu") or 0,
+                                 cpu_percent=current_cpu_percent(p.view.route, self.name, status))
+        decision = policy.decide(p.auto, signals, current, self.history, now=self.clock())
         self.history = decision.history
         record = {"signals": signals.to_status(), "fresh": not decision.held,
-                  "lastDecision": decision_status(auto, decision, self.now_iso())}
-        conds = [metrics_available(auto, decision), traffic_enforced(auto, spec, view, self.name, decision)]
-        recorded = self._write(owner, record, conds)
+                  "lastDecision": decision_status(p.auto, decision, self.now_iso())}
+        conds = [metrics_available(p.auto, decision), traffic_enforced(p.auto, p.spec, p.view, self.name, decision)]
+        recorded = self._write(p.owner, record, conds)
         if recorded is None:
             return interval
         found = changes(current, decision, recorded)
         for event in found:
-            self.cluster.post_event(owner, event)
+            self.cluster.post_event(p.owner, event)
         count(self.namespace, self.name, current, decision, found)
         if decision.events:
-            self._save_history(owner)
+            self._save_history(p.owner)
         log.info("autoscaler %s/%s: gpu %s, cpu %s replicas, split %s/%s%s: %s", self.namespace, self.name,
                  decision.gpu_replicas, decision.cpu_replicas, decision.gpu_percent, decision.cpu_percent,
                  " (held)" if decision.held else "", decision.reason)
@@ -240,27 +327,6 @@ class ModelAutoscaler:
             self.cluster.patch_status(owner, patch)
         return dict((previous.get("autoscaling") or {}).get("lastDecision") or {})
 
-    def _collect(self, auto: config.AutoscalingSpec, view: PoolsView, ready: Mapping[config.Pool, int]) -> Signals:
-        key = (auto.source, auto.prometheus)
-        if self.source is None or key != self.source_key:
-            self.source_key = key
-            if auto.source == "prometheus":
-                self.source = prometheus_api.PrometheusSource(
-                    str(auto.prometheus.url), window="1m",
-                    gpu_memory_used_query=auto.prometheus.gpu_memory_used_query,
-                    gpu_memory_total_query=auto.prometheus.gpu_memory_total_query)
-            else:
-                self.source = tei_scrape.DirectSource(fetch=self.fetch, clock=self.clock)
-                self.priming = True
-        pods = {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled}
-        if isinstance(self.source, prometheus_api.PrometheusSource):
-            selectors = {p: prometheus_api.build_selector(self.namespace, [x["metadata"]["name"] for x in found])
-                         for p, found in pods.items()}
-            return self.source.collect(selectors, ready)
-        targets = [tei_scrape.PodTarget(x["metadata"]["name"], p, x["status"]["podIP"], names.TEI_PORT)
-                   for p, found in pods.items() for x in found]
-        return self.source.collect(targets, ready)
-
     def _save_history(self, owner: names.Owner) -> None:
         assert self.history is not None
         text = json.dumps(self.history.to_dict(), separators=(",", ":"))
@@ -270,8 +336,9 @@ class ModelAutoscaler:
             log.warning("could not save the autoscaler history of %s/%s: %s", owner.namespace, owner.name, exc)
 
     def _reset(self) -> None:
-        self.source = self.source_key = self.history = None
+        self.source_key = self.history = None
         self.priming = False
+        self.sources.forget(self.key)
 
 
 def _restore(meta: Mapping[str, Any]) -> history.History:
@@ -282,16 +349,86 @@ def _restore(meta: Mapping[str, Any]) -> history.History:
         return history.History()
 
 
-async def run(loop: ModelAutoscaler, stopped: Any) -> None:
-    """The daemon's body: tick in a worker thread (scrapes and API calls block), sleep, until kopf stops it."""
-    while not stopped:
+def aligned(now: float, interval: float) -> float:
+    """The next multiple of ``interval`` after ``now``: models with the same interval tick together, so their
+    signals are collected in one batch (one PromQL query per signal for all of them)."""
+    return (math.floor(now / interval) + 1) * interval
+
+
+class FleetAutoscaler:
+    """Every model's autoscaling in one loop (one thread, however many models): each round takes the models that
+    are due, reads them from the caches, collects all their signals at once (``Sources``), then decides each.
+    A slow or dead pod costs at most the scrape deadline of one round, never another model's decision."""
+
+    def __init__(self, cluster: ClusterAccess, *, registry: class_index.Registry, settings: Settings,
+                 handoff: Handoff, models: Any, after_decision: Callable[[ModelKey], Any],
+                 sources: Sources | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.cluster = cluster
+        self.registry = registry
+        self.settings = settings
+        self.handoff = handoff
+        self.models = models  # anything with all_keys(): the caches' model store
+        self.after_decision = after_decision
+        self.sources = sources or Sources()
+        self.clock = clock
+        self.states: dict[ModelKey, ModelAutoscaler] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, stop: threading.Event) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, args=(stop,), daemon=True, name="autoscaler")
+            self._thread.start()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                delay = self.round()
+            except Exception:
+                log.exception("autoscaler round failed")
+                delay = 1.0
+            stop.wait(delay)
+
+    def round(self) -> float:
+        """One round: tick every due model; returns the seconds until the next model is due."""
+        now = self.clock()
+        keys = set(self.models.all_keys())
+        for gone in set(self.states) - keys:
+            self.states.pop(gone)
+            self.sources.forget(gone)
+        due: list[ModelAutoscaler] = []
+        for key in keys:
+            state = self.states.get(key)
+            if state is None:
+                state = self.states[key] = ModelAutoscaler(
+                    self.cluster, key[0], key[1], registry=self.registry, settings=self.settings,
+                    handoff=self.handoff, after_decision=functools.partial(self.after_decision, key),
+                    sources=self.sources, clock=self.clock)
+            if state.next_due <= now:
+                due.append(state)
+        batch: dict[ModelKey, Prepared] = {}
+        for state in due:
+            delay = self._safely(state, state.prepare)
+            if isinstance(delay, Prepared):
+                batch[state.key] = delay
+            else:
+                state.next_due = aligned(now, delay)
+        if batch:
+            signals = self.sources.collect(batch)
+            for key, prepared in batch.items():
+                state = self.states[key]
+                step = functools.partial(state.finish, prepared, signals[key])
+                state.next_due = aligned(now, self._safely(state, step))
+            metrics.AUTOSCALER_ROUND.observe(self.clock() - now)
+        upcoming = min((s.next_due for s in self.states.values()), default=now + IDLE_POLL_SECONDS)
+        return min(max(upcoming - self.clock(), 0.05), IDLE_POLL_SECONDS)
+
+    @staticmethod
+    def _safely(state: ModelAutoscaler, step: Callable[[], T]) -> T | float:
         try:
-            delay = await asyncio.to_thread(loop.tick)
+            return step()
         except TransientApiError as exc:
-            log.warning("autoscaler %s/%s: %s", loop.namespace, loop.name, exc)
-            delay = 5.0
+            log.warning("autoscaler %s/%s: %s", state.namespace, state.name, exc)
+            return 5.0
         except Exception:
-            log.exception("autoscaler %s/%s failed", loop.namespace, loop.name)
-            delay = IDLE_POLL_SECONDS
-        wait: Awaitable[Any] = stopped.wait(delay)
-        await wait
+            log.exception("autoscaler %s/%s failed", state.namespace, state.name)
+            return IDLE_POLL_SECONDS

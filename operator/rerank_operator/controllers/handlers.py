@@ -1,78 +1,185 @@
-"""kopf wiring. Every handler lands in the same idempotent reconcile; none carries logic of its own.
+"""kopf wiring and the process's parts. Every trigger lands in the same idempotent reconcile; none carries logic.
 
-Triggers: create/update/resume of a RerankModel, a resync timer (drift, and Jobs whose pods are stuck without the
-Job changing), and events of the Jobs and Deployments it owns (a Job finishing, a pool becoming ready).
-Reconciles of one model never overlap and never write status between the autoscaler's read and write
-(``handoff.py``, the one home of the two loops' coordination).
+The process (``Process``) holds, once: the API client, the watch-fed caches (``adapters/caches.py``), the reconcile
+queue (``workqueue.py``), the fleet autoscaler (``autoscale_loop.py``) and the leader elector (``leader.py``).
 
-kopf's own bookkeeping is kept under the ``rerank.io`` prefix in annotations (the status schema is strict, so
-kopf's default ``status.kopf`` would be pruned anyway). The timer makes kopf add a finalizer: deleting a
-RerankModel needs the operator running, as for any kopf operator with timers.
+- **Triggers are keys in one queue.** kopf's watch of RerankModels (``kopf.on.event``: it writes nothing on the
+  model, no finalizer, no annotations) records each model in the caches and queues it; the children's informers
+  queue the model a child belongs to (a Job finishing, a pool becoming ready); a RerankClass change queues the
+  models it concerns; each reconcile queues its model again after ``--resync-seconds`` (the safety net: watches
+  see every change, so nothing waits for it). A model is never reconciled by two workers at once.
+- **Reads come from memory.** A reconcile or an autoscaler tick of a model whose state did not change makes no API
+  request.
+- **Only the leader writes.** Both replicas run kopf's watch and the informers (warm caches); the queue's workers
+  and the autoscaler start when the Lease is won. A leader that cannot renew its Lease exits (as
+  controller-runtime does), so two processes never write one model's status.
+
+Status writes of the two loops never interleave (``handoff.py``).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
+import os
 import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
 
 from rerank_operator import __version__
+from rerank_operator.adapters import operator_metrics as metrics
+from rerank_operator.adapters.caches import Caches
 from rerank_operator.adapters.cluster import Cluster
-from rerank_operator.controllers import autoscale_loop, class_index
+from rerank_operator.adapters.kube_api import Client
+from rerank_operator.controllers import autoscale_loop, class_index, leader
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.controllers.reconcile_loop import Result, reconcile
+from rerank_operator.controllers.reconcile_loop import reconcile
+from rerank_operator.controllers.workqueue import RetryAfter, WorkQueue
 from rerank_operator.core import names
+from rerank_operator.core.observed import Obj
 from rerank_operator.core.settings import Settings
 
 USER_AGENT = f"{names.OPERATOR_NAME}/{__version__}"
+RECONCILE_WORKERS = 16  # requests block on the API server, not the CPU: enough to keep a burst of applies moving
+CACHE_SYNC_SECONDS = 120.0
+ModelKey = tuple[str, str]
+
+log = logging.getLogger(__name__)
 
 
 class Process:
-    """What one operator process shares between its handlers: the settings it was started with, its class cache,
-    API client and the loops' hand-off (created here, once, and passed to every reconcile and autoscaler)."""
+    """What one operator process shares between its handlers (created by ``install``; started by kopf's startup)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, namespaces: Sequence[str] = ()) -> None:
         self.settings = settings
+        self.namespaces = list(namespaces)
         self.registry = class_index.Registry()
         self.handoff = Handoff()
-        self._cluster: Cluster | None = None
-        self._guard = threading.Lock()
+        self.queue: WorkQueue[ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS)
+        self.stop = threading.Event()
+        self.client: Client | None = None
+        self.caches: Caches | None = None
+        self.cluster: Cluster | None = None
+        self.autoscaler: autoscale_loop.FleetAutoscaler | None = None
+        self.elector: leader.Elector | None = None
+        self._electing: threading.Thread | None = None
 
-    def cluster(self) -> Cluster:
-        with self._guard:
-            if self._cluster is None:
-                self._cluster = Cluster.from_environment(USER_AGENT)
-            return self._cluster
+    # --- starting and stopping ----------------------------------------------------------------------------------------
 
-    def reconcile(self, namespace: str, name: str, trigger: str) -> Result | None:
-        """One reconcile of the model, coalesced with any in progress, its status writes under the model's lock."""
-        def run() -> Result | None:
+    def start(self) -> None:
+        """Connect, fill the caches, then run for leadership; the workers and the autoscaler start when it is won."""
+        self.client = Client.from_environment(USER_AGENT)
+        self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event)
+        self.cluster = Cluster(self.client, self.caches)
+        self.autoscaler = autoscale_loop.FleetAutoscaler(
+            self.cluster, registry=self.registry, settings=self.settings, handoff=self.handoff,
+            models=self.caches.models, after_decision=self.queue.add)
+        self.caches.start()
+        missing = self.caches.wait_synced(CACHE_SYNC_SECONDS)
+        if missing:  # a reconcile before the caches hold the children would create them twice
+            raise kopf.PermanentError(f"the watches of {', '.join(missing)} did not list within "
+                                      f"{CACHE_SYNC_SECONDS:.0f} s: check the operator's RBAC and the API server")
+        metrics.QUEUE_DEPTH.set_function(self.queue.depth)
+        self.elector = leader.Elector(self.client, self.settings.leader_election, leader.default_identity())
+        self._electing = threading.Thread(target=self.elector.run, args=(self.stop, self.lead, self.abdicate),
+                                          daemon=True, name="leader-election")
+        self._electing.start()
+
+    def lead(self) -> None:
+        """Won the Lease: work off the queue (every model is in it since kopf's first listing) and scale."""
+        log.info("leading: reconciling %d models", len(self.caches.models) if self.caches else 0)
+        self.queue.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start(self.stop)
+
+    def abdicate(self) -> None:
+        """Lost the Lease: exit at once, so that only the new leader writes (the pod restarts as a standby)."""
+        log.error("lost the leader Lease: exiting so that only the new leader writes")
+        logging.shutdown()
+        os._exit(1)
+
+    def shutdown(self) -> None:
+        """A graceful stop: the workers stop taking keys, and the Lease is released so a standby leads at once."""
+        self.stop.set()
+        self.queue.stop()
+        if self._electing is not None:
+            self._electing.join(timeout=5)
+        if self.caches is not None:
+            self.caches.stop()
+
+    # --- the reconcile ------------------------------------------------------------------------------------------------
+
+    def _reconcile(self, key: ModelKey) -> float | None:
+        """One reconcile of the model, under its status lock; returns when to resync it."""
+        namespace, name = key
+        assert self.cluster is not None
+        try:
             with self.handoff.status_lock(namespace, name):
-                return reconcile(self.cluster(), namespace, name, trigger, registry=self.registry,
-                                 settings=self.settings)
-        return self.handoff.coalesce((namespace, name), run)
+                result = reconcile(self.cluster, namespace, name, "queue", registry=self.registry,
+                                   settings=self.settings)
+        except kopf.TemporaryError as exc:
+            raise RetryAfter(str(exc), exc.delay) from exc
+        except kopf.PermanentError as exc:  # the status says why; a change of the model queues it again
+            log.warning("reconcile of %s/%s: %s", namespace, name, exc)
+            return None
+        for kind, held in self.caches.sizes().items() if self.caches else ():
+            metrics.CACHED_OBJECTS.labels(kind).set(held)
+        if result is None:  # gone
+            self.queue.forget(key)
+            self.handoff.forget(namespace, name)
+            return None
+        return result.requeue_after or self.settings.resync_seconds
+
+    # --- events -------------------------------------------------------------------------------------------------------
+
+    def on_model_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """kopf's watch of RerankModels: keep the model in the caches and queue it (not for our own write's echo)."""
+        assert self.caches is not None
+        obj: Obj = {k: copy.deepcopy(v) for k, v in body.items()}
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if event_type == "DELETED":
+            self.caches.models.remove(obj)
+            self.registry.models.forget(*key)
+            metrics.forget_model(*key)
+        elif not self.caches.models.record(obj):
+            return
+        self.queue.add(key)
+
+    def on_child_event(self, event_type: str, obj: Obj) -> None:
+        """A child changed (an informer's thread): queue its model. Pool pods only matter to the autoscaler, which
+        reads them every tick, so their many status changes queue nothing."""
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if obj.get("kind") == "Pod" and names.LABEL_POOL in labels:
+            return
+        model = labels.get(names.LABEL_INSTANCE)
+        if model and meta.get("namespace"):
+            self.queue.add((str(meta["namespace"]), str(model)))
+
+    def on_class_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A RerankClass changed: queue the models it concerns (class_index.py)."""
+        for key in class_index.class_event(event_type, dict(body), self.registry.classes, self.registry.models):
+            self.queue.add(key)
+
+    def reconciling(self) -> dict[str, int]:
+        return {"queued": self.queue.depth(), "reconciling": self.queue.processing(),
+                "leader": int(bool(self.elector and self.elector.is_leader))}
 
 
-def install(settings: Settings) -> kopf.OperatorRegistry:
+def install(settings: Settings, namespaces: Sequence[str] = ()) -> kopf.OperatorRegistry:
     """A kopf registry with every handler below bound to one ``Process`` built from ``settings`` (main.py passes it
-    to ``kopf.operator``). Handler ids are the functions' names, as kopf stores them in annotations."""
-    process = Process(settings)
+    to ``kopf.operator``)."""
+    process = Process(settings, namespaces)
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(kopf.login_via_client)  # kopf's default, from the kubernetes client's config
-    rrm = (names.GROUP, names.VERSION, names.PLURAL)
     kopf.on.startup(registry=registry)(functools.partial(configure, process))
-    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(*rrm, registry=registry)(functools.partial(on_change, process))
-    kopf.timer(*rrm, interval=settings.resync_seconds, initial_delay=settings.resync_seconds,
-               registry=registry)(functools.partial(resync, process))
-    kopf.daemon(*rrm, id="autoscaler", cancellation_backoff=1.0, cancellation_timeout=10.0,
-                registry=registry)(functools.partial(autoscale, process))
-    for group, version, plural in (("batch", "v1", "jobs"), ("apps", "v1", "deployments")):
-        kopf.on.event(group, version, plural, labels=_OWNED, registry=registry)(
-            functools.partial(on_child_event, process))
+    kopf.on.cleanup(registry=registry)(functools.partial(cleanup, process))
+    kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)(
+        functools.partial(on_model_event, process))
     kopf.on.event(names.GROUP, names.VERSION, "rerankclasses", registry=registry)(
         functools.partial(on_class_event, process))
     kopf.on.probe(id="reconciling", registry=registry)(functools.partial(probe, process))
@@ -80,77 +187,31 @@ def install(settings: Settings) -> kopf.OperatorRegistry:
 
 
 def configure(process: Process, settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = f"{names.GROUP}/finalizer"
+    settings.persistence.finalizer = f"{names.GROUP}/finalizer"  # only to remove it from models of older versions
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
-    # Only the spec drives children: labels and annotations (an autoscaler's memory, a user's notes) must neither
-    # trigger an update nor make kopf rewrite its diff base.
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=names.GROUP, key="last-handled-configuration", ignored_fields=["metadata"])
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = 8
     if process.settings.watch_server_timeout:
         settings.watching.server_timeout = process.settings.watch_server_timeout
         settings.watching.client_timeout = process.settings.watch_server_timeout + 5
-    process.cluster()
+    process.start()
 
 
-def on_change(process: Process, *, namespace: str | None, name: str, reason: str, **_: Any) -> None:
-    process.reconcile(namespace or "", name, str(reason))
+def cleanup(process: Process, **_: Any) -> None:
+    process.shutdown()
 
 
-def resync(process: Process, *, namespace: str | None, name: str, **_: Any) -> None:
-    process.reconcile(namespace or "", name, "timer")
+async def on_model_event(process: Process, *, body: kopf.Body, type: str | None, **_: Any) -> None:
+    process.on_model_event(type, body)
 
 
-async def autoscale(process: Process, *, namespace: str | None, name: str, stopped: kopf.DaemonStopped,
-                    **_: Any) -> None:
-    """The autoscaler's loop for one model (autoscale_loop.py); a changed decision is applied by a reconcile at once."""
-    ns = namespace or ""
-
-    def apply_decision() -> None:
-        try:
-            process.reconcile(ns, name, "autoscaler")
-        except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the resync timer catches up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a decision failed: %s", ns, name, exc)
-
-    model = autoscale_loop.ModelAutoscaler(process.cluster(), ns, name, registry=process.registry,
-                                           settings=process.settings, handoff=process.handoff,
-                                           after_decision=apply_decision)
-    await autoscale_loop.run(model, stopped)
+async def on_class_event(process: Process, *, body: kopf.Body, type: str | None, **_: Any) -> None:
+    """An event handler writes nothing on the class (on.create/update/delete would keep kopf's state and a
+    finalizer on it)."""
+    process.on_class_event(type, body)
 
 
-_OWNED = {names.LABEL_MANAGED_BY: names.OPERATOR_NAME, names.LABEL_NAME: names.APP_NAME}
-
-
-def _owner_name(body: kopf.Body) -> str | None:
-    for ref in body.get("metadata", {}).get("ownerReferences") or ():
-        ours = ref.get("kind") == names.KIND and ref.get("apiVersion", "").startswith(f"{names.GROUP}/")
-        if ours and ref.get("controller"):
-            return str(ref["name"])
-    return None
-
-
-def on_child_event(process: Process, *, body: kopf.Body, namespace: str | None, type: str, **_: Any) -> None:
-    owner = _owner_name(body)
-    if owner and namespace and type:  # no type: the initial listing, already covered by resume
-        try:
-            process.reconcile(namespace, owner, "child")
-        except kopf.TemporaryError as exc:  # event handlers are not retried: the timer will catch up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a child event failed: %s",
-                                                namespace, owner, exc)
-
-
-def on_class_event(process: Process, *, body: kopf.Body, type: str | None, **_: Any) -> None:
-    """A RerankClass changed: reconcile now the models it concerns (class_index.py). An event handler writes nothing on
-    the class (on.create/update/delete would keep kopf's state and a finalizer on it)."""
-    for namespace, owner in class_index.class_event(type, body, process.registry.classes, process.registry.models):
-        try:
-            process.reconcile(namespace, owner, "class")
-        except (kopf.TemporaryError, kopf.PermanentError) as exc:  # the model's own timer will catch up
-            logging.getLogger(__name__).warning("reconcile of %s/%s after a class change failed: %s",
-                                                namespace, owner, exc)
-
-
-def probe(process: Process, **_: Any) -> int:
-    """The liveness endpoint answers only while the operator's loop runs; reports models being reconciled."""
-    return process.handoff.reconciling()
+def probe(process: Process, **_: Any) -> dict[str, int]:
+    """The liveness endpoint answers only while kopf's loop runs; reports the queue and leadership."""
+    return process.reconciling()

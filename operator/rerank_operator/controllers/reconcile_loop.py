@@ -22,12 +22,14 @@ from rerank_operator.core import events, names
 from rerank_operator.core import plan as plans
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
+from rerank_operator.core.builders import job as job_builder
 from rerank_operator.core.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from rerank_operator.core.observed import ObjectRef, ref_of
 from rerank_operator.core.settings import Settings
 from rerank_operator.core.tenancy import tenant
 
 log = logging.getLogger(__name__)
+JOB_WAIT_RECHECK_SECONDS = 10.0
 
 
 def utcnow() -> str:
@@ -41,6 +43,7 @@ class Result:
 
     writes: int
     ready: bool
+    requeue_after: float | None = None  # look again this soon even without an event (a state only time changes)
 
 
 def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *, registry: class_index.Registry,
@@ -110,7 +113,10 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     ready = any(c.get("type") == READY and c.get("status") == "True" for c in new_status.get("conditions", ()))
     if executed.quota_refusals:  # a write of ours (the claim): retried with backoff until the quota allows it
         raise TransientApiError(f"{quota.message if quota else 'refused by a ResourceQuota'}")
-    return Result(writes, ready)
+    # A Job without pods changes nothing we watch while a quota refuses them (their FailedCreate Events are read,
+    # not watched): look again soon.
+    waiting = any(job_builder.waiting_for_pods(j) for j in observed.jobs)
+    return Result(writes, ready, requeue_after=JOB_WAIT_RECHECK_SECONDS if waiting else None)
 
 
 def _count_jobs(plan: plans.Plan, done: Sequence[ObjectRef], previous: Mapping[str, Any],

@@ -8,9 +8,10 @@ environment.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.leadership import LeaderElectionSettings
 
 #: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
 #: so the autoscaler can scrape TEI. ``RERANK_OPERATOR_POD_LABELS=k=v,k=v`` overrides them.
@@ -26,22 +27,35 @@ class Settings:
     """The operator's own namespace and pod labels (the NetworkPolicy's operator peer; no namespace outside a pod,
     and then no peer), the Prometheus server the platform configured (``--prometheus-url``), how often every model
     is reconciled without a change (``--resync-seconds``) and, when set, how long one watch request lasts
-    (``--watch-server-timeout``; kopf's default otherwise)."""
+    (``--watch-server-timeout``; kopf's default otherwise), and whether replicas elect one writer through a Lease
+    (``--leader-election*``; its namespace defaults to the operator's own)."""
 
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     watch_server_timeout: int | None = None
+    leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
-                 resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None) -> Settings:
-        """The pod's own identity from ``env``; the rest as main.py parsed it from the flags."""
-        return cls(operator_namespace=env.get(POD_NAMESPACE_ENV) or None,
+                 resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None,
+                 leader_election: LeaderElectionSettings | None = None) -> Settings:
+        """The pod's own identity from ``env``; the rest as main.py parsed it from the flags. An enabled election
+        without a namespace of its own takes the pod's; with neither (not in a pod, no flag) it cannot name its
+        Lease, which is refused here, at start-up, rather than at the first election."""
+        namespace = env.get(POD_NAMESPACE_ENV) or None
+        election = leader_election or LeaderElectionSettings()
+        if election.enabled and not election.namespace:
+            if not namespace:
+                raise ValueError("--leader-election needs the Lease's namespace: pass --leader-election-namespace, "
+                                 f"or run in a pod with ${POD_NAMESPACE_ENV} set")
+            election = replace(election, namespace=namespace)
+        return cls(operator_namespace=namespace,
                    operator_pod_labels=operator_pod_labels(env),
                    prometheus=prometheus or PrometheusSettings(),
-                   resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout)
+                   resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout,
+                   leader_election=election)
 
 
 def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:

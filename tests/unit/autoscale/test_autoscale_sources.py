@@ -100,8 +100,9 @@ def fake_api(answers: dict[str, object]):
     """A Prometheus HTTP API answering instant queries by the start of their PromQL."""
     asked: list[str] = []
 
-    def get(url: str, timeout: float) -> bytes:
-        query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)["query"][0]
+    def post(url: str, data: bytes, timeout: float) -> bytes:
+        assert url == "http://prom:9090/api/v1/query"
+        query = urllib.parse.parse_qs(data.decode())["query"][0]
         asked.append(query)
         for prefix, value in answers.items():
             if query.startswith(prefix):
@@ -109,15 +110,15 @@ def fake_api(answers: dict[str, object]):
                 return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
         return json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
 
-    return get, asked
+    return post, asked
 
 
 def test_prometheus_source_maps_queries_to_signals():
-    get, asked = fake_api({"count(up": 2, "max(timestamp(up": 990.0, "sum(rate(te_request_count": 12.5,
+    post, asked = fake_api({"count(up": 2, "max(timestamp(up": 990.0, "sum(rate(te_request_count": 12.5,
                            "sum(te_queue_size": 7, "histogram_quantile(0.95, sum by (le) (rate(te_request_duration":
                            0.3, "histogram_quantile(0.5, sum by (le) (rate(te_request_duration": "NaN",
                            "max((used)": 0.42})
-    source = PrometheusSource("http://prom:9090/", get=get, gpu_memory_used_query="used",
+    source = PrometheusSource("http://prom:9090/", post=post, gpu_memory_used_query="used",
                               gpu_memory_total_query="total")
     signals = source.collect({"gpu": '{pool="gpu"}'}, {"gpu": 2, "cpu": 0})
     gpu = signals.gpu
@@ -130,23 +131,23 @@ def test_prometheus_source_maps_queries_to_signals():
 
 
 def test_prometheus_source_without_successful_scrapes_is_missing_not_idle():
-    get, _ = fake_api({"count(up": None})
-    gpu = PrometheusSource("http://prom:9090", get=get).collect({"gpu": "{}"}, {"gpu": 1}).gpu
+    post, _ = fake_api({"count(up": None})
+    gpu = PrometheusSource("http://prom:9090", post=post).collect({"gpu": "{}"}, {"gpu": 1}).gpu
     assert gpu.error and gpu.staleness(0, 60) is not None
 
 
 def test_prometheus_source_reports_an_unreachable_server():
-    def get(url: str, timeout: float) -> bytes:
+    def post(url: str, data: bytes, timeout: float) -> bytes:
         raise OSError("connection refused")
 
-    gpu = PrometheusSource("http://prom:9090", get=get).collect({"gpu": "{}"}, {"gpu": 1}).gpu
+    gpu = PrometheusSource("http://prom:9090", post=post).collect({"gpu": "{}"}, {"gpu": 1}).gpu
     assert gpu.error and "connection refused" in gpu.error
 
 
 def test_platform_gpu_memory_queries_get_each_pools_selector():
     """The GPU-memory PromQL is the platform's (one per class or operator), so ``$selector`` makes it per model."""
-    get, asked = fake_api({"count(up": 1, "max((sum(used{": 0.5})
-    source = PrometheusSource("http://prom:9090", get=get, gpu_memory_used_query="sum(used$selector)",
+    post, asked = fake_api({"count(up": 1, "max((sum(used{": 0.5})
+    source = PrometheusSource("http://prom:9090", post=post, gpu_memory_used_query="sum(used$selector)",
                               gpu_memory_total_query="sum(total$selector)")
     gpu = source.collect({"gpu": '{namespace="a",pod=~"m-gpu-1"}'}, {"gpu": 1}).gpu
     assert gpu.gpu_memory_fraction == 0.5

@@ -1,0 +1,82 @@
+"""Everything the two loops read, held in memory: one watch-fed ``Store`` per kind (informer.py).
+
+The children (Jobs and their pods, the pools' Deployments, ReplicaSets and pods, Services, the volume's claim, the
+NetworkPolicy, the HTTPRoute) come from this module's informers, filtered by the API server to the operator's labels.
+The RerankModels themselves come from kopf's own watch: ``controllers/handlers.py`` records every model event in
+``models``, so kopf stays the one stream of models and this module adds none.
+
+A standby replica (leader election) runs the same caches, so when it takes over it decides from memory at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rerank_operator.adapters.informer import Informer, Kind, OnChange, Store
+from rerank_operator.adapters.kube_api import Client
+from rerank_operator.core import names
+
+log = logging.getLogger(__name__)
+
+#: The children the operator reads, by kind.
+CHILD_KINDS: Mapping[str, Kind] = {
+    "Job": Kind("batch/v1", "Job"),
+    "Pod": Kind("v1", "Pod"),
+    "Deployment": Kind("apps/v1", "Deployment"),
+    "ReplicaSet": Kind("apps/v1", "ReplicaSet"),
+    "Service": Kind("v1", "Service"),
+    "PersistentVolumeClaim": Kind("v1", "PersistentVolumeClaim"),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "NetworkPolicy"),
+    "HTTPRoute": Kind("gateway.networking.k8s.io/v1", "HTTPRoute", optional=True),
+}
+
+
+class Caches:
+    """The operator's watch-fed memory of its models and their children (one per process)."""
+
+    def __init__(self, client: Client, namespaces: Sequence[str] = (),
+                 on_child: OnChange | None = None) -> None:
+        self.models = Store()
+        self._informers = {kind: Informer(client, spec, namespaces=namespaces, on_change=on_child)
+                           for kind, spec in CHILD_KINDS.items()}
+
+    def store(self, kind: str) -> Store:
+        return self._informers[kind].store
+
+    def available(self, kind: str) -> bool:
+        """Whether the kind's API is installed (the Gateway API may not be)."""
+        return self._informers[kind].available
+
+    def start(self) -> None:
+        for informer in self._informers.values():
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self._informers.values():
+            informer.stop()
+
+    def wait_synced(self, timeout: float) -> list[str]:
+        """Wait until every informer has listed once; returns the kinds still not listed after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        for informer in self._informers.values():
+            informer.wait_synced(max(0.0, deadline - time.monotonic()))
+        return [kind for kind, informer in self._informers.items() if not informer.synced]
+
+    def record(self, stored: Any, sent: Mapping[str, Any]) -> None:
+        """Keep the API server's answer to one of our writes (the object as stored) in its kind's store."""
+        if not isinstance(stored, dict) or "metadata" not in stored:
+            return
+        kind = stored.get("kind") or sent.get("kind")
+        stored.setdefault("apiVersion", sent.get("apiVersion"))
+        stored.setdefault("kind", kind)
+        if kind == names.KIND:
+            self.models.record(stored)
+        elif kind in self._informers:
+            self._informers[kind].store.record(stored)
+
+    def sizes(self) -> dict[str, int]:
+        """Objects held per kind (the operator's metrics export them)."""
+        return {"RerankModel": len(self.models), **{k: len(i.store) for k, i in self._informers.items()}}

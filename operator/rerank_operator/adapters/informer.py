@@ -1,0 +1,280 @@
+"""Watch-fed caches of the operator's children: one LIST, then one WATCH per kind, instead of reads per reconcile.
+
+This is what client-go's shared informers do for Go operators, in the few lines this operator needs:
+
+- **One stream per kind, filtered by the API server.** Every child the operator creates carries
+  ``app.kubernetes.io/name=rerankmodel`` and ``app.kubernetes.io/managed-by=rerank-operator``
+  (``names.labels``), so each informer lists and watches only those (kopf's own watches cannot filter by label on
+  the server, and caching every Pod of a cluster is how KServe's controller was OOM-killed, kserve #3467).
+- **A reconcile or an autoscaler tick reads memory.** ``Store`` keeps the objects by namespace/name and indexes
+  them by their controller's uid, so "the Jobs this model controls" is a dictionary lookup; a model whose children
+  did not change costs no request at all.
+- **Our own writes are seen at once.** The API server answers every apply, create and status patch with the object
+  as stored; ``Store.record`` keeps it if it is newer than what the watch delivered (resourceVersion), so the next
+  reconcile never plans against a copy older than its own last write.
+- **Resilient streams.** A watch that ends is resumed from the last resourceVersion (bookmarks keep it fresh); a
+  410 Gone relists; a kind whose API is absent (no Gateway API CRDs) reads as unavailable and is listed again
+  every ``ABSENT_RETRY_SECONDS``.
+
+Objects in a store are never mutated after they are stored (a change replaces the whole object): readers share
+them without copying and must not modify them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, WatchExpired
+from rerank_operator.core import names
+from rerank_operator.core.observed import Obj
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+OnChange = Callable[[str, Obj], None]  # (ADDED | MODIFIED | DELETED, object)
+
+#: The label selector of every informer: the children this operator manages.
+CHILDREN_SELECTOR = f"{names.LABEL_NAME}={names.APP_NAME},{names.LABEL_MANAGED_BY}={names.OPERATOR_NAME}"
+ABSENT_RETRY_SECONDS = 60.0
+WATCH_SECONDS = (240, 420)  # one watch request lasts a random time in this range, as client-go spreads them
+MAX_BACKOFF_SECONDS = 30.0
+
+
+def resource_version(obj: Obj) -> int | None:
+    """The object's resourceVersion as a number (etcd's revision), None if it is not one. The API calls it opaque;
+    every server in practice (etcd-backed) gives increasing integers, which is what comparing our own writes with
+    the watch's copies needs."""
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def controller_uid(obj: Obj) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def _key(obj: Obj) -> Key:
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
+
+
+def _newer(new: Obj, old: Obj | None) -> bool:
+    """``new`` is a later version than ``old`` (the same version is not: it is our own write's echo)."""
+    if old is None:
+        return True
+    a, b = resource_version(new), resource_version(old)
+    return a is None or b is None or a > b
+
+
+class Store:
+    """Objects of one kind by (namespace, name), with an index by controller uid (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[Key, Obj] = {}
+        self._by_owner: dict[str, set[Key]] = {}
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            return self._items.get((namespace, name))
+
+    def controlled_by(self, uid: str) -> list[Obj]:
+        """Objects whose controller reference points at ``uid``."""
+        with self._lock:
+            return [self._items[k] for k in self._by_owner.get(uid, ()) if k in self._items]
+
+    def select(self, namespace: str, labels: dict[str, str]) -> list[Obj]:
+        """Objects in ``namespace`` carrying every label in ``labels``."""
+        with self._lock:
+            found = [o for (ns, _), o in self._items.items() if ns == namespace]
+        return [o for o in found if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+
+    def all_keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._items)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def record(self, obj: Obj) -> bool:
+        """Store ``obj`` unless the stored copy is as new; returns whether it was stored (False for the watch's echo
+        of our own write, which ``Caches.record`` stored already)."""
+        key = _key(obj)
+        with self._lock:
+            old = self._items.get(key)
+            if not _newer(obj, old):
+                return False
+            self._unindex(key, old)
+            self._items[key] = obj
+            uid = controller_uid(obj)
+            if uid:
+                self._by_owner.setdefault(uid, set()).add(key)
+            return True
+
+    def remove(self, obj: Obj) -> None:
+        key = _key(obj)
+        with self._lock:
+            old = self._items.pop(key, None)
+            self._unindex(key, old)
+
+    def replace(self, items: Iterable[Obj], listed_at: int | None, namespace: str | None) -> None:
+        """The result of a LIST at revision ``listed_at`` (for ``namespace``, or all): it replaces what was stored,
+        except copies newer than the list (our own writes that landed after it)."""
+        with self._lock:
+            fresh = {_key(o): o for o in items}
+            for key in [k for k in self._items if namespace is None or k[0] == namespace]:
+                if key not in fresh:
+                    kept = resource_version(self._items[key])
+                    if listed_at is None or kept is None or kept <= listed_at:
+                        self._unindex(key, self._items.pop(key))
+            for key, obj in fresh.items():
+                old = self._items.get(key)
+                if _newer(obj, old):
+                    self._unindex(key, old)
+                    self._items[key] = obj
+                    uid = controller_uid(obj)
+                    if uid:
+                        self._by_owner.setdefault(uid, set()).add(key)
+
+    def _unindex(self, key: Key, old: Obj | None) -> None:
+        uid = controller_uid(old) if old is not None else None
+        if uid and uid in self._by_owner:
+            self._by_owner[uid].discard(key)
+            if not self._by_owner[uid]:
+                del self._by_owner[uid]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one informer lists and watches."""
+
+    api_version: str
+    kind: str
+    optional: bool = False  # an API that may not be installed (the Gateway API)
+
+
+class Informer:
+    """LIST + WATCH of one kind (in each watched namespace, or cluster-wide), feeding a ``Store``."""
+
+    def __init__(self, client: Client, kind: Kind, *, namespaces: Sequence[str] = (),
+                 selector: str = CHILDREN_SELECTOR, on_change: OnChange | None = None) -> None:
+        self.client = client
+        self.kind = kind
+        self.store = Store()
+        self.namespaces: list[str | None] = list(namespaces) or [None]
+        self.selector = selector
+        self.on_change = on_change
+        self._synced: dict[str | None, bool] = {ns: False for ns in self.namespaces}
+        self._available: dict[str | None, bool] = {ns: True for ns in self.namespaces}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def synced(self) -> bool:
+        with self._cond:
+            return all(self._synced.values())
+
+    @property
+    def available(self) -> bool:
+        """False while the kind's API is not installed (e.g. no Gateway API CRDs)."""
+        with self._cond:
+            return all(self._available.values())
+
+    def start(self) -> None:
+        for ns in self.namespaces:
+            t = threading.Thread(target=self._run, args=(ns,), daemon=True,
+                                 name=f"informer-{self.kind.kind}-{ns or 'all'}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not all(self._synced.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # --- the stream ---------------------------------------------------------------------------------------------------
+
+    def _run(self, namespace: str | None) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                revision = self._list(namespace)
+                if revision is None:  # the API is absent: look again later
+                    self._stop.wait(ABSENT_RETRY_SECONDS)
+                    continue
+                backoff = 1.0
+                self._watch(namespace, revision)
+            except WatchExpired:
+                log.info("watch of %s (%s) expired: listing again", self.kind.kind, namespace or "all namespaces")
+            except (TransientApiError, ApiError, OSError, ValueError) as exc:
+                log.warning("watch of %s (%s) failed, retrying in %.0f s: %s", self.kind.kind,
+                            namespace or "all namespaces", backoff, exc)
+                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _list(self, namespace: str | None) -> str | None:
+        """LIST into the store; returns the list's resourceVersion to watch from, or None if the API is absent."""
+        try:
+            items, revision = self.client.list_all(self.kind.api_version, self.kind.kind, namespace, self.selector)
+        except ApiError as exc:
+            if exc.status == 404 and self.kind.optional:
+                self.store.replace((), None, namespace)
+                self._mark(namespace, synced=True, available=False)
+                return None
+            raise
+        try:
+            listed_at: int | None = int(revision)
+        except ValueError:
+            listed_at = None
+        before = {k for k in self.store.all_keys() if namespace is None or k[0] == namespace}
+        self.store.replace(items, listed_at, namespace)
+        self._mark(namespace, synced=True, available=True)
+        if self.on_change is not None:  # a relist may hide changes the broken watch missed: report them
+            for obj in items:
+                self.on_change("ADDED" if _key(obj) not in before else "MODIFIED", obj)
+        return revision
+
+    def _watch(self, namespace: str | None, revision: str) -> None:
+        while not self._stop.is_set():
+            seconds = random.randint(*WATCH_SECONDS)
+            for event_type, obj in self.client.watch(self.kind.api_version, self.kind.kind, namespace, self.selector,
+                                                     revision, seconds):
+                if self._stop.is_set():
+                    return
+                revision = obj.get("metadata", {}).get("resourceVersion") or revision
+                if event_type == "BOOKMARK":
+                    continue
+                if event_type == "DELETED":
+                    self.store.remove(obj)
+                elif not self.store.record(obj):
+                    continue  # older than our own write already stored
+                if self.on_change is not None:
+                    try:
+                        self.on_change(event_type, obj)
+                    except Exception:  # a handler's bug must not end the stream
+                        log.exception("handling a %s event of %s", event_type, self.kind.kind)
+
+    def _mark(self, namespace: str | None, *, synced: bool, available: bool) -> None:
+        with self._cond:
+            self._synced[namespace] = synced
+            self._available[namespace] = available
+            self._cond.notify_all()

@@ -1,0 +1,178 @@
+"""The reconcile queue: which models to reconcile, by how many workers, and when to try again.
+
+client-go's rate-limited work queue, reduced to what the operator needs:
+
+- **A key is never processed by two workers at once**, and a key added while it is being processed is processed
+  once more afterwards: a burst of child events for one model costs at most two reconciles, and the reconciles of
+  one model never overlap.
+- **Keys, not events.** Adding a key that is already waiting does nothing, so the queue is never longer than the
+  number of models, however many events arrive (a burst of a few hundred applies queues each model once).
+- **Failures back off per key** (``retry_base`` doubling up to ``retry_max``), so one model failing never slows
+  another; success forgets the backoff.
+- **Delayed adds** (``add_after``): the periodic resync of each model and a retry after a transient failure;
+  an earlier due time wins.
+- **Paused until started.** Keys accumulate while the process is a standby (leader election); the workers start
+  when it leads, and then work off everything that happened meanwhile.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+
+class RetryAfter(Exception):
+    """Raised by a handler: process the key again after ``delay`` seconds (counts as a failure for backoff when
+    ``delay`` is None)."""
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class WorkQueue(Generic[K]):
+    """Keys to process by ``workers`` threads calling ``handle(key)``; it returns the seconds after which to process
+    the key again (a resync), or None."""
+
+    def __init__(self, handle: Callable[[K], float | None], workers: int, *, retry_base: float = 1.0,
+                 retry_max: float = 60.0, clock: Callable[[], float] = time.monotonic, name: str = "reconcile") -> None:
+        self._handle = handle
+        self._workers = workers
+        self._retry_base = retry_base
+        self._retry_max = retry_max
+        self._clock = clock
+        self._name = name
+        self._cond = threading.Condition()
+        self._ready: deque[K] = deque()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()  # added while being processed: run again afterwards
+        self._due: dict[K, float] = {}  # key -> earliest time of its delayed add
+        self._timers: list[tuple[float, int, K]] = []
+        self._seq = itertools.count()
+        self._failures: dict[K, int] = {}
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+
+    # --- adding -------------------------------------------------------------------------------------------------------
+
+    def add(self, key: K) -> None:
+        with self._cond:
+            self._add_locked(key)
+
+    def add_after(self, key: K, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        with self._cond:
+            due = self._clock() + delay
+            if key in self._due and self._due[key] <= due:
+                return
+            self._due[key] = due
+            heapq.heappush(self._timers, (due, next(self._seq), key))
+            self._cond.notify()
+
+    def due(self, key: K) -> float | None:
+        """When the key's delayed add falls due (clock time), if it has one."""
+        with self._cond:
+            return self._due.get(key)
+
+    def forget(self, key: K) -> None:
+        """Drop the key's backoff and pending resync (its model is gone)."""
+        with self._cond:
+            self._failures.pop(key, None)
+            self._due.pop(key, None)
+
+    def _add_locked(self, key: K) -> None:
+        if key in self._processing:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.append(key)
+            self._cond.notify()
+
+    # --- running ------------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers (once)."""
+        with self._cond:
+            if self._threads or self._stopped:
+                return
+            for i in range(self._workers):
+                t = threading.Thread(target=self._work, daemon=True, name=f"{self._name}-{i}")
+                self._threads.append(t)
+                t.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    @property
+    def started(self) -> bool:
+        with self._cond:
+            return bool(self._threads)
+
+    def depth(self) -> int:
+        """Keys waiting to be processed now."""
+        with self._cond:
+            return len(self._ready)
+
+    def processing(self) -> int:
+        with self._cond:
+            return len(self._processing)
+
+    def _next(self) -> K | None:
+        with self._cond:
+            while not self._stopped:
+                now = self._clock()
+                while self._timers and self._timers[0][0] <= now:
+                    due, _, key = heapq.heappop(self._timers)
+                    if self._due.get(key) == due:
+                        del self._due[key]
+                        self._add_locked(key)
+                if self._ready:
+                    key = self._ready.popleft()
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                wait = self._timers[0][0] - now if self._timers else None
+                self._cond.wait(wait)
+            return None
+
+    def _work(self) -> None:
+        while (key := self._next()) is not None:
+            again: float | None = None
+            try:
+                again = self._handle(key)
+                with self._cond:
+                    self._failures.pop(key, None)
+            except RetryAfter as exc:
+                again = exc.delay if exc.delay is not None else self._backoff(key)
+                log.warning("%s of %s: %s; again in %.1f s", self._name, key, exc, again)
+            except Exception:
+                again = self._backoff(key)
+                log.exception("%s of %s failed; again in %.1f s", self._name, key, again)
+            finally:
+                with self._cond:
+                    self._processing.discard(key)
+                    if key in self._dirty:
+                        self._dirty.discard(key)
+                        self._add_locked(key)
+            if again is not None:
+                self.add_after(key, again)
+
+    def _backoff(self, key: K) -> float:
+        with self._cond:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+        return float(min(self._retry_max, self._retry_base * 2 ** (failures - 1)))

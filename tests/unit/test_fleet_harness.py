@@ -1,0 +1,119 @@
+"""The pieces benchmarks/fleet.py and the cluster tests share, without a cluster: the scrape redirect's address table,
+the fake TEI endpoint, the quantizer's "published" status patch, and the benchmark's audit and target arithmetic."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rerank_devcluster import operator_process as op
+from rerank_devcluster.fake_tei import MetricsServer, SteadyTei, TeiCounters
+from rerank_devcluster.scrape_redirect import ANY_POD, redirected
+from rerank_operator.adapters import tei_scrape
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def fleet() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fleet_bench", REPO_ROOT / "benchmarks" / "fleet.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fleet_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def target(name: str) -> tei_scrape.PodTarget:
+    return tei_scrape.PodTarget(name=name, pool="cpu", ip="10.244.0.7", port=8080)
+
+
+def test_redirect_names_then_any_then_the_pods_own_address(tmp_path: Path) -> None:
+    table = tmp_path / "addresses.json"
+    address = redirected(str(table))
+    assert address(target("a")) == "10.244.0.7:8080"  # no file yet
+    table.write_text(json.dumps({"a": "127.0.0.1:1"}))
+    assert address(target("a")) == "127.0.0.1:1"
+    assert address(target("b")) == "10.244.0.7:8080"
+    table.write_text(json.dumps({"a": "127.0.0.1:1", ANY_POD: "127.0.0.1:9"}))
+    os.utime(table, ns=(1, 10**18))  # a rewrite is seen even when the size stays the same
+    assert address(target("b")) == "127.0.0.1:9"
+    table.write_text("{not json")
+    assert address(target("a")) == "10.244.0.7:8080"  # half-written: this scrape uses the pod's own address
+
+
+def test_fake_tei_serves_steady_counters_and_503_when_down() -> None:
+    clock = [100.0]
+    tei = SteadyTei(rate=2.0, latency=0.03, clock=lambda: clock[0])
+    server = MetricsServer(tei.render)
+    try:
+        clock[0] = 110.0
+        with urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5) as resp:
+            values = op.parse_exposition(resp.read().decode())
+        assert values['te_request_count{method="batch"}'] == 20.0
+        assert values['te_request_duration_bucket{le="0.05"}'] == 20.0
+        assert values['te_request_duration_bucket{le="0.025"}'] == 0.0
+        tei.up = False
+        try:
+            urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5)
+            raise AssertionError("expected 503")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+        assert server.requests == 2
+    finally:
+        server.stop()
+
+
+def test_tei_counters_queue_what_capacity_cannot_serve() -> None:
+    pod = TeiCounters(capacity=10.0, base_latency=0.03, max_backlog=5.0)
+    pod.step(rate=20.0, dt=1.0)
+    assert (pod.requests, pod.success, pod.backlog, pod.failure) == (20.0, 10.0, 5.0, 5.0)
+    assert "te_queue_size 5.0" in pod.render()
+
+
+def test_publish_status_carries_the_contracts_message() -> None:
+    pod: dict[str, Any] = {"metadata": {"labels": {op.ARTIFACT_LABEL: "abc123"}},
+                           "spec": {"containers": [{"name": "quantize", "image": "q:1"}]}}
+    status = op.publish_status(pod)["status"]
+    assert status["phase"] == "Succeeded"
+    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0 and json.loads(terminated["message"])["artifact_id"] == "abc123"
+
+
+def test_audit_summary_counts_the_operators_requests_by_verb_and_watches_apart() -> None:
+    bench = fleet()
+
+    def event(verb: str, stage: str = "ResponseComplete", user: str = op.OPERATOR_USER,
+              resource: str = "rerankmodels") -> dict[str, Any]:
+        return {"verb": verb, "stage": stage, "user": {"username": user}, "objectRef": {"resource": resource}}
+
+    events = [event("get"), event("get"), event("list"), event("patch", resource="rerankmodels"),
+              event("watch", "ResponseStarted"), event("watch"), event("create", user="system:admin")]
+    summary = bench.summarize_requests(events, seconds=2.0)
+    assert summary["by_verb_per_s"] == {"get": 1.0, "list": 0.5, "patch": 0.5}
+    assert summary["writes"] == 1
+    assert (summary["watches_opened"], summary["watches_completed"]) == (1, 1)
+    assert summary["requests_per_s"] == 2.5  # 4 requests and 1 watch opened, in 2 s
+
+
+def test_targets_pass_fail_and_not_measured() -> None:
+    bench = fleet()
+    args = bench.parse_args(["--models", "10"])
+    result = {"bring_up": {"all_ready": True, "all_ready_after_jobs_finished_s": 5.0,
+                           "apply_to_job_s": {"p95": 4.0}},
+              "steady_state": {"leader": "replica-0", "operator_requests": {"requests_per_s": 3.0, "writes": 0},
+                               "operator_rss_mb": {"replica-0": {"max": 120.0}},
+                               "operator_cpu_cores": {"replica-0": 0.1}, "promql": {}}}
+    out = bench.targets(result, args)
+    assert out["ready_after_jobs_finished_s"]["pass"] is True
+    assert out["apply_to_job_p95_s"]["pass"] is False
+    assert out["steady_writes"]["pass"] is True
+    assert out["failover_s"]["pass"] is None and out["promql_queries_per_signal_per_tick"]["pass"] is None
+    assert args.namespaces == 1
+    assert bench.quantiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0

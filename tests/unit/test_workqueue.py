@@ -1,0 +1,105 @@
+"""The reconcile queue (controllers/workqueue.py): keys not events, one worker per key, backoff per key."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from rerank_devcluster.waiting import eventually
+from rerank_operator.controllers.workqueue import RetryAfter, WorkQueue
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_keys_added_before_start_wait_and_duplicates_collapse() -> None:
+    seen: list[str] = []
+    q: WorkQueue[str] = WorkQueue(lambda k: seen.append(k) or None, workers=2)
+    for key in ["a", "b", "a", "a", "b"]:
+        q.add(key)
+    assert q.depth() == 2 and seen == []  # a standby queues, it does not work
+    q.start()
+    eventually(lambda: len(seen) == 2, 5, "both keys processed")
+    q.stop()
+    assert sorted(seen) == ["a", "b"]
+
+
+def test_a_key_added_while_it_is_processed_runs_once_more_and_never_concurrently() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+    running: Counter[str] = Counter()
+    overlaps: list[str] = []
+    calls: list[str] = []
+
+    def handle(key: str) -> None:
+        running[key] += 1
+        if running[key] > 1:
+            overlaps.append(key)
+        calls.append(key)
+        if len(calls) == 1:
+            inside.set()
+            release.wait(5)
+        running[key] -= 1
+
+    q: WorkQueue[str] = WorkQueue(handle, workers=4)
+    q.start()
+    q.add("m")
+    assert inside.wait(5)
+    for _ in range(10):  # a burst of events for the model being reconciled
+        q.add("m")
+    release.set()
+    eventually(lambda: len(calls) == 2 and q.processing() == 0, 5, "one more run")
+    q.stop()
+    assert overlaps == [] and calls == ["m", "m"]
+
+
+def test_failures_back_off_per_key_and_success_resets() -> None:
+    clock = Clock()
+    outcomes = iter([RuntimeError("boom"), RetryAfter("later"), RetryAfter("quota", 30.0), None])
+    calls: list[float] = []
+
+    def handle(key: str) -> float | None:
+        if key != "m":
+            return None
+        calls.append(clock.now)
+        outcome = next(outcomes)
+        if outcome is not None:
+            raise outcome
+        return 600.0  # the resync
+
+    q: WorkQueue[str] = WorkQueue(handle, workers=1, retry_base=1.0, clock=clock)
+    q.start()
+    q.add("m")
+    # 1 s after the first failure, 2 s after the second, the handler's own 30 s after the third, then the resync.
+    for runs, delay in ((1, 1.0), (2, 2.0), (3, 30.0), (4, 600.0)):
+        eventually(lambda n=runs: len(calls) == n and q.processing() == 0, 5, f"run {runs}")  # type: ignore[misc]
+        assert q.due("m") == clock.now + delay
+        clock.now += delay
+        q.add("poke")  # wakes the worker to look at the clock
+    q.stop()
+    assert calls == [0.0, 1.0, 3.0, 33.0]
+
+
+def test_add_after_keeps_the_earliest_due_time_and_forget_drops_it() -> None:
+    clock = Clock()
+    seen: list[str] = []
+    q: WorkQueue[str] = WorkQueue(lambda k: seen.append(k) or None, workers=1, clock=clock)
+    q.add_after("a", 10)
+    q.add_after("a", 5)
+    q.add_after("a", 20)
+    q.add_after("b", 5)
+    q.forget("b")
+    q.start()
+    clock.now = 5.5
+    q.add("tick")
+    eventually(lambda: "a" in seen, 5, "a due at 5 s")
+    clock.now = 30
+    q.add("tick")
+    eventually(lambda: seen.count("tick") == 2, 5, "second tick")
+    q.stop()
+    assert seen.count("a") == 1 and "b" not in seen

@@ -540,6 +540,8 @@ class Benchmark:
         cluster.add_nodes(fleet_nodes(args.models))
         op.install_crds(cluster)
         identity = op.create_identity(cluster, token_duration="8h")
+        if args.replicas == 2:
+            op.bind_leader_election(cluster, LEASE_NS)  # as the chart does: the Lease lives in the operator's namespace
         namespaces = [f"{NS_PREFIX}{i:04d}" for i in range(args.namespaces)]
         op.kubectl_apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
                                    for ns in namespaces])

@@ -3,6 +3,7 @@
 - :func:`create_identity`: a ServiceAccount bound to a ClusterRole made of exactly
   ``operator/rerank_operator/rbac_rules.yaml``, and a kubeconfig with its token. Every operator started here runs
   with it, so a missing permission fails a test (and the API server's audit log tells its calls apart by user).
+- :func:`bind_leader_election`: the Role of ``rbac_leader_election.yaml`` (the Lease), bound in one namespace.
 - :class:`OperatorProcess`: ``python -m rerank_operator.main`` (or a launcher that runs the same ``main()``, such as
   :mod:`rerank_devcluster.scrape_redirect`) with free metrics and health ports, its log under the cluster's logs.
 - :func:`static_pv` / :func:`static_pvs`: the dev cluster has no provisioner; claims bind to these by class name.
@@ -31,6 +32,7 @@ from rerank_devcluster.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_RULES = REPO / "operator" / "rerank_operator" / "rbac_rules.yaml"
+LEADER_ELECTION_RULES = REPO / "operator" / "rerank_operator" / "rbac_leader_election.yaml"
 OPERATOR_NS = "rerank-system"
 OPERATOR_SA = "rerank-operator"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
@@ -106,6 +108,20 @@ def create_identity(cluster: Cluster, cluster_role: str = "rerank-operator-test"
         "contexts": [{"name": "operator", "context": {"cluster": "dev", "user": "operator"}}],
     }))
     return Identity(path, OPERATOR_USER)
+
+
+def bind_leader_election(cluster: Cluster, namespace: str) -> None:
+    """A Role of exactly rbac_leader_election.yaml in ``namespace``, bound to the operator's ServiceAccount."""
+    name = "rerank-operator-leader-election"
+    kubectl_apply(cluster, [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace},
+         "rules": yaml.safe_load(LEADER_ELECTION_RULES.read_text())},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS}]},
+    ])
 
 
 # --- the operator process ---------------------------------------------------------------------------------------------

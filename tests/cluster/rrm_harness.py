@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -39,6 +38,7 @@ from rerank_devcluster.operator_process import (
     WRITE_VERBS,
     Identity,
     OperatorProcess,
+    bind_leader_election,
     create_identity,
     published,
     refused,
@@ -53,28 +53,11 @@ __all__ = ["GROUP", "OPERATOR_NS", "OPERATOR_SA", "OPERATOR_USER", "PLURAL", "RB
            "rerank_model", "rrm_env", "static_pv"]
 
 
-LEADER_ELECTION_RULES = REPO / "operator" / "rerank_operator" / "rbac_leader_election.yaml"
-
-
 @pytest.fixture(scope="session")
 def operator_identity(cluster: Cluster, crds_installed: list[str]) -> Identity:
     identity = create_identity(cluster)
     bind_leader_election(cluster, OPERATOR_NS)  # as the chart does: the Lease lives in the operator's namespace
     return identity
-
-
-def bind_leader_election(cluster: Cluster, namespace: str) -> None:
-    """A Role of exactly rbac_leader_election.yaml in ``namespace``, bound to the operator's ServiceAccount."""
-    name = "rerank-operator-leader-election"
-    _kubectl_apply(cluster, [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": name, "namespace": namespace},
-         "rules": yaml.safe_load(LEADER_ELECTION_RULES.read_text())},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": name, "namespace": namespace},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS}]},
-    ])
 
 
 # --- the test's view of the cluster -----------------------------------------------------------------------------------

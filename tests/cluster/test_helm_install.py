@@ -47,13 +47,14 @@ def can_i(cluster, sa: str, verb: str, resource: str, namespace: str) -> bool:
     return out.stdout.strip() == "yes"
 
 
-def wait_operator_ready(cluster, namespace: str, release: str) -> dict:
+def wait_operator_ready(cluster, namespace: str, release: str, replicas: int = 2) -> dict:
+    """The chart's replicas (two by default: a leader and a standby) are Ready; the first of them."""
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/name=rerank-operator"
     cluster.kubectl_run("rollout", "status", f"deployment/{release}-rerank-operator", "-n", namespace,
                         "--timeout=120s")
     cluster.kubectl_run("wait", "--for=condition=Ready", "pod", "-l", selector, "-n", namespace, "--timeout=120s")
     pods = json.loads(cluster.kubectl_run("get", "pods", "-l", selector, "-n", namespace, "-o", "json").stdout)
-    assert len(pods["items"]) == 1
+    assert len(pods["items"]) == replicas
     return pods["items"][0]
 
 
@@ -78,6 +79,15 @@ def test_install_cluster_wide(cluster, helm: str, namespace: str, release: str) 
     assert can_i(cluster, sa, "patch", "rerankmodels.rerank.io/status", "kube-system")
     assert not can_i(cluster, sa, "delete", "nodes", "default")
     assert not can_i(cluster, sa, "create", "clusterrolebindings", "default")
+    # Leader election: its Lease, in the release namespace only, and no more than get, create, update.
+    assert "--leader-election" in container["args"]
+    for verb in ("get", "create", "update"):
+        assert can_i(cluster, sa, verb, "leases.coordination.k8s.io", namespace)
+    assert not can_i(cluster, sa, "delete", "leases.coordination.k8s.io", namespace)
+    assert not can_i(cluster, sa, "update", "leases.coordination.k8s.io", "kube-system")
+    pdb = json.loads(cluster.kubectl_run("get", "pdb", f"{release}-rerank-operator", "-n", namespace,
+                                         "-o", "json").stdout)
+    assert pdb["spec"]["minAvailable"] == 1
 
     svc = json.loads(cluster.kubectl_run("get", "service", f"{release}-rerank-operator-metrics", "-n", namespace,
                                          "-o", "json").stdout)

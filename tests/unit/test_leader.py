@@ -128,13 +128,15 @@ def test_a_hung_request_does_not_stretch_the_term(lease: MemoryLease) -> None:
     """is_leader turns False at the renew deadline even while the loop is blocked in a request."""
     run = Run(elector(lease))
     eventually(run.started.is_set, timeout=5, what="it leads")
+    assert lease.spec is not None
     lease.hang.set()
     eventually(lambda: not run.elector.is_leader, timeout=FAST.renew_deadline_seconds + 1, what="the term's end")
+    renewed = lease.spec["renewTime"]
     assert run.thread.is_alive() and not run.stopped.is_set()  # still blocked in the read
     lease.hang.clear()
     lease.unhung.set()
     eventually(run.stopped.is_set, timeout=5, what="on_stopped once the request returns")
-    assert lease.spec is not None and lease.spec["holderIdentity"] == "a"  # the late round wrote nothing
+    assert lease.spec["renewTime"] == renewed  # the late round did not renew: a standby's wait is not reset
 
 
 def test_a_foreign_holder_ends_the_term_at_once(lease: MemoryLease) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from rerank_operator import main
 from rerank_operator.controllers import handlers
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.leadership import LeaderElectionSettings
 from rerank_operator.core.settings import DEFAULT_OPERATOR_POD_LABELS, Settings
 
 
@@ -25,6 +28,30 @@ def test_defaults_without_flags_or_a_pod() -> None:
     settings = main.settings_from(main.parse_args([]), {})
     assert settings == Settings() and settings.operator_pod_labels == DEFAULT_OPERATOR_POD_LABELS
     assert settings.resync_seconds == 30.0 and settings.watch_server_timeout is None
+    assert settings.leader_election == LeaderElectionSettings() and not settings.leader_election.enabled
+
+
+def test_leader_election_flags_and_the_pods_namespace() -> None:
+    args = main.parse_args(["--leader-election", "--leader-election-id", "rr-rerank-operator",
+                            "--leader-election-lease-seconds", "15", "--leader-election-renew-seconds", "10",
+                            "--leader-election-retry-seconds", "3"])
+    assert main.settings_from(args, {"POD_NAMESPACE": "rerank-system"}).leader_election == LeaderElectionSettings(
+        enabled=True, namespace="rerank-system", name="rr-rerank-operator", lease_duration_seconds=15,
+        renew_deadline_seconds=10, retry_period_seconds=3)
+    # The flag's namespace wins over the pod's; defaults: the Lease "rerank-operator", 10/7/2 s.
+    args = main.parse_args(["--leader-election", "--leader-election-namespace", "elsewhere"])
+    assert main.settings_from(args, {"POD_NAMESPACE": "rerank-system"}).leader_election == LeaderElectionSettings(
+        enabled=True, namespace="elsewhere")
+
+
+def test_leader_election_without_a_namespace_refuses_to_start() -> None:
+    with pytest.raises(SystemExit, match="--leader-election needs the Lease's namespace"):
+        main.settings_from(main.parse_args(["--leader-election"]), {})
+    with pytest.raises(SystemExit, match=r"renew deadline .* must be shorter than the lease duration"):
+        main.settings_from(main.parse_args(["--leader-election", "--leader-election-renew-seconds", "10"]),
+                           {"POD_NAMESPACE": "ns"})
+    # Off (a process on a workstation): no namespace needed, nothing elected.
+    assert not main.settings_from(main.parse_args([]), {}).leader_election.enabled
 
 
 def test_install_registers_every_handler_with_the_settings_it_was_given() -> None:

@@ -114,7 +114,7 @@ class Client:
             if exc.status in _TRANSIENT:
                 raise TransientApiError(f"{method} {path}: {exc.status} {_reason(exc)}") from exc
             raise ApiError(method, path, int(exc.status or 0), _reason(exc)) from exc
-        except OSError as exc:  # connection refused/reset, DNS: the API server is unreachable
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, timed out: the server is unreachable
             raise TransientApiError(f"{method} {path}: {exc}") from exc
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:

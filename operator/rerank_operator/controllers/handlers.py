@@ -59,6 +59,8 @@ class Process:
         self.registry = class_index.Registry()
         self.handoff = Handoff()
         self.queue: WorkQueue[ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS)
+        self._triggers: dict[ModelKey, str] = {}  # why each queued model was queued first (the metrics' trigger)
+        self._triggers_lock = threading.Lock()
         self.stop = threading.Event()
         self.client: Client | None = None
         self.caches: Caches | None = None
@@ -76,7 +78,7 @@ class Process:
         self.cluster = Cluster(self.client, self.caches)
         self.autoscaler = autoscale_loop.FleetAutoscaler(
             self.cluster, registry=self.registry, settings=self.settings, handoff=self.handoff,
-            models=self.caches.models, after_decision=self.queue.add)
+            models=self.caches.models, after_decision=lambda key: self.enqueue(key, "autoscaler"))
         self.caches.start()
         missing = self.caches.wait_synced(CACHE_SYNC_SECONDS)
         if missing:  # a reconcile before the caches hold the children would create them twice
@@ -102,9 +104,10 @@ class Process:
         os._exit(1)
 
     def shutdown(self) -> None:
-        """A graceful stop: the workers stop taking keys, and the Lease is released so a standby leads at once."""
+        """A graceful stop: the workers finish what they hold, then the Lease is released so a standby leads at once
+        (never while this process may still write)."""
+        self.queue.stop(wait_seconds=20)
         self.stop.set()
-        self.queue.stop()
         if self._electing is not None:
             self._electing.join(timeout=5)
         if self.caches is not None:
@@ -112,13 +115,21 @@ class Process:
 
     # --- the reconcile ------------------------------------------------------------------------------------------------
 
+    def enqueue(self, key: ModelKey, trigger: str) -> None:
+        """Queue the model; the first trigger since its last reconcile names it in the metrics."""
+        with self._triggers_lock:
+            self._triggers.setdefault(key, trigger)
+        self.queue.add(key)
+
     def _reconcile(self, key: ModelKey) -> float | None:
         """One reconcile of the model, under its status lock; returns when to resync it."""
         namespace, name = key
         assert self.cluster is not None
+        with self._triggers_lock:
+            trigger = self._triggers.pop(key, "resync")
         try:
             with self.handoff.status_lock(namespace, name):
-                result = reconcile(self.cluster, namespace, name, "queue", registry=self.registry,
+                result = reconcile(self.cluster, namespace, name, trigger, registry=self.registry,
                                    settings=self.settings)
         except kopf.TemporaryError as exc:
             raise RetryAfter(str(exc), exc.delay) from exc
@@ -147,7 +158,7 @@ class Process:
             metrics.forget_model(*key)
         elif not self.caches.models.record(obj):
             return
-        self.queue.add(key)
+        self.enqueue(key, "model")
 
     def on_child_event(self, event_type: str, obj: Obj) -> None:
         """A child changed (an informer's thread): queue its model. Pool pods only matter to the autoscaler, which
@@ -158,12 +169,12 @@ class Process:
             return
         model = labels.get(names.LABEL_INSTANCE)
         if model and meta.get("namespace"):
-            self.queue.add((str(meta["namespace"]), str(model)))
+            self.enqueue((str(meta["namespace"]), str(model)), "child")
 
     def on_class_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A RerankClass changed: queue the models it concerns (class_index.py)."""
         for key in class_index.class_event(event_type, dict(body), self.registry.classes, self.registry.models):
-            self.queue.add(key)
+            self.enqueue(key, "class")
 
     def reconciling(self) -> dict[str, int]:
         return {"queued": self.queue.depth(), "reconciling": self.queue.processing(),

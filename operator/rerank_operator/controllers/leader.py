@@ -34,7 +34,7 @@ from rerank_operator.core.leadership import LeaderElectionSettings, Observation,
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
-Round = Literal["lead", "follow", "lost race", "error"]
+Round = Literal["lead", "follow", "lost race", "error", "expired"]
 
 
 def default_identity() -> str:
@@ -84,7 +84,8 @@ class Elector:
     def run(self, stop: threading.Event, on_started: Callable[[], None], on_stopped: Callable[[], None]) -> None:
         """Block until ``stop`` is set or leadership is lost. ``on_started`` runs once we lead (at once without
         election); ``on_stopped`` runs only when leadership is lost while not stopping: not after a graceful stop,
-        which the caller asked for and handles itself."""
+        which the caller asked for and handles itself. Both run in this thread and must return promptly: while
+        ``on_started`` blocks, nothing renews the Lease (``is_leader`` would still turn False at the deadline)."""
         if not self.settings.enabled:
             self._lead_until(math.inf)
             on_started()
@@ -156,10 +157,16 @@ class Elector:
             self._observed = decision.observed
             if not decision.leads or (renewing and decision.action != "renew"):
                 return "follow"
+            if renewing and self._monotonic() >= self._deadline():
+                return "expired"  # the read outlived our term: renewing now would only delay the takeover
             written = self.store.write(decision.lease_spec, current)
         except (TransientApiError, ApiError) as exc:
             log.warning("leader election: Lease %s/%s: %s", self.settings.namespace, self.settings.name, exc,
                         extra=self._extra("error"))
+            return "error"
+        except Exception:  # anything else is a failed try too: the renew deadline, not a dead thread, decides
+            log.exception("leader election: Lease %s/%s: unexpected error", self.settings.namespace,
+                          self.settings.name, extra=self._extra("error"))
             return "error"
         if not isinstance(written, LeaseRecord):
             return "lost race"

@@ -113,10 +113,15 @@ class WorkQueue(Generic[K]):
                 self._threads.append(t)
                 t.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_seconds: float = 0.0) -> None:
+        """No key is taken any more; waits up to ``wait_seconds`` for the ones being processed to finish."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+            threads = list(self._threads)
+        deadline = self._clock() + wait_seconds
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - self._clock()))
 
     @property
     def started(self) -> bool:

@@ -297,29 +297,62 @@ def rss_mb(pid: int) -> float:
 
 # --- the audit log ----------------------------------------------------------------------------------------------------
 
+Position = tuple[int, int]  # (inode, byte offset) in the audit log
+
+
 class AuditTail:
-    """Reads the API server's audit log from a byte offset (blocking mode: an event is there once answered)."""
+    """Reads the API server's audit log between two positions (blocking mode: an event is there once answered).
+    The API server rotates the file at ``--audit-log-maxsize`` (100 MB by default): a position in a rotated file is
+    found again by its inode among the backups (``audit-<time>.log``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def offset(self) -> int:
-        return self.path.stat().st_size if self.path.exists() else 0
+    def position(self) -> Position:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return (0, 0)
+        return (st.st_ino, st.st_size)
 
-    def events(self, start: int, end: int | None = None) -> Iterator[dict[str, Any]]:
-        with self.path.open("rb") as f:
-            f.seek(start)
-            data = f.read() if end is None else f.read(max(0, end - start))
-        for line in data.splitlines():
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except ValueError:  # a line being written
-                    continue
+    def _file_of(self, inode: int) -> Path | None:
+        for candidate in [self.path, *self.path.parent.glob(f"{self.path.stem}-*{self.path.suffix}")]:
+            try:
+                if candidate.stat().st_ino == inode:
+                    return candidate
+            except FileNotFoundError:
+                continue
+        return None
 
-    def operator_writes_since(self, start: int) -> tuple[int, int]:
-        """(writes by the operator after ``start``, the offset read up to)."""
-        end = self.offset()
+    def events(self, start: Position, end: Position) -> Iterator[dict[str, Any]]:
+        chunks: list[bytes] = []
+        if start[0] == end[0]:
+            chunks.append(self._read(self.path, start[1], end[1]))
+        else:  # rotated in between: the rest of the old file, then the new one up to ``end``
+            old = self._file_of(start[0])
+            if old is not None:
+                chunks.append(self._read(old, start[1], None))
+            chunks.append(self._read(self.path, 0, end[1]))
+        for data in chunks:
+            for line in data.splitlines():
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except ValueError:  # a line being written
+                        continue
+
+    @staticmethod
+    def _read(path: Path, start: int, end: int | None) -> bytes:
+        try:
+            with path.open("rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - start))
+        except FileNotFoundError:
+            return b""
+
+    def operator_writes_since(self, start: Position) -> tuple[int, Position]:
+        """(writes by the operator after ``start``, the position read up to)."""
+        end = self.position()
         writes = sum(1 for e in self.events(start, end)
                      if e.get("user", {}).get("username") == op.OPERATOR_USER and e.get("verb") in op.WRITE_VERBS
                      and e.get("stage") == "ResponseComplete")
@@ -710,7 +743,7 @@ class Benchmark:
         args = self.args
         audit = AuditTail(self.cluster.audit_log)
         # Settle: no operator write for --settle-quiet seconds.
-        start, quiet_since = audit.offset(), time.monotonic()
+        start, quiet_since = audit.position(), time.monotonic()
         deadline = time.monotonic() + args.settle_timeout
         settled = False
         while time.monotonic() < deadline:
@@ -728,14 +761,14 @@ class Benchmark:
         promql0 = self._promql_total()
         scrapes0 = self.tei_server.requests if self.tei_server else 0
         changed0 = self.fleet.autoscaling_changed
-        offset0, t0 = audit.offset(), time.monotonic()
+        offset0, t0 = audit.position(), time.monotonic()
         rss: dict[str, list[float]] = {name: [] for name in pids}
         while time.monotonic() - t0 < args.steady_window:
             for name, pid in pids.items():
                 rss[name].append(rss_mb(pid))
             time.sleep(1.0)
         seconds = time.monotonic() - t0
-        offset1 = audit.offset()
+        offset1 = audit.position()
         cpu = {name: round((cpu_seconds(pid) - cpu0[name]) / seconds, 3) for name, pid in pids.items()}
         promql1 = self._promql_total()
         scrapes = (self.tei_server.requests - scrapes0) if self.tei_server else 0

@@ -117,3 +117,16 @@ def test_targets_pass_fail_and_not_measured() -> None:
     assert out["failover_s"]["pass"] is None and out["promql_queries_per_signal_per_tick"]["pass"] is None
     assert args.namespaces == 1
     assert bench.quantiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
+
+
+def test_audit_tail_follows_a_rotation(tmp_path: Path) -> None:
+    bench = fleet()
+    log = tmp_path / "audit.log"
+    log.write_text(json.dumps({"verb": "get", "n": 0}) + "\n")
+    tail = bench.AuditTail(log)
+    start = tail.position()
+    with log.open("a") as f:
+        f.write(json.dumps({"verb": "get", "n": 1}) + "\n")
+    log.rename(tmp_path / "audit-2026-12-02T10-00-00.000.log")  # what the API server's rotation does
+    log.write_text(json.dumps({"verb": "list", "n": 2}) + "\n")
+    assert [e["n"] for e in tail.events(start, tail.position())] == [1, 2]

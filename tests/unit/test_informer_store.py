@@ -48,3 +48,14 @@ def test_select_by_labels_within_a_namespace() -> None:
     store.record(obj("p3", 1, ns="b", pool="cpu"))
     assert names(store.select("a", {"pool": "cpu"})) == ["p1"]
     assert names(store.select("a", {})) == ["p1", "p2"]
+
+
+def test_the_instance_index_follows_relabelling_and_removal() -> None:
+    store = Store()
+    store.record(obj("p1", 1, ns="a", **{"app.kubernetes.io/instance": "m1"}))
+    store.record(obj("p2", 1, ns="a", **{"app.kubernetes.io/instance": "m1"}))
+    store.record(obj("p1", 2, ns="a", **{"app.kubernetes.io/instance": "m2"}))
+    assert names(store.select("a", {"app.kubernetes.io/instance": "m1"})) == ["p2"]
+    assert names(store.select("a", {"app.kubernetes.io/instance": "m2"})) == ["p1"]
+    store.remove(obj("p2", 3, ns="a"))
+    assert store.select("a", {"app.kubernetes.io/instance": "m1"}) == []

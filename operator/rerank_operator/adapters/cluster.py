@@ -17,7 +17,6 @@ the core's plain data: ``observed.Observed``/``PoolsView`` in, ``plan.Plan`` and
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Mapping
@@ -44,7 +43,7 @@ class ClusterAccess(Protocol):
     annotations and events. Reads raise ``TransientApiError`` for what a retry may fix."""
 
     def get_model(self, namespace: str, name: str) -> Obj | None:
-        """The model as stored now; None when it is gone."""
+        """The model as stored now; None when it is gone. Read-only: it may be the caches' own copy."""
 
     def list_classes(self) -> list[Obj]:
         """Every RerankClass; none when their CRD is not installed."""
@@ -87,9 +86,9 @@ class Cluster:
     # --- reading ----------------------------------------------------------------------------------------------------
 
     def get_model(self, namespace: str, name: str) -> Obj | None:
-        """The model as last seen (its watch, or our own last write of it); a copy the caller may change."""
-        body = self.caches.models.get(namespace, name)
-        return copy.deepcopy(body) if body is not None else None
+        """The model as last seen (its watch, or our own last write of it): the caches' object, never to be changed
+        (the core's functions copy what they change; the autoscaler reads every model every tick, so no copy)."""
+        return self.caches.models.get(namespace, name)
 
     def list_classes(self) -> list[Obj]:
         """Every RerankClass (cluster-scoped); none when their CRD is not installed."""

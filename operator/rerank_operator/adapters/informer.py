@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, WatchExpired
 from rerank_operator.core import names
@@ -67,6 +68,21 @@ def _key(obj: Obj) -> Key:
     return meta.get("namespace", ""), meta["name"]
 
 
+IndexKey = TypeVar("IndexKey", str, Key)
+
+
+def _drop(index: dict[IndexKey, set[Key]], value: IndexKey | None, key: Key) -> None:
+    if value is not None and value in index:
+        index[value].discard(key)
+        if not index[value]:
+            del index[value]
+
+
+def _instance(key: Key, obj: Obj) -> Key | None:
+    value = (obj["metadata"].get("labels") or {}).get(names.LABEL_INSTANCE)
+    return (key[0], str(value)) if value else None
+
+
 def _newer(new: Obj, old: Obj | None) -> bool:
     """``new`` is a later version than ``old`` (the same version is not: it is our own write's echo)."""
     if old is None:
@@ -82,6 +98,7 @@ class Store:
         self._lock = threading.Lock()
         self._items: dict[Key, Obj] = {}
         self._by_owner: dict[str, set[Key]] = {}
+        self._by_instance: dict[Key, set[Key]] = {}  # (namespace, app.kubernetes.io/instance) -> objects
 
     def get(self, namespace: str, name: str) -> Obj | None:
         with self._lock:
@@ -93,9 +110,14 @@ class Store:
             return [self._items[k] for k in self._by_owner.get(uid, ()) if k in self._items]
 
     def select(self, namespace: str, labels: dict[str, str]) -> list[Obj]:
-        """Objects in ``namespace`` carrying every label in ``labels``."""
+        """Objects in ``namespace`` carrying every label in ``labels`` (by index when one is the model's
+        ``app.kubernetes.io/instance``: the autoscaler asks this for every model every tick)."""
         with self._lock:
-            found = [o for (ns, _), o in self._items.items() if ns == namespace]
+            if names.LABEL_INSTANCE in labels:
+                keys = self._by_instance.get((namespace, labels[names.LABEL_INSTANCE]), set())
+                found = [self._items[k] for k in keys]
+            else:
+                found = [o for (ns, _), o in self._items.items() if ns == namespace]
         return [o for o in found if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
 
     def all_keys(self) -> list[Key]:
@@ -115,10 +137,7 @@ class Store:
             if not _newer(obj, old):
                 return False
             self._unindex(key, old)
-            self._items[key] = obj
-            uid = controller_uid(obj)
-            if uid:
-                self._by_owner.setdefault(uid, set()).add(key)
+            self._index(key, obj)
             return True
 
     def remove(self, obj: Obj) -> None:
@@ -141,17 +160,22 @@ class Store:
                 old = self._items.get(key)
                 if _newer(obj, old):
                     self._unindex(key, old)
-                    self._items[key] = obj
-                    uid = controller_uid(obj)
-                    if uid:
-                        self._by_owner.setdefault(uid, set()).add(key)
+                    self._index(key, obj)
+
+    def _index(self, key: Key, obj: Obj) -> None:
+        self._items[key] = obj
+        uid = controller_uid(obj)
+        if uid:
+            self._by_owner.setdefault(uid, set()).add(key)
+        instance = _instance(key, obj)
+        if instance:
+            self._by_instance.setdefault(instance, set()).add(key)
 
     def _unindex(self, key: Key, old: Obj | None) -> None:
-        uid = controller_uid(old) if old is not None else None
-        if uid and uid in self._by_owner:
-            self._by_owner[uid].discard(key)
-            if not self._by_owner[uid]:
-                del self._by_owner[uid]
+        if old is None:
+            return
+        _drop(self._by_owner, controller_uid(old), key)
+        _drop(self._by_instance, _instance(key, old), key)
 
 
 @dataclass(frozen=True)

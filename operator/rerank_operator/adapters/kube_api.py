@@ -15,7 +15,7 @@ from typing import Any
 
 import urllib3
 from kubernetes import config as kube_config
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.watch.watch import iter_resp_lines
@@ -95,13 +95,17 @@ class Client:
         self.instance = socket.gethostname()  # reportingInstance of the Events this process posts
 
     @classmethod
-    def from_environment(cls, user_agent: str) -> Client:
-        """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    def from_environment(cls, user_agent: str, connections: int = 64) -> Client:
+        """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config. ``connections``: the connection
+        pool's size, enough for every watch (each holds one) plus every worker; the client's default (5 per CPU)
+        would open and close a TLS connection per request once the watches hold the pool."""
         try:
             kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
         except kube_config.ConfigException:
             kube_config.load_kube_config()  # type: ignore[no-untyped-call]
-        api = ApiClient()
+        configuration = Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = connections
+        api = ApiClient(configuration)
         api.user_agent = user_agent  # tells the operator's calls apart in audit logs
         return cls(api)
 

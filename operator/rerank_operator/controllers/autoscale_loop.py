@@ -232,6 +232,8 @@ class ModelAutoscaler:
         self.priming = False
         self.history: history.History | None = None
         self.next_due = 0.0
+        self._memo: tuple[tuple[Any, int], tuple[Mapping[str, Any], config.AutoscalingSpec]] | None = None
+        self._unchanged: tuple[Any, ...] | None = None  # what the last tick that wrote nothing saw
 
     @property
     def key(self) -> ModelKey:
@@ -252,8 +254,30 @@ class ModelAutoscaler:
             return IDLE_POLL_SECONDS
         meta = body["metadata"]
         owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
+        understood = self._understand(body)
+        if isinstance(understood, float):
+            return understood
+        spec, auto = understood
+        view = self.cluster.observe_pools(owner)
+        if any(view.replicas(p) is None for p in config.POOLS if auto.bounds(p).enabled):
+            return float(auto.interval_seconds)  # the pools are not deployed yet (first artifact): nothing to scale
+        key = (auto.source, auto.prometheus)
+        if key != self.source_key:  # a new source: the direct one's rates need a second scrape, one interval later
+            self.source_key = key
+            self.priming = auto.source != "prometheus"
+        return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
+                        {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled})
+
+    def _understand(self, body: Mapping[str, Any]) -> tuple[Mapping[str, Any], config.AutoscalingSpec] | float:
+        """The effective spec and the autoscaling settings, parsed once per version of the model and of the classes
+        (a fleet's ticks mostly see neither change); a float: the seconds until the next look (nothing to scale)."""
+        memo_key = (body["metadata"].get("resourceVersion"), self.registry.classes.version)
+        if self._memo is not None and self._memo[0] == memo_key and memo_key[0] is not None:
+            return self._memo[1]
+        meta = body["metadata"]
+        owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
         # The spec as the reconcile loop sees it: the model's, with its RerankClass's defaults filled in.
-        tenancy = tenant.resolve_model(body, self.registry.classes.items(self.cluster.list_classes))
+        tenancy = tenant.resolve_model(dict(body), self.registry.classes.items(self.cluster.list_classes))
         if tenancy.not_found is not None:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenancy.effective
@@ -270,15 +294,8 @@ class ModelAutoscaler:
             self._reset()
             self._write(owner, None, [])
             return IDLE_POLL_SECONDS
-        view = self.cluster.observe_pools(owner)
-        if any(view.replicas(p) is None for p in config.POOLS if auto.bounds(p).enabled):
-            return float(auto.interval_seconds)  # the pools are not deployed yet (first artifact): nothing to scale
-        key = (auto.source, auto.prometheus)
-        if key != self.source_key:  # a new source: the direct one's rates need a second scrape, one interval later
-            self.source_key = key
-            self.priming = auto.source != "prometheus"
-        return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
-                        {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled})
+        self._memo = (memo_key, (spec, auto))
+        return spec, auto
 
     def finish(self, p: Prepared, signals: Signals) -> float:
         """Decide from ``signals`` and record the decision if it changed; returns the seconds until the next tick."""
@@ -319,11 +336,19 @@ class ModelAutoscaler:
             body = self.cluster.get_model(owner.namespace, owner.name)  # the latest: the reconcile loop writes too
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return None
+            # The patch depends on the stored model and on the material part of the record (never on the signals,
+            # the decision's reason or time, which are only recorded with a material change): the same as the last
+            # tick's, which wrote nothing, means nothing to write again.
+            seen = (body["metadata"].get("resourceVersion"), _material(record), conds)
+            if seen[0] is not None and seen == self._unchanged:
+                return None
             previous = body.get("status") or {}
             generation = int(body["metadata"].get("generation", owner.generation))
             patch = statuses.autoscaler_patch(previous, record, conds, generation=generation, now=self.now_iso())
             if not patch:
+                self._unchanged = seen
                 return None
+            self._unchanged = None
             self.cluster.patch_status(owner, patch)
         return dict((previous.get("autoscaling") or {}).get("lastDecision") or {})
 
@@ -336,9 +361,17 @@ class ModelAutoscaler:
             log.warning("could not save the autoscaler history of %s/%s: %s", owner.namespace, owner.name, exc)
 
     def _reset(self) -> None:
-        self.source_key = self.history = None
+        self.source_key = self.history = self._memo = None
         self.priming = False
         self.sources.forget(self.key)
+
+
+def _material(record: Mapping[str, Any] | None) -> str:
+    """The part of an autoscaler record a write depends on: all but the signals and the decision's time and reason."""
+    if record is None:
+        return "none"
+    decision = {k: v for k, v in (record.get("lastDecision") or {}).items() if k not in ("time", "reason")}
+    return json.dumps({"fresh": record.get("fresh"), "lastDecision": decision}, sort_keys=True)
 
 
 def _restore(meta: Mapping[str, Any]) -> history.History:

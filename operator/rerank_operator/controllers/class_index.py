@@ -32,10 +32,17 @@ class ClassIndex:
         self._items: dict[str, dict[str, Any]] = {}
         self._seen: set[str] = set()  # names the watch delivered (added, changed or deleted): newer than a LIST
         self._primed = False
+        self._version = 0
 
     @property
     def primed(self) -> bool:
         return self._primed
+
+    @property
+    def version(self) -> int:
+        """Moves on every change: what was derived from the classes (the autoscaler's parsed specs) is stale."""
+        with self._lock:
+            return self._version
 
     def prime(self, listed: Iterable[Obj]) -> None:
         """Add what a LIST returned, except classes the watch already reported (its news is at least as new)."""
@@ -45,6 +52,7 @@ class ClassIndex:
                 if name not in self._seen:
                     self._items[name] = tenant.essence(obj)
             self._primed = True
+            self._version += 1
 
     def items(self, lister: Callable[[], Iterable[Obj] | None]) -> list[dict[str, Any]]:
         """Every class; the first call reads them with ``lister`` (one LIST), later ones come from memory."""
@@ -66,6 +74,7 @@ class ClassIndex:
                 self._items.pop(name, None)
             else:
                 self._items[name] = tenant.essence(rclass)
+            self._version += 1
             after = [copy.deepcopy(c) for c in self._items.values()]
         return before, after
 
@@ -74,6 +83,7 @@ class ClassIndex:
             self._items.clear()
             self._seen.clear()
             self._primed = False
+            self._version += 1
 
 
 class ModelIndex:

@@ -31,7 +31,7 @@ import kopf
 
 from rerank_operator import __version__
 from rerank_operator.adapters import operator_metrics as metrics
-from rerank_operator.adapters.caches import Caches
+from rerank_operator.adapters.caches import CHILD_KINDS, Caches
 from rerank_operator.adapters.cluster import Cluster
 from rerank_operator.adapters.kube_api import Client
 from rerank_operator.controllers import autoscale_loop, class_index, leader
@@ -73,7 +73,8 @@ class Process:
 
     def start(self) -> None:
         """Connect, fill the caches, then run for leadership; the workers and the autoscaler start when it is won."""
-        self.client = Client.from_environment(USER_AGENT)
+        watches = len(CHILD_KINDS) * max(1, len(self.namespaces))
+        self.client = Client.from_environment(USER_AGENT, connections=watches + RECONCILE_WORKERS + 16)
         self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event)
         self.cluster = Cluster(self.client, self.caches)
         self.autoscaler = autoscale_loop.FleetAutoscaler(

@@ -5,7 +5,7 @@
   with it, so a missing permission fails a test.
 - ``rrm_env`` (per test): a namespace, a static PersistentVolume for it (the dev cluster has no provisioner), and a
   ``rerank-operator`` subprocess watching that namespace; teardown deletes the RerankModels while the operator still
-  runs (kopf's finalizer), then stops it.
+  runs, then stops it.
 - Write calls are counted from the API server's audit log, by the operator's user: that includes kopf's own writes,
   which the operator's metric cannot see. (The audit log also has the operator's reads; ``operator_writes`` filters.)
 - The identity, the operator process, static PVs and the quantizer's termination messages live in
@@ -223,7 +223,8 @@ def rrm_env(cluster: Cluster, kube: client.ApiClient, namespace: str, operator_i
 
 
 def cleanup(env: Env, namespaces: list[str]) -> None:
-    """Delete every RerankModel while an operator runs (kopf's finalizer), then stop the operator."""
+    """Delete every RerankModel while an operator runs (a model of an older version may carry its finalizer), then
+    stop the operator."""
     if env.operator.proc is None or env.operator.proc.poll() is not None:
         env.operator.start()
     for ns in namespaces:

@@ -50,11 +50,11 @@ def test_deletion_garbage_collects_children_honouring_reclaim_policy(rrm_env: En
     env.kube.create_model(env.model(storage={"reclaimPolicy": policy}))
     env.finish_quantizer(ok=True)
     env.kube.wait_condition(ns, "bge-m3", "Ready", "True")
+    job = env.kube.jobs(ns)[0]["metadata"]["name"]  # named now: garbage collection may take it any moment after
     env.kube.delete_model(ns, "bge-m3")
-    eventually(lambda: env.kube.model(ns, "bge-m3") is None, 30, "the RerankModel to go (kopf's finalizer)")
+    eventually(lambda: env.kube.model(ns, "bge-m3") is None, 30, "the RerankModel to go (no finalizer holds it)")
     children = [("Deployment", "bge-m3-cpu"), ("Deployment", "bge-m3-gpu"), ("Service", "bge-m3"),
-                ("Service", "bge-m3-cpu"),
-                ("Job", env.kube.jobs(ns)[0]["metadata"]["name"] if env.kube.jobs(ns) else "x")]
+                ("Service", "bge-m3-cpu"), ("Job", job)]
     eventually(lambda: not any(env.kube.exists(k, ns, n) for k, n in children), 60, "garbage collection")
     time.sleep(2)
     assert env.kube.exists("PersistentVolumeClaim", ns, "bge-m3-models") is claim_survives
@@ -163,3 +163,16 @@ def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(r
                "the recovered attempt 1 to be cleaned up")
     events = env.cluster.kubectl_run("get", "events", "-n", ns, "-o", "json").stdout
     assert events.count('"reason": "ArtifactPublished"') == 1  # one event per fact
+
+
+def test_a_model_holding_an_older_versions_finalizer_is_released_on_deletion(rrm_env: Env) -> None:
+    """Older versions kept kopf's finalizer ``rerank.io/finalizer`` on every model; this one needs none, and kopf
+    removes it, so deleting such a model is not blocked forever."""
+    env, ns = rrm_env, rrm_env.namespace
+    body = env.model()
+    body["metadata"]["finalizers"] = ["rerank.io/finalizer"]
+    env.kube.create_model(body)
+    eventually(lambda: not (env.kube.model(ns, "bge-m3") or {}).get("metadata", {}).get("finalizers"), 30,
+               "the old finalizer to be removed")
+    env.kube.delete_model(ns, "bge-m3")
+    eventually(lambda: env.kube.model(ns, "bge-m3") is None, 30, "the RerankModel to go")

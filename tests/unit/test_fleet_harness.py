@@ -94,12 +94,13 @@ def test_audit_summary_counts_the_operators_requests_by_verb_and_watches_apart()
         return {"verb": verb, "stage": stage, "user": {"username": user}, "objectRef": {"resource": resource}}
 
     events = [event("get"), event("get"), event("list"), event("patch", resource="rerankmodels"),
-              event("watch", "ResponseStarted"), event("watch"), event("create", user="system:admin")]
+              event("watch", "ResponseStarted"), event("watch"), event("create", user="system:admin"),
+              event("update", resource="leases"), event("get", resource="leases")]
     summary = bench.summarize_requests(events, seconds=2.0)
-    assert summary["by_verb_per_s"] == {"get": 1.0, "list": 0.5, "patch": 0.5}
-    assert summary["writes"] == 1
+    assert summary["by_verb_per_s"] == {"get": 1.5, "list": 0.5, "patch": 0.5, "update": 0.5}
+    assert (summary["writes"], summary["lease_writes"]) == (1, 1)  # leader election's renewals apart
     assert (summary["watches_opened"], summary["watches_completed"]) == (1, 1)
-    assert summary["requests_per_s"] == 2.5  # 4 requests and 1 watch opened, in 2 s
+    assert summary["requests_per_s"] == 3.5  # 6 requests and 1 watch opened, in 2 s
 
 
 def test_targets_pass_fail_and_not_measured() -> None:

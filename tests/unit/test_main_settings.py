@@ -27,7 +27,7 @@ def test_flags_and_the_pods_identity_become_settings() -> None:
 def test_defaults_without_flags_or_a_pod() -> None:
     settings = main.settings_from(main.parse_args([]), {})
     assert settings == Settings() and settings.operator_pod_labels == DEFAULT_OPERATOR_POD_LABELS
-    assert settings.resync_seconds == 30.0 and settings.watch_server_timeout is None
+    assert settings.resync_seconds == 300.0 and settings.watch_server_timeout is None
     assert settings.leader_election == LeaderElectionSettings() and not settings.leader_election.enabled
 
 

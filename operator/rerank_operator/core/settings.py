@@ -19,7 +19,7 @@ DEFAULT_OPERATOR_POD_LABELS: Mapping[str, str] = {"app.kubernetes.io/part-of": "
                                                   "app.kubernetes.io/component": "operator"}
 POD_LABELS_ENV = "RERANK_OPERATOR_POD_LABELS"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
-DEFAULT_RESYNC_SECONDS = 30.0
+DEFAULT_RESYNC_SECONDS = 300.0  # a safety net: the watches see every change
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,13 @@ class Env:
         self.cluster.finish_pod(self.namespace, pod["metadata"]["name"], code, text)
         return pod
 
+    def operator_requests(self, since: str) -> list[dict[str, Any]]:
+        """Every call the operator made at or after ``since``, reads included, except opening its watches (the
+        audit log keeps all of the operator's calls)."""
+        return [e for e in self.cluster.audit_events()
+                if e.get("user", {}).get("username") == self.operator.identity.username
+                and e.get("verb") != "watch" and e.get("stageTimestamp", "") >= since]
+
     def operator_writes(self, since: str) -> list[dict[str, Any]]:
         """Write calls the operator (kopf included) made at or after ``since`` (RFC3339, from the audit log)."""
         return [e for e in self.cluster.audit_events()

@@ -298,7 +298,10 @@ def test_without_gateway_scaling_still_works_and_steady_load_writes_nothing(scal
         writes = [(w["verb"], w["objectRef"]["resource"], w["objectRef"].get("subresource"))
                   for w in env.operator_writes(since)]
         assert writes == [], writes
-        print(f"\nSTEADY LOAD WITH AUTOSCALING: {len(writes)} write calls in 4 intervals (audit log)")
+        # Nor a read: the ticks read the model and its pools from the watch-fed caches.
+        reads = [(r["verb"], r["requestURI"]) for r in env.operator_requests(since)]
+        assert reads == [], reads
+        print(f"\nSTEADY LOAD WITH AUTOSCALING: {len(writes)} write calls, {len(reads)} API calls in 4 intervals")
 
         # A burst still scales the GPU pool (the split just cannot be enforced).
         fleet.rate = 40.0

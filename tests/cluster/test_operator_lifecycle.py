@@ -86,16 +86,19 @@ def test_full_lifecycle_and_idle_reconcile_makes_no_writes(rrm_env: Env) -> None
                                                 "--field-selector", "involvedObject.name=bge-m3").stdout)["items"]
     assert {"QuantizationStarted", "ArtifactPublished", "Ready"} <= {e["reason"] for e in events}
 
-    # Idle: several resyncs later, not one write call by the operator (kopf included), per the audit log.
+    # Idle: several resyncs later, not one call by the operator (kopf included), reads included: everything a
+    # reconcile reads comes from the watches (per the audit log, which keeps all of the operator's calls).
     env.operator.settle()  # the last status/event writes of the transition have landed
     since = audit_now()
     writes_before = env.operator.metric_sum("rerank_operator_api_writes_total")
     reconciles = env.operator.resyncs(5)
     writes = env.operator_writes(since)
+    requests = env.operator_requests(since)
     assert reconciles >= 4, "the resync timer did not run"
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
+    assert requests == [], [(r["verb"], r["requestURI"]) for r in requests]
     assert env.operator.metric_sum("rerank_operator_api_writes_total") == writes_before
-    print(f"\nIDLE RECONCILE: {reconciles:.0f} reconciles, {len(writes)} write calls (audit log)")
+    print(f"\nIDLE RECONCILE: {reconciles:.0f} reconciles, {len(requests)} API calls (audit log)")
 
 
 def test_scaling_does_not_requantize(rrm_env: Env) -> None:

@@ -933,7 +933,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-source", choices=["direct", "prometheus"], default="direct")
     p.add_argument("--replicas", type=int, choices=[1, 2], default=1)
     p.add_argument("--interval", type=int, default=15, help="the models' autoscaling.intervalSeconds (min 5)")
-    p.add_argument("--resync-seconds", type=float, default=30.0, help="the operator's --resync-seconds (its default)")
+    p.add_argument("--resync-seconds", type=float, default=None,
+                   help="the operator's --resync-seconds (default: not passed, the operator's own default)")
     p.add_argument("--steady-window", type=float, default=60.0)
     p.add_argument("--settle-quiet", type=float, default=15.0, help="seconds without an operator write = settled")
     p.add_argument("--settle-timeout", type=float, default=180.0)
@@ -972,6 +973,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": args.models, "namespaces": args.namespaces, "metrics_source": args.metrics_source,
         "replicas": args.replicas, "autoscaling_interval_s": args.interval, "resync_seconds": args.resync_seconds,
         "steady_window_s": args.steady_window, "git_commit": commit,
+        "operator_commit": git("rev-parse", args.operator_ref) if args.operator_ref else commit,
         "operator": f"git archive {args.operator_ref}" if args.operator_ref
         else ("working tree, operator/ modified" if dirty else "working tree (clean)"),
         "cpus": os.cpu_count(),

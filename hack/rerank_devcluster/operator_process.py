@@ -144,14 +144,15 @@ class OperatorProcess:
     # same main().
     launcher: list[str] = field(default_factory=lambda: ["-m", "rerank_operator.main"])
     extra_args: list[str] = field(default_factory=list)
-    resync_seconds: float = RESYNC_SECONDS
+    resync_seconds: float | None = RESYNC_SECONDS  # None: the operator's own default
     name: str = ""
     start_timeout: float = 30.0
 
     def argv(self) -> list[str]:
         argv = [sys.executable, *self.launcher, "--log-format", "json", "--watch-server-timeout", "20",
-                "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
-                "--resync-seconds", str(self.resync_seconds)]
+                "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port)]
+        if self.resync_seconds is not None:
+            argv += ["--resync-seconds", str(self.resync_seconds)]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
         return argv + list(self.extra_args)

@@ -59,3 +59,24 @@ def test_the_instance_index_follows_relabelling_and_removal() -> None:
     assert names(store.select("a", {"app.kubernetes.io/instance": "m2"})) == ["p1"]
     store.remove(obj("p2", 3, ns="a"))
     assert store.select("a", {"app.kubernetes.io/instance": "m1"}) == []
+
+
+def test_stored_objects_lose_what_the_operator_never_reads_and_keep_what_it_compares() -> None:
+    store = Store()
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "1",
+                                       "managedFields": [{"manager": "kubelet"}]},
+           "spec": {"hostNetwork": False, "containers": [{"name": "tei", "args": ["--big"] * 100}]},
+           "status": {"podIP": "10.0.0.1"}}
+    deployment = {"kind": "Deployment", "metadata": {"name": "d", "namespace": "ns", "resourceVersion": "1",
+                                                     "managedFields": [{"manager": "rerank-operator"}]},
+                  "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "tei"}]}}}}
+    job = {"kind": "Job", "metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1"},
+           "spec": {"backoffLimit": 2, "template": {"spec": {"containers": [{"name": "q"}]}}}, "status": {}}
+    for o in (pod, deployment, job):
+        store.record(o)
+    assert store.get("ns", "p") == {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "1"},
+                                    "spec": {"hostNetwork": False}, "status": {"podIP": "10.0.0.1"}}
+    kept = store.get("ns", "d")
+    assert kept is not None and "managedFields" not in kept["metadata"]
+    assert kept["spec"]["template"]["spec"]["containers"] == [{"name": "tei"}]  # drift compares the whole spec
+    assert store.get("ns", "j") == {**job, "spec": {"backoffLimit": 2}}

@@ -46,6 +46,29 @@ WATCH_SECONDS = (240, 420)  # one watch request lasts a random time in this rang
 MAX_BACKOFF_SECONDS = 30.0
 
 
+#: What the operator never reads of a kind it only observes (it applies Deployments, Services, claims, routes and
+#: NetworkPolicies and compares their whole spec for drift, so those keep theirs): dropped before an object is
+#: stored, as client-go's informer transforms do. ``managedFields`` goes from every kind: it is often the largest part
+#: of an object and nothing here reads it.
+_ONLY_SPEC_KEYS = {"Pod": ("hostNetwork", "nodeName"), "ReplicaSet": ("replicas", "selector")}
+_DROP_SPEC_KEYS = {"Job": ("template",)}
+
+
+def trim(obj: Obj) -> Obj:
+    """``obj`` without what the operator never reads (a memory bound for a fleet's worth of children)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    spec = obj.get("spec")
+    kind = str(obj.get("kind"))
+    if isinstance(spec, dict):
+        if kind in _ONLY_SPEC_KEYS:
+            obj["spec"] = {k: spec[k] for k in _ONLY_SPEC_KEYS[kind] if k in spec}
+        for key in _DROP_SPEC_KEYS.get(kind, ()):
+            spec.pop(key, None)
+    return obj
+
+
 def resource_version(obj: Obj) -> int | None:
     """The object's resourceVersion as a number (etcd's revision), None if it is not one. The API calls it opaque;
     every server in practice (etcd-backed) gives increasing integers, which is what comparing our own writes with
@@ -129,9 +152,10 @@ class Store:
             return len(self._items)
 
     def record(self, obj: Obj) -> bool:
-        """Store ``obj`` unless the stored copy is as new; returns whether it was stored (False for the watch's echo
-        of our own write, which ``Caches.record`` stored already)."""
+        """Store ``obj`` (trimmed) unless the stored copy is as new; returns whether it was stored (False for the
+        watch's echo of our own write, which ``Caches.record`` stored already)."""
         key = _key(obj)
+        trim(obj)
         with self._lock:
             old = self._items.get(key)
             if not _newer(obj, old):
@@ -150,7 +174,7 @@ class Store:
         """The result of a LIST at revision ``listed_at`` (for ``namespace``, or all): it replaces what was stored,
         except copies newer than the list (our own writes that landed after it)."""
         with self._lock:
-            fresh = {_key(o): o for o in items}
+            fresh = {_key(o): trim(o) for o in items}
             for key in [k for k in self._items if namespace is None or k[0] == namespace]:
                 if key not in fresh:
                     kept = resource_version(self._items[key])

@@ -149,7 +149,35 @@ class Cluster:
         # Existing Deployments are scaled before the applies: the scale write takes the field from any manager
         # that owned it (an older manifest that carried replicas), so the apply that omits it cannot reset it.
         self._scale([s for s in plan.scale if s.exists], done, refused)
-        for obj in plan.apply:
+        # The claim, then the Job that mounts it, then the rest: in a burst of new models each build starts before
+        # its Services and policy are written (the pools wait for the artifact anyway).
+        claims = [o for o in plan.apply if o["kind"] == "PersistentVolumeClaim"]
+        self._apply(claims, done, refused)
+        for obj in plan.create:
+            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
+            try:
+                self.caches.record(self.client.request(
+                    "POST", api_path(obj["apiVersion"], kind, meta["namespace"]), verb="create", kind=kind, body=obj,
+                    field_manager=names.FIELD_MANAGER), obj)
+                done.append(ref)
+            except ApiError as exc:
+                if exc.status != 409:  # already exists: a previous run created it; nothing to do
+                    refused.append(_refused(ref, "create", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}"))
+        self._apply([o for o in plan.apply if o["kind"] != "PersistentVolumeClaim"], done, refused)
+        self._scale([s for s in plan.scale if not s.exists], done, refused)
+        for ref in plan.delete:
+            try:
+                self.client.request("DELETE", api_path(ref.api_version, ref.kind, ref.namespace, ref.name),
+                                    verb="delete", kind=ref.kind, propagation_policy="Background")
+                done.append(ref)
+            except ApiError as exc:
+                if exc.status != 404:
+                    refused.append(_refused(ref, "delete", exc, f"delete {ref}: {exc.status} {exc.message}"))
+        return Executed(tuple(done), tuple(refused))
+
+    def _apply(self, objs: list[Obj], done: list[ObjectRef], refused: list[Refused]) -> None:
+        """Server-side apply of each object (force: the operator owns its fields)."""
+        for obj in objs:
             kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
             try:
                 self.caches.record(self.client.request(
@@ -161,26 +189,6 @@ class Cluster:
             except ApiError as exc:
                 hint = " (are the Gateway API CRDs installed?)" if kind == "HTTPRoute" and exc.status == 404 else ""
                 refused.append(_refused(ref, "apply", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}{hint}"))
-        for obj in plan.create:
-            kind, meta, ref = obj["kind"], obj["metadata"], ref_of(obj)
-            try:
-                self.caches.record(self.client.request(
-                    "POST", api_path(obj["apiVersion"], kind, meta["namespace"]), verb="create", kind=kind, body=obj,
-                    field_manager=names.FIELD_MANAGER), obj)
-                done.append(ref)
-            except ApiError as exc:
-                if exc.status != 409:  # already exists: a previous run created it; nothing to do
-                    refused.append(_refused(ref, "create", exc, f"{kind} {meta['name']}: {exc.status} {exc.message}"))
-        self._scale([s for s in plan.scale if not s.exists], done, refused)
-        for ref in plan.delete:
-            try:
-                self.client.request("DELETE", api_path(ref.api_version, ref.kind, ref.namespace, ref.name),
-                                    verb="delete", kind=ref.kind, propagation_policy="Background")
-                done.append(ref)
-            except ApiError as exc:
-                if exc.status != 404:
-                    refused.append(_refused(ref, "delete", exc, f"delete {ref}: {exc.status} {exc.message}"))
-        return Executed(tuple(done), tuple(refused))
 
     def _scale(self, scales: list[Scale], done: list[ObjectRef], refused: list[Refused]) -> None:
         """Replicas through the Deployments' scale subresource (never in the applied manifest)."""

@@ -92,7 +92,7 @@ def test_first_artifact_then_serving() -> None:
     life = Life(model())
     first = life.step()
     kinds = sorted(o["kind"] for o in first.apply)
-    assert kinds == ["PersistentVolumeClaim", "Service", "Service", "Service"]  # no pools before an artifact
+    assert kinds == ["PersistentVolumeClaim"]  # the build first: pools and their Services come with an artifact
     assert [j["kind"] for j in first.create] == ["Job"]
     assert life.status["phase"] == "Quantizing" and life.cond("ModelReady") == ("False", "Quantizing")
     assert life.cond("Ready") == ("False", "Quantizing")

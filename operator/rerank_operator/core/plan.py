@@ -215,13 +215,13 @@ def compute(
             scale = _scale(owner, pool.name, replicas[pool.name], observed.deployments.get(pool.name))
             if scale:
                 scales.append(scale)
-        desired.append(service.build_pool_service(owner, pool))
-    desired.append(service.build_model_service(owner, traffic.receiving))
-    route = routing.build_httproute(owner, spec, traffic)
-    if route:
-        desired.append(route)
-    if network_policy is not None:
-        desired.append(network_policy)
+            desired.append(service.build_pool_service(owner, pool))
+    # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
+    # to route to, and a burst of new models writes only their claims and Jobs first.
+    route = routing.build_httproute(owner, spec, traffic) if pools_deployed else None
+    if pools_deployed:
+        desired.append(service.build_model_service(owner, traffic.receiving))
+        desired.extend(o for o in (route, network_policy) if o is not None)
 
     to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))
     deletes = _obsolete_jobs(observed, decision)

@@ -144,9 +144,14 @@ def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None
 
 def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off() -> None:
     owner = names.Owner("bge", "team-a", "uid-bge", 1)
-    t = tenant.resolve_model(body(), [rclass(name="standard", default=True)])
+    # Served from the source weights (no quantization): the pools, and with them the policy, are planned at once.
+    served = body({"model": {"id": "BAAI/bge-reranker-v2-m3"}, "quantization": {"enabled": False}})
+    t = tenant.resolve_model(served, [rclass(name="standard", default=True)])
     spec = specs.parse(t.effective)
-    policy = tenant.network_policy(body(), t, Settings.from_env({}))
+    policy = tenant.network_policy(served, t, Settings.from_env({}))
+    assert not [o for o in plans.compute(owner, specs.parse(tenant.resolve_model(
+        body(), [rclass(name="standard", default=True)]).effective), Observed(), {}, NOW,
+        network_policy=policy).apply if o["kind"] == "NetworkPolicy"]  # before a first artifact: no pods to guard
     plan = plans.compute(owner, spec, Observed(), {}, NOW, network_policy=policy)
     [applied] = [o for o in plan.apply if o["kind"] == "NetworkPolicy"]
     live = copy.deepcopy(applied)

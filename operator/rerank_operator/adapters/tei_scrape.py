@@ -16,8 +16,8 @@ forgotten; ``forget(key)`` drops a deleted model. Pods that do not answer are le
 (the pure ``aggregate``); if no pod of a pool answers, the pool's signals carry an error and the policy holds.
 
 A pod's address is ``pod_address(target)`` (its IP and TEI's port), looked up on every scrape; a caller may pass
-``address_of`` instead (the unit tests point it at local servers; tests/cluster/scrape_redirect.py, the cluster
-tests' operator launcher, replaces ``pod_address`` because kwok pods have no network).
+``address_of`` instead (the unit tests point it at local servers; hack/rerank_devcluster/scrape_redirect.py, the
+cluster tests' operator launcher, replaces ``pod_address`` because kwok pods have no network).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from rerank_operator.core.observed import Obj
 from rerank_operator.core.settings import Settings
 
 USER_AGENT = f"{names.OPERATOR_NAME}/{__version__}"
-RECONCILE_WORKERS = 16  # requests block on the API server, not the CPU: enough to keep a burst of applies moving
+RECONCILE_WORKERS = 48  # requests block on the API server, not the CPU: enough to keep a burst of applies moving
 CACHE_SYNC_SECONDS = 120.0
 ModelKey = tuple[str, str]
 

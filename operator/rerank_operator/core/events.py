@@ -32,7 +32,8 @@ def _cond(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
 
 
 def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
-    """One Event per owned condition whose status or reason changed."""
+    """One Event per owned condition whose status or reason changed (a first value only when it is a failure: a
+    burst of new models would otherwise post five Events each before their first Job)."""
     events: list[Event] = []
     posted: set[str] = set()
     for kind in (conditions.MODEL_READY, conditions.POOLS_AVAILABLE, conditions.DEGRADED, conditions.CLASS_COMPLIANT,
@@ -49,6 +50,8 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
         failing = bad and (kind in (conditions.DEGRADED, conditions.CLASS_COMPLIANT)
                            or after.get("reason") == "QuotaExceeded"
                            or _cond(new, conditions.DEGRADED).get("status") == "True")
+        if not before and not failing:
+            continue  # a condition's first value is in the status; only a change, or a failure, is news
         reason = after["reason"] if kind != conditions.READY else ("Ready" if after["status"] == "True" else "NotReady")
         message = f"{kind}={after['status']}: {after['message']}"
         events.append(Event("Warning" if failing else "Normal", reason, message))

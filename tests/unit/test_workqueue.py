@@ -19,14 +19,17 @@ class Clock:
 
 def test_keys_added_before_start_wait_and_duplicates_collapse() -> None:
     seen: list[str] = []
-    q: WorkQueue[str] = WorkQueue(lambda k: seen.append(k) or None, workers=2)
+    clock = Clock()
+    waits: list[float] = []
+    q: WorkQueue[str] = WorkQueue(lambda k: seen.append(k) or None, workers=2, clock=clock, waited=waits.append)
     for key in ["a", "b", "a", "a", "b"]:
         q.add(key)
     assert q.depth() == 2 and seen == []  # a standby queues, it does not work
+    clock.now = 7.0  # the time it stood by is the keys' wait
     q.start()
     eventually(lambda: len(seen) == 2, 5, "both keys processed")
     q.stop()
-    assert sorted(seen) == ["a", "b"]
+    assert sorted(seen) == ["a", "b"] and waits == [7.0, 7.0]
 
 
 def test_a_key_added_while_it_is_processed_runs_once_more_and_never_concurrently() -> None:
@@ -97,7 +100,7 @@ def test_add_after_keeps_the_earliest_due_time_and_forget_drops_it() -> None:
     q.start()
     clock.now = 5.5
     q.add("tick")
-    eventually(lambda: "a" in seen, 5, "a due at 5 s")
+    eventually(lambda: "a" in seen and "tick" in seen and q.processing() == 0, 5, "a due at 5 s")
     clock.now = 30
     q.add("tick")
     eventually(lambda: seen.count("tick") == 2, 5, "second tick")

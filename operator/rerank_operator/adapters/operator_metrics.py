@@ -86,4 +86,9 @@ AUTOSCALER_ROUND = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 QUEUE_DEPTH = Gauge("rerank_operator_queue_depth", "RerankModels waiting in the reconcile queue.")
+QUEUE_WAIT = Histogram(
+    "rerank_operator_queue_wait_seconds",
+    "How long a queued RerankModel waited for a reconcile worker (the operator's own share of a change's latency).",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
 CACHED_OBJECTS = Gauge("rerank_operator_cached_objects", "Objects held in the watch-fed caches, by kind.", ["kind"])

@@ -58,7 +58,8 @@ class Process:
         self.namespaces = list(namespaces)
         self.registry = class_index.Registry()
         self.handoff = Handoff()
-        self.queue: WorkQueue[ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS)
+        self.queue: WorkQueue[ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS,
+                                                    waited=metrics.QUEUE_WAIT.observe)
         self._triggers: dict[ModelKey, str] = {}  # why each queued model was queued first (the metrics' trigger)
         self._triggers_lock = threading.Lock()
         self.stop = threading.Event()

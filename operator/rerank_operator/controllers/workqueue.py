@@ -45,7 +45,8 @@ class WorkQueue(Generic[K]):
     the key again (a resync), or None."""
 
     def __init__(self, handle: Callable[[K], float | None], workers: int, *, retry_base: float = 1.0,
-                 retry_max: float = 60.0, clock: Callable[[], float] = time.monotonic, name: str = "reconcile") -> None:
+                 retry_max: float = 60.0, clock: Callable[[], float] = time.monotonic, name: str = "reconcile",
+                 waited: Callable[[float], None] = lambda seconds: None) -> None:
         self._handle = handle
         self._workers = workers
         self._retry_base = retry_base
@@ -63,6 +64,8 @@ class WorkQueue(Generic[K]):
         self._failures: dict[K, int] = {}
         self._threads: list[threading.Thread] = []
         self._stopped = False
+        self._waited = waited  # told how long each key waited for a worker (the queue's latency)
+        self._since: dict[K, float] = {}
 
     # --- adding -------------------------------------------------------------------------------------------------------
 
@@ -99,6 +102,7 @@ class WorkQueue(Generic[K]):
         elif key not in self._queued:
             self._queued.add(key)
             self._ready.append(key)
+            self._since[key] = self._clock()
             self._cond.notify()
 
     # --- running ------------------------------------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class WorkQueue(Generic[K]):
                     key = self._ready.popleft()
                     self._queued.discard(key)
                     self._processing.add(key)
+                    self._waited(now - self._since.pop(key, now))
                     return key
                 wait = self._timers[0][0] - now if self._timers else None
                 self._cond.wait(wait)

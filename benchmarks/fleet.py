@@ -470,20 +470,11 @@ class Prometheus:
 # --- the benchmark ----------------------------------------------------------------------------------------------------
 
 def model_manifest(name: str, ns: str, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{op.GROUP}/{op.VERSION}", "kind": "RerankModel", "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6f85a1b2dbfca4c34a2796e7dde08d41e",
-                      "tokenSecretRef": {"name": "hf", "key": "token"}},
-            "quantization": {"backoffLimit": 0},
-            "storage": {"storageClassName": STORAGE_CLASS, "reclaimPolicy": "Delete"},
-            "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4},
-                      "gpu": {"minReplicas": 1, "maxReplicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}}}},
-            "autoscaling": {"enabled": True, "intervalSeconds": args.interval,
-                            "metrics": {"source": args.metrics_source,
-                                        "staleAfterSeconds": max(60, 4 * args.interval)}},
-        },
-    }
+    """The cluster tests' model (rerank_devcluster.operator_process.rerank_model), autoscaled."""
+    return op.rerank_model(name, ns, STORAGE_CLASS, pools={"cpu": {"minReplicas": 1, "maxReplicas": 4}},
+                           autoscaling={"enabled": True, "intervalSeconds": args.interval,
+                                        "metrics": {"source": args.metrics_source,
+                                                    "staleAfterSeconds": max(60, 4 * args.interval)}})
 
 
 def git(*argv: str) -> str:

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from rerank_devcluster.operator_process import (
     create_identity,
     published,
     refused,
+    rerank_model,
     static_pv,
 )
 from rerank_devcluster.operator_process import kubectl_apply as _kubectl_apply
@@ -136,25 +136,6 @@ class Kube:
             if exc.status == 404:
                 return False
             raise
-
-
-def rerank_model(name: str, ns: str, storage_class: str, **spec: Any) -> dict[str, Any]:
-    """The issue's example, with a short Job backoff so failures show quickly, and test storage."""
-    body: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "RerankModel", "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"id": "BAAI/bge-reranker-v2-m3", "revision": "953dc6f6f85a1b2dbfca4c34a2796e7dde08d41e",
-                      "tokenSecretRef": {"name": "hf", "key": "token"}},
-            "quantization": {"backoffLimit": 0},
-            "storage": {"storageClassName": storage_class, "reclaimPolicy": "Delete"},
-            "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 8},
-                      "gpu": {"minReplicas": 1, "maxReplicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}}}},
-            "autoscaling": {"enabled": False},
-        },
-    }
-    for key, value in spec.items():
-        body["spec"][key] = {**body["spec"].get(key, {}), **value} if isinstance(value, dict) else value
-    return copy.deepcopy(body)
 
 
 @dataclass

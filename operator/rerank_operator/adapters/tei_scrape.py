@@ -34,7 +34,6 @@ from rerank_operator.core.autoscale.config import Pool
 from rerank_operator.core.autoscale.signals import PoolSignals, Signals
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
-MAX_PARALLEL = 8  # DirectSource's private pool
 BACKOFF_BASE_SECONDS = 2.0
 
 Fetch = Callable[[str, float], str]
@@ -251,27 +250,6 @@ class ScrapePool:
                                  before, current, errors)
                  for pool in ("gpu", "cpu")}
         return Signals(gpu=pools["gpu"], cpu=pools["cpu"])
-
-
-class DirectSource:
-    """One model's direct source: a thin wrapper over a private ``ScrapePool`` (the per-model loop's, until the
-    fleet loop shares one pool among all models). Waits up to the timeout plus a second for its pods."""
-
-    _KEY: ModelKey = ("", "")
-
-    def __init__(self, timeout_seconds: float = 2.0, fetch: Fetch = http_fetch,
-                 clock: Callable[[], float] = time.time,
-                 address_of: Callable[[PodTarget], str] | None = None) -> None:
-        self._deadline = timeout_seconds + 1.0
-        self._pool = ScrapePool(max_workers=MAX_PARALLEL, timeout_seconds=timeout_seconds, fetch=fetch,
-                                clock=clock, address_of=address_of)
-
-    def collect(self, targets: Sequence[PodTarget], ready: Mapping[Pool, int]) -> Signals:
-        """Scrape all targets (in parallel, bounded by the timeout) and return per-pool signals."""
-        return self._pool.collect({self._KEY: ModelTargets(tuple(targets), dict(ready))}, self._deadline)[self._KEY]
-
-    def close(self) -> None:
-        self._pool.close()
 
 
 def aggregate(ready: int, names: Iterable[str], previous: Mapping[str, Snapshot],

@@ -254,7 +254,7 @@ class ModelAutoscaler:
             return IDLE_POLL_SECONDS
         meta = body["metadata"]
         owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
-        understood = self._understand(body)
+        understood = self._understand(body, owner)
         if isinstance(understood, float):
             return understood
         spec, auto = understood
@@ -268,14 +268,13 @@ class ModelAutoscaler:
         return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
                         {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled})
 
-    def _understand(self, body: Mapping[str, Any]) -> tuple[Mapping[str, Any], config.AutoscalingSpec] | float:
+    def _understand(self, body: Mapping[str, Any],
+                    owner: names.Owner) -> tuple[Mapping[str, Any], config.AutoscalingSpec] | float:
         """The effective spec and the autoscaling settings, parsed once per version of the model and of the classes
         (a fleet's ticks mostly see neither change); a float: the seconds until the next look (nothing to scale)."""
         memo_key = (body["metadata"].get("resourceVersion"), self.registry.classes.version)
         if self._memo is not None and self._memo[0] == memo_key and memo_key[0] is not None:
             return self._memo[1]
-        meta = body["metadata"]
-        owner = names.Owner(self.name, self.namespace, meta["uid"], int(meta.get("generation", 1)))
         # The spec as the reconcile loop sees it: the model's, with its RerankClass's defaults filled in.
         tenancy = tenant.resolve_model(dict(body), self.registry.classes.items(self.cluster.list_classes))
         if tenancy.not_found is not None:

@@ -6,12 +6,20 @@ import json
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
 from rerank_operator.adapters import tei_scrape as direct
 from rerank_operator.adapters.prometheus_api import PrometheusSource, build_selector
-from rerank_operator.adapters.tei_scrape import DirectSource, PodTarget
+from rerank_operator.adapters.tei_scrape import ModelTargets, PodTarget, ScrapePool
+from rerank_operator.core.autoscale.signals import Signals
+
+
+def one_model(pool: ScrapePool, targets: list[PodTarget], ready: dict[Any, int]) -> Signals:
+    """The shared scrape pool asked for one model's pods, as the autoscaler's fleet loop asks for each."""
+    key = ("ns", "m")
+    return pool.collect({key: ModelTargets(tuple(targets), dict(ready))}, deadline_seconds=5.0)[key]
 
 
 def tei_text(count: float, success: float, failure: float, queue: float, buckets: dict[str, float]) -> str:
@@ -46,11 +54,11 @@ class FakePods:
 
 def test_direct_source_aggregates_two_scrapes_per_pool():
     pods = FakePods()
-    source = DirectSource(fetch=pods.fetch, clock=lambda: pods.now)
-    first = source.collect(TARGETS, {"gpu": 2, "cpu": 0})
+    source = ScrapePool(fetch=pods.fetch, clock=lambda: pods.now)
+    first = one_model(source, TARGETS, {"gpu": 2, "cpu": 0})
     assert first.gpu.request_rate is None and first.gpu.queue_size == 2   # one scrape: gauge only
     pods.scrape, pods.now = 2, 115.0
-    gpu = source.collect(TARGETS, {"gpu": 2, "cpu": 0}).gpu
+    gpu = one_model(source, TARGETS, {"gpu": 2, "cpu": 0}).gpu
     # a: +150 requests, b: +150 in 15 s -> 20/s; successes +135 and +150 -> 19/s; failures +3 -> 0.2/s.
     assert gpu.request_rate == pytest.approx(20) and gpu.success_rate == pytest.approx(19)
     assert gpu.failure_rate == pytest.approx(0.2)
@@ -64,7 +72,7 @@ def test_direct_source_aggregates_two_scrapes_per_pool():
 def test_direct_source_reports_a_pool_whose_pods_do_not_answer():
     pods = FakePods()
     pods.down = {"a", "b"}
-    gpu = DirectSource(fetch=pods.fetch, clock=lambda: pods.now).collect(TARGETS, {"gpu": 2}).gpu
+    gpu = one_model(ScrapePool(fetch=pods.fetch, clock=lambda: pods.now), TARGETS, {"gpu": 2}).gpu
     assert gpu.error and "connection refused" in gpu.error
     assert gpu.staleness(100.0, 60) is not None
 
@@ -84,8 +92,8 @@ def test_direct_source_scrapes_real_http_at_the_address_it_is_given():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         local = {"b": f"127.0.0.1:{server.server_address[1]}"}
-        source = DirectSource(timeout_seconds=2, address_of=lambda t: local.get(t.name, direct.pod_address(t)))
-        cpu = source.collect([PodTarget("b", "cpu", "10.255.255.1", 80)], {"gpu": 0, "cpu": 1}).cpu
+        source = ScrapePool(timeout_seconds=2, address_of=lambda t: local.get(t.name, direct.pod_address(t)))
+        cpu = one_model(source, [PodTarget("b", "cpu", "10.255.255.1", 80)], {"gpu": 0, "cpu": 1}).cpu
         assert cpu.error is None and cpu.scraped_replicas == 1 and cpu.queue_size == 10
     finally:
         server.shutdown()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rerank_operator.adapters.tei_scrape import DirectSource, ModelTargets, PodTarget, ScrapePool
+from rerank_operator.adapters.tei_scrape import ModelTargets, PodTarget, ScrapePool
 from rerank_operator.core.autoscale.config import Pool
 
 A = ("team-a", "model")
@@ -228,15 +228,3 @@ def test_pods_a_model_drops_and_forgotten_models_start_over(pods: Pods) -> None:
         scraper.forget(B)  # never seen: nothing to drop
     finally:
         scraper.close()
-
-
-def test_direct_source_is_a_one_model_view_of_a_pool(pods: Pods) -> None:
-    pods.count["10.0.0.1"] = 10.0
-    source = DirectSource(fetch=pods.fetch, clock=pods.clock)
-    try:
-        assert source.collect([gpu("m-gpu-0", "10.0.0.1")], {"gpu": 1, "cpu": 0}).gpu.request_rate is None
-        pods.now += 5
-        pods.count["10.0.0.1"] = 20.0
-        assert source.collect([gpu("m-gpu-0", "10.0.0.1")], {"gpu": 1, "cpu": 0}).gpu.request_rate == 2.0
-    finally:
-        source.close()

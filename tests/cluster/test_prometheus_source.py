@@ -4,7 +4,7 @@ Each fake pod is a local HTTP server whose te_* counters grow at a rate the test
 0.2 s, so the expected signals follow from the setup, not from the code under test:
 - request rate: 2 GPU pods x 10 requests/s = 20/s;
 - p95 latency: all observations in the (0.1, 0.25] bucket -> 0.1 + 0.15 x 0.95 = 0.2425 s;
-- queue: 3 + 5 = 8; GPU memory: (2 x 30000) / (2 x (30000 + 10000)) = 0.75 (DCGM-style used/free series).
+- queue: 3 + 5 = 8; GPU memory: 30000 / (30000 + 10000) = 0.75 on each pod (DCGM-style used/free series).
 The CPU pod's server is stopped, so the CPU pool must read as missing (an error), never as idle.
 """
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from rerank_operator.adapters.prometheus_api import PrometheusSource
+from rerank_operator.adapters.prometheus_api import ModelPods, PrometheusSource
+from rerank_operator.core.autoscale.signals import Signals
 
 pytestmark = pytest.mark.prometheus
 
@@ -141,34 +142,45 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 
 
 
 def test_prometheus_source_reads_pool_signals_from_a_real_prometheus(prometheus):
+    """Both paths against the same server: one model by label selectors, and the fleet's batched queries by pod name
+    (what the autoscaler runs), each must read the setup's figures."""
     url, _ = prometheus
     source = PrometheusSource(
         url, window="10s",
-        gpu_memory_used_query='sum(DCGM_FI_DEV_FB_USED{pool="gpu"})',
-        gpu_memory_total_query='sum(DCGM_FI_DEV_FB_USED{pool="gpu"}) + sum(DCGM_FI_DEV_FB_FREE{pool="gpu"})')
+        gpu_memory_used_query="DCGM_FI_DEV_FB_USED$selector",
+        gpu_memory_total_query="DCGM_FI_DEV_FB_USED$selector + DCGM_FI_DEV_FB_FREE$selector")
     selectors = {"gpu": '{namespace="test",pool="gpu"}', "cpu": '{namespace="test",pool="cpu"}'}
+    fleet = {("test", "m"): ModelPods("test", {"gpu": (2, ("m-gpu-0", "m-gpu-1")), "cpu": (1, ("m-cpu-0",))})}
+
+    def read() -> list[Signals]:
+        return [source.collect(selectors, {"gpu": 2, "cpu": 1}), source.collect_many(fleet)[("test", "m")]]
+
+    def settled(signals: Signals) -> bool:
+        gpu = signals.gpu
+        return (gpu.scraped_replicas == 2 and gpu.request_rate is not None and
+                abs(gpu.request_rate - 2 * RATE_PER_POD) < 1 and gpu.latency_p95_ms is not None)
+
     deadline = time.time() + 45
     while True:
-        signals = source.collect(selectors, {"gpu": 2, "cpu": 1})
-        gpu = signals.gpu
-        settled = (gpu.scraped_replicas == 2 and gpu.request_rate is not None and
-                   abs(gpu.request_rate - 2 * RATE_PER_POD) < 1 and gpu.latency_p95_ms is not None)
-        if settled or time.time() > deadline:
+        both = read()
+        if all(settled(s) for s in both) or time.time() > deadline:
             break
         time.sleep(1)
-    assert gpu.error is None, gpu.error
-    assert gpu.scraped_replicas == 2
-    assert gpu.request_rate == pytest.approx(2 * RATE_PER_POD, rel=0.05)
-    assert gpu.success_rate == pytest.approx(2 * RATE_PER_POD, rel=0.05)
-    assert gpu.failure_rate == 0.0
-    assert gpu.latency_p95_ms == pytest.approx(242.5, rel=0.01)
-    assert gpu.latency_p50_ms == pytest.approx(100 + 150 * 0.5, rel=0.01)
-    assert gpu.queue_size == 8
-    assert gpu.gpu_memory_fraction == pytest.approx(0.75)
-    assert gpu.sampled_at is not None and time.time() - gpu.sampled_at < 5
-    assert gpu.staleness(time.time(), 60) is None
-    cpu = signals.cpu
-    assert cpu.error is not None and cpu.staleness(time.time(), 60) is not None
+    for signals in both:
+        gpu = signals.gpu
+        assert gpu.error is None, gpu.error
+        assert gpu.scraped_replicas == 2
+        assert gpu.request_rate == pytest.approx(2 * RATE_PER_POD, rel=0.05)
+        assert gpu.success_rate == pytest.approx(2 * RATE_PER_POD, rel=0.05)
+        assert gpu.failure_rate == 0.0
+        assert gpu.latency_p95_ms == pytest.approx(242.5, rel=0.01)
+        assert gpu.latency_p50_ms == pytest.approx(100 + 150 * 0.5, rel=0.01)
+        assert gpu.queue_size == 8
+        assert gpu.gpu_memory_fraction == pytest.approx(0.75)
+        assert gpu.sampled_at is not None and time.time() - gpu.sampled_at < 5
+        assert gpu.staleness(time.time(), 60) is None
+        cpu = signals.cpu
+        assert cpu.error is not None and cpu.staleness(time.time(), 60) is not None
 
 
 def test_unreachable_prometheus_reads_as_missing():

@@ -78,6 +78,21 @@ class ClusterError(RuntimeError):
     """The control plane did not come up; the message carries the component logs' tails."""
 
 
+#: What a loaded API server answers that is worth one more try (kubectl's stderr contains one of these).
+TRANSIENT_KUBECTL = (
+    "the server was unable to return a response in the time allotted", "the server is currently unable to handle",
+    "Timeout", "timeout", "connection refused", "connection reset", "EOF", "etcdserver", "Internal error occurred",
+    "TLS handshake", "too many requests", "Too many requests",
+)
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """kubectl failed; unlike its base class, the message says why (kubectl's stderr)."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr: {(self.stderr or '').strip()}"
+
+
 @dataclass
 class Cluster:
     workdir: Path
@@ -246,8 +261,27 @@ class Cluster:
         return "\n".join(chunks)
 
     def kubectl_run(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.kubectl), *args], env=self.env(), check=check, capture_output=True,
+        """Run kubectl against this cluster; with ``check`` a failure raises :class:`KubectlError`, whose message
+        carries kubectl's stderr (the API server's reason), not only the exit status."""
+        done = subprocess.run([str(self.kubectl), *args], env=self.env(), check=False, capture_output=True,
                               text=True, input=input, timeout=120)
+        if check and done.returncode:
+            raise KubectlError(done.returncode, done.args, done.stdout, done.stderr)
+        return done
+
+    def apply(self, docs: list[dict[str, Any]], attempts: int = 3) -> None:
+        """Server-side apply of ``docs`` in one kubectl call, as the admin. A transient refusal of a loaded API
+        server (a timeout, a 5xx, a dropped connection: :data:`TRANSIENT_KUBECTL`) is tried again after a pause;
+        anything else, and the last attempt, raises with kubectl's stderr."""
+        text = "\n---\n".join(json.dumps(d) for d in docs)
+        for attempt in range(1, attempts + 1):
+            try:
+                self.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+                return
+            except KubectlError as err:
+                if attempt == attempts or not any(t in (err.stderr or "") for t in TRANSIENT_KUBECTL):
+                    raise
+                time.sleep(2.0 * attempt)
 
     def audit_events(self) -> list[dict[str, Any]]:
         """Every audit event so far (level Metadata): everyone's write calls, and every call of the operator's

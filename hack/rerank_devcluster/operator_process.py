@@ -48,8 +48,7 @@ ARTIFACT_LABEL = "rerank.io/artifact"
 
 def kubectl_apply(cluster: Cluster, objs: Sequence[dict[str, Any]]) -> None:
     """Server-side apply of ``objs`` in one kubectl call, as the admin."""
-    cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-",
-                        input="\n---\n".join(yaml.safe_dump(o) for o in objs))
+    cluster.apply(list(objs))
 
 
 def apply_and_wait_established(cluster: Cluster, files: Iterable[Path]) -> list[str]:

@@ -341,7 +341,7 @@ def policed_ns(cluster: Cluster, kube: client.ApiClient,
          "spec": {"metrics": {"allowedSources": ["direct"]}}},
     ]
     docs = [*classes, policy, binding]
-    cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(docs))
+    cluster.apply(docs)
     api = client.CustomObjectsApi(kube)
     stored = {c["metadata"]["name"]:
               api.get_cluster_custom_object(GROUP, VERSION, "rerankclasses", c["metadata"]["name"])

@@ -65,8 +65,7 @@ def policed_ns(cluster: Cluster, kube: client.ApiClient, crds_installed: list[st
     binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {LABEL: RUN}}}
     classes = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "RerankClass", "metadata": {"name": class_name(key)},
                 "spec": spec} for key, spec in CLASSES.items()]
-    cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-",
-                        input=yaml.safe_dump_all([*classes, policy, binding]))
+    cluster.apply([*classes, policy, binding])
     try:
         for key in CLASSES:  # a class the policy has not seen yet passes vacuously: wait until each one is in force
             wait_enforced(kube, ns, class_name(key))

@@ -48,7 +48,7 @@ SECURE_CLASS_SPEC: dict[str, Any] = {"security": {"requireApiKey": True}}
 
 
 def apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
-    cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(docs))
+    cluster.apply(docs)
 
 
 def rrc(name: str, spec: dict[str, Any], default: bool = False) -> dict[str, Any]:

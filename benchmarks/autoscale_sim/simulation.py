@@ -32,9 +32,11 @@ class RunSpec:
 
 def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: PoolModel, slo: float,
              seed: int, record: list[np.ndarray] | None = None,
-             spikes: Sequence[tuple[int, int, float]] = ()) -> list[dict[str, Any]]:
+             spikes: Sequence[tuple[int, int, float]] = (),
+             replicas: list[np.ndarray] | None = None) -> list[dict[str, Any]]:
     """Run every controller over the same trace; `record`, if given, receives each second's violations; `spikes`
-    (onset, end, height) are the trace's spikes, for the attribution of violations (`attribute`)."""
+    (onset, end, height) are the trace's spikes, for the attribution of violations (`attribute`); `replicas`, if
+    given, receives each second's billed pods (run x pool: ready and starting), what the cost is computed from."""
     k = len(runs)
     since_onset = np.full(rates.size, -1, dtype=int)
     spike_of = np.full(rates.size, -1, dtype=int)     # the spike whose window a second is in (the latest onset)
@@ -156,6 +158,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         counters[1] += completed
         counters[2] += rejected
         replica_seconds += total
+        if replicas is not None:
+            replicas.append(total.copy())
         # Scrapes, then the controllers whose tick it is, then the actions whose delay has passed.
         if scrape_at[now % 15]:
             queue = backlog + ready * rho * rho / (1 - rho)

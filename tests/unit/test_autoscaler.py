@@ -7,6 +7,7 @@ import copy
 import json
 from typing import Any
 
+import pytest
 from fake_cluster import FakeCluster, merge
 
 from rerank_operator.controllers import autoscale_loop as autoscaler
@@ -254,3 +255,51 @@ def test_the_fleet_loop_collects_every_due_model_in_one_batch_and_ticks_on_align
     # Each model primed on its first tick and recorded one decision on its second, like a model alone.
     assert sorted(set(decided)) == [(NS, "a"), (NS, "b"), (NS, "c")]
     assert all(len(f.patches) == 1 for f in fakes.values())
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_priced_class_meters_cost_slo_events_and_pairs_every_tick() -> None:
+    """Two pods in each pool at 2.50 and 0.20 per replica-hour, 5 s ticks: each tick after the first adds
+    2 x 2.5 x 5/3600 and 2 x 0.2 x 5/3600; 10 requests/s at 30 ms against a 250 ms target are never slow."""
+    namespace = "metered"
+    view = PoolsView(deployments={p: {**dep(p, 2), "status": {"readyReplicas": 2, "replicas": 2}}
+                                  for p in ("gpu", "cpu")},
+                     pods=(pod("gpu", 1), pod("gpu", 2), pod("cpu", 3), pod("cpu", 4)), route=route(100, 0))
+    clock = [1000.0]
+    tei = FakeTei(clock, 5.0, 0.03)
+    gold = {"apiVersion": "rerank.io/v1alpha1", "kind": "RerankClass",
+            "metadata": {"name": "gold", "annotations": {"rerank.io/is-default-class": "true"}},
+            "spec": {"pricing": {"currency": "EUR", "gpuReplicaHour": 2.5, "cpuReplicaHour": 0.2,
+                                 "gpuReplicaRequestsPerSecond": 100}}}
+    body = stored(copy.deepcopy(SPEC))
+    body["metadata"]["namespace"] = namespace
+    fake = FakeCluster(body, view=view, classes=[gold])
+    a = autoscaler.ModelAutoscaler(fake, namespace, NAME, fetch=tei, clock=lambda: clock[0],
+                                   now_iso=lambda: f"t{clock[0]:.0f}")
+    ticks(a, clock, 6)  # the first look starts the meter (and primes the rates): 5 intervals of 5 s metered
+    labels = {"namespace": namespace, "rerankmodel": NAME}
+    assert _sample("rerank_operator_pool_cost_total", **labels, **{"class": "gold"}, pool="gpu") == \
+        pytest.approx(5 * 2 * 2.5 * 5 / 3600)
+    assert _sample("rerank_operator_pool_cost_total", **labels, **{"class": "gold"}, pool="cpu") == \
+        pytest.approx(5 * 2 * 0.2 * 5 / 3600)
+    # 4 pods x 5 requests/s = 20/s; at 100/s per GPU replica (85% used) one GPU replica would do, at 2.50 an hour.
+    assert _sample("rerank_operator_gpu_only_cost_total", **labels, **{"class": "gold"}) == \
+        pytest.approx(5 * 1 * 2.5 * 5 / 3600)
+    served = _sample("rerank_operator_pool_requests_total", **labels, pool="gpu")
+    assert served == pytest.approx(5 * 2 * 5.0 * 5)  # five intervals, two pods at 5/s, 5 s each
+    assert _sample("rerank_operator_pool_slow_requests_total", **labels, pool="gpu") == 0.0
+    assert _sample("rerank_operator_latency_target_seconds", **labels, pool="gpu") == 0.25
+    assert _sample("rerank_operator_pool_replicas", **labels, pool="cpu") == 2
+    assert _sample("rerank_operator_model_condition", **labels, condition="MetricsAvailable") == 1
+    summary = fake.body["status"]["autoscaling"]["cost"]
+    assert summary["currency"] == "EUR" and summary["gpuOnlyPerHour"] == "2.5000"
+    tei.latency = 2.0  # every request now lands in TEI's (0, 2.5 s] bucket
+    before = _sample("rerank_operator_pool_slow_requests_total", **labels, pool="gpu")
+    ticks(a, clock, 1)
+    # Interpolated inside the bucket as histogram_quantile would: 0.25 / 2.5 = 10% of it below the target.
+    assert _sample("rerank_operator_pool_slow_requests_total", **labels, pool="gpu") - before == \
+        pytest.approx(0.9 * 2 * 5.0 * 5)

@@ -7,6 +7,9 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -54,11 +57,16 @@ def record_model(namespace: str, model: str, traffic: dict[str, int], replicas: 
 
 
 def forget_model(namespace: str, model: str) -> None:
+    """Remove every series of a deleted model (a thousand tenants' churn must not grow the operator's /metrics)."""
     for pool in ("cpu", "gpu"):
         forget(TRAFFIC_WEIGHT, namespace, model, pool)
         forget(DESIRED_REPLICAS, namespace, model, pool)
         for reason in DECISION_REASONS:
             forget(SCALING_DECISIONS, namespace, model, pool, reason)
+    with _LOCK:
+        held = _MODEL_SERIES.pop((namespace, model), set())
+    for metric, labels in held:
+        forget(metric, *labels)
 
 
 def forget(gauge: Gauge | Counter, *labels: str) -> None:
@@ -92,3 +100,95 @@ QUEUE_WAIT = Histogram(
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
 CACHED_OBJECTS = Gauge("rerank_operator_cached_objects", "Objects held in the watch-fed caches, by kind.", ["kind"])
+
+
+# --- per model: class, conditions, SLO and cost (issue: run it like a service) --------------------------------------
+# Series per model, at most: info 1, conditions 7, and per pool (2) replicas, max, target, requests, slow, pairs,
+# cost (12), GPU-only cost 1, plus the traffic/desired/decision series above (2 + 2 + 6): 33. docs/operations.md
+# states it; tests/unit/test_cost_metrics.py counts it.
+MODEL_INFO = Gauge("rerank_operator_model_info", "1 for each RerankModel, with its RerankClass (class=\"\" without).",
+                   ["namespace", "rerankmodel", "class"])
+MODEL_CONDITION = Gauge(
+    "rerank_operator_model_condition",
+    "A RerankModel's status conditions: 1 True, 0 False, -1 Unknown (Degraded=1 is degraded).",
+    ["namespace", "rerankmodel", "condition"],
+)
+POOL_REPLICAS = Gauge("rerank_operator_pool_replicas",
+                      "Pods a pool's Deployment has, ready or starting (what is billed).", MODEL_LABELS)
+POOL_MAX_REPLICAS = Gauge("rerank_operator_pool_max_replicas", "A pool's maxReplicas.", MODEL_LABELS)
+LATENCY_TARGET = Gauge("rerank_operator_latency_target_seconds",
+                       "A pool's p95 latency target (autoscaling.targets): the SLO's threshold.", MODEL_LABELS)
+POOL_REQUESTS = Counter(
+    "rerank_operator_pool_requests",
+    "Requests a pool completed or failed, as the autoscaler measured them from TEI's metrics (the SLO's total).",
+    MODEL_LABELS,
+)
+POOL_SLOW_REQUESTS = Counter(
+    "rerank_operator_pool_slow_requests",
+    "Requests slower than the pool's p95 target, or failed (the SLO's bad events; 95% within target is the SLO).",
+    MODEL_LABELS,
+)
+POOL_PAIRS = Counter("rerank_operator_pool_pairs",
+                     "Query-passage pairs a pool scored (TEI's te_batch_next_size sum).", MODEL_LABELS)
+COST_LABELS = ["namespace", "rerankmodel", "class", "pool"]
+POOL_COST = Counter(
+    "rerank_operator_pool_cost",
+    "Cost accrued by a pool: replica-hours x the RerankClass's price (spec.pricing, in its currency).", COST_LABELS,
+)
+GPU_ONLY_COST = Counter(
+    "rerank_operator_gpu_only_cost",
+    "What the same load would have cost on the GPU pool alone (the CPU INT8 pool's saving is the difference).",
+    ["namespace", "rerankmodel", "class"],
+)
+CONDITION_VALUES = {"True": 1.0, "False": 0.0}
+
+_LOCK = threading.Lock()
+_MODEL_SERIES: dict[tuple[str, str], set[tuple[Any, tuple[str, ...]]]] = {}
+
+
+def _series(metric: Any, namespace: str, model: str, *rest: str) -> Any:
+    """``metric.labels(namespace, model, *rest)``, remembered so that ``forget_model`` removes it."""
+    labels = (namespace, model, *rest)
+    with _LOCK:
+        _MODEL_SERIES.setdefault((namespace, model), set()).add((metric, labels))
+    return metric.labels(*labels)
+
+
+def record_class(namespace: str, model: str, class_name: str) -> None:
+    """The model's info series; a model that changed class keeps one series (the old one is removed)."""
+    with _LOCK:
+        stale = [(m, labels) for m, labels in _MODEL_SERIES.get((namespace, model), ())
+                 if m is MODEL_INFO and labels[2] != class_name]
+    for metric, labels in stale:
+        forget(metric, *labels)
+        with _LOCK:
+            _MODEL_SERIES[(namespace, model)].discard((metric, labels))
+    _series(MODEL_INFO, namespace, model, class_name).set(1)
+
+
+def record_conditions(namespace: str, model: str, conditions: Iterable[Mapping[str, Any]]) -> None:
+    for cond in conditions:
+        kind = str(cond.get("type", ""))
+        if kind:
+            _series(MODEL_CONDITION, namespace, model, kind).set(CONDITION_VALUES.get(str(cond.get("status")), -1.0))
+
+
+def record_pool(namespace: str, model: str, pool: str, *, replicas: int, max_replicas: int,
+                target_seconds: float) -> None:
+    _series(POOL_REPLICAS, namespace, model, pool).set(replicas)
+    _series(POOL_MAX_REPLICAS, namespace, model, pool).set(max_replicas)
+    _series(LATENCY_TARGET, namespace, model, pool).set(target_seconds)
+
+
+def count_served(namespace: str, model: str, pool: str, *, requests: float, slow: float, pairs: float) -> None:
+    _series(POOL_REQUESTS, namespace, model, pool).inc(max(requests, 0.0))
+    _series(POOL_SLOW_REQUESTS, namespace, model, pool).inc(max(slow, 0.0))
+    _series(POOL_PAIRS, namespace, model, pool).inc(max(pairs, 0.0))
+
+
+def count_cost(namespace: str, model: str, class_name: str, pools: Mapping[str, float],
+               gpu_only: float | None) -> None:
+    for pool, amount in pools.items():
+        _series(POOL_COST, namespace, model, class_name, pool).inc(max(amount, 0.0))
+    if gpu_only is not None:
+        _series(GPU_ONLY_COST, namespace, model, class_name).inc(max(gpu_only, 0.0))

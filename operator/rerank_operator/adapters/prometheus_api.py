@@ -106,6 +106,7 @@ def queries(selector: str, window: str) -> dict[str, str]:
         "success_rate": f"sum(rate(te_request_success{selector}[{window}]))",
         "failure_rate": f"sum(rate(te_request_failure{selector}[{window}]))",
         "queue_size": f"sum(te_queue_size{selector})",
+        "pair_rate": f"sum(rate(te_batch_next_size_sum{selector}[{window}]))",
         "latency_p50": quantile(0.5, "te_request_duration"),
         "latency_p95": quantile(0.95, "te_request_duration"),
         "queue_time_p95": quantile(0.95, "te_request_queue_duration"),
@@ -127,6 +128,7 @@ def fleet_queries(selector: str, window: str) -> dict[str, str]:
         "success_rate": f"sum {BY_POD} (rate(te_request_success{selector}[{window}]))",
         "failure_rate": f"sum {BY_POD} (rate(te_request_failure{selector}[{window}]))",
         "queue_size": f"sum {BY_POD} (te_queue_size{selector})",
+        "pair_rate": f"sum {BY_POD} (rate(te_batch_next_size_sum{selector}[{window}]))",
         "duration": buckets("te_request_duration"),
         "queue_duration": buckets("te_request_queue_duration"),
     }
@@ -262,6 +264,7 @@ class PrometheusSource:
             latency_p50_ms=_ms(values["latency_p50"]),
             latency_p95_ms=_ms(values["latency_p95"]),
             queue_time_p95_ms=_ms(values["queue_time_p95"]),
+            pair_rate=values["pair_rate"] or 0.0,
             gpu_memory_fraction=memory,
             sampled_at=values["sampled_at"],
         )
@@ -315,13 +318,15 @@ def _fleet_pool(ready: int, pods: list[tuple[str, str]], by_pod: Mapping[str, Ma
     def values(name: str) -> list[float]:
         return [v for pod in pods for v in by_pod[name].get(pod, ())]
 
-    def quantile(q: float, name: str) -> float | None:
-        summed: dict[float, float] = {}  # sum by (le) over the pool's pods
+    def summed(name: str) -> exposition.Histogram:
+        by_le: dict[float, float] = {}  # sum by (le) over the pool's pods
         for pod in pods:
             for bound, rate in buckets[name].get(pod, ()):
-                summed[bound] = summed.get(bound, 0.0) + rate
-        histogram = exposition.Histogram(summed, summed.get(math.inf, 0.0), 0.0)
-        return _ms(exposition.quantile(q, histogram))
+                by_le[bound] = by_le.get(bound, 0.0) + rate
+        return exposition.Histogram(by_le, by_le.get(math.inf, 0.0), 0.0)
+
+    def quantile(q: float, name: str) -> float | None:
+        return _ms(exposition.quantile(q, summed(name)))
 
     scraped = int(sum(values("scraped")))
     if scraped == 0:
@@ -336,6 +341,8 @@ def _fleet_pool(ready: int, pods: list[tuple[str, str]], by_pod: Mapping[str, Ma
         latency_p50_ms=quantile(0.5, "duration"),
         latency_p95_ms=quantile(0.95, "duration"),
         queue_time_p95_ms=quantile(0.95, "queue_duration"),
+        pair_rate=sum(values("pair_rate")),
+        latency=summed("duration"),
         gpu_memory_fraction=gpu_memory,
         sampled_at=_max(values("sampled_at")),
     )

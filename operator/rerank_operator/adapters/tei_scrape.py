@@ -73,6 +73,7 @@ class Snapshot:
     queue_size: float
     duration: exposition.Histogram
     queue_duration: exposition.Histogram
+    pair_count: float = 0.0  # te_batch_next_size's sum: the entries (query-passage pairs) batched so far
 
     @classmethod
     def from_text(cls, text: str, time_: float, address: str) -> Snapshot:
@@ -88,6 +89,7 @@ class Snapshot:
             duration=exposition.histogram(samples, "te_request_duration") or exposition.Histogram.empty(),
             queue_duration=(exposition.histogram(samples, "te_request_queue_duration")
                             or exposition.Histogram.empty()),
+            pair_count=(exposition.histogram(samples, "te_batch_next_size") or exposition.Histogram.empty()).sum,
         )
 
 
@@ -281,6 +283,8 @@ def aggregate(ready: int, names: Iterable[str], previous: Mapping[str, Snapshot]
         latency_p50_ms=_ms(exposition.quantile(0.5, duration)),
         latency_p95_ms=_ms(exposition.quantile(0.95, duration)),
         queue_time_p95_ms=_ms(exposition.quantile(0.95, waiting)),
+        pair_rate=_rate(pairs, "pair_count") * len(answered) / len(pairs),
+        latency=duration,
         sampled_at=base.sampled_at,
     )
 

@@ -38,7 +38,7 @@ from rerank_operator.adapters import prometheus_api, tei_scrape
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, events, names
+from rerank_operator.core import conditions, cost, events, names, slo
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, split
@@ -55,6 +55,7 @@ TRAFFIC_ENFORCED = conditions.TRAFFIC_ENFORCED
 OWNED_CONDITIONS = conditions.AUTOSCALER_OWNED
 HISTORY_ANNOTATION = f"autoscaler.{names.GROUP}/history"  # outside kopf's own rerank.io/ keys
 IDLE_POLL_SECONDS = 15.0  # how often a model with autoscaling off (or not deployed yet) is looked at again
+METER_GAP_TICKS = 3.0  # a metering interval longer than this many ticks (a pause, a new leader) is cut to it
 MAX_REASON = 1024
 T = TypeVar("T")
 
@@ -234,6 +235,10 @@ class ModelAutoscaler:
         self.next_due = 0.0
         self._memo: tuple[tuple[Any, int], tuple[Mapping[str, Any], config.AutoscalingSpec]] | None = None
         self._unchanged: tuple[Any, ...] | None = None  # what the last tick that wrote nothing saw
+        self.pricing: cost.Pricing | None = None  # the model's RerankClass's prices (set with the parsed spec)
+        self.class_name = ""
+        self.metered_at: float | None = None
+        self._cost_status: dict[str, Any] | None = None
 
     @property
     def key(self) -> ModelKey:
@@ -280,9 +285,10 @@ class ModelAutoscaler:
         if tenancy.not_found is not None:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenancy.effective
+        class_spec = (tenancy.rclass or {}).get("spec") if tenancy.rclass is not None else None
+        self.pricing, self.class_name = cost.Pricing.from_class(class_spec), tenancy.class_name or ""
         try:
             parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
-            class_spec = (tenancy.rclass or {}).get("spec") if tenancy.rclass is not None else None
             server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
             auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
         except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
@@ -292,6 +298,7 @@ class ModelAutoscaler:
         if not auto.enabled:
             self._reset()
             self._write(owner, None, [])
+            self._meter(auto, self.cluster.observe_pools(owner), None)  # unscaled pools cost all the same
             return IDLE_POLL_SECONDS
         self._memo = (memo_key, (spec, auto))
         return spec, auto
@@ -301,6 +308,7 @@ class ModelAutoscaler:
         interval = float(p.auto.interval_seconds)
         if self.priming:
             self.priming = False
+            self._meter(p.auto, p.view, None)  # metering starts at the first look; rates at the next
             return interval
         if self.history is None:
             self.history = _restore(p.body["metadata"])
@@ -309,9 +317,16 @@ class ModelAutoscaler:
                                  cpu_percent=current_cpu_percent(p.view.route, self.name, status))
         decision = policy.decide(p.auto, signals, current, self.history, now=self.clock())
         self.history = decision.history
-        record = {"signals": signals.to_status(), "fresh": not decision.held,
-                  "lastDecision": decision_status(p.auto, decision, self.now_iso())}
+        gpu_only = self._meter(p.auto, p.view, signals)
+        record: dict[str, Any] = {"signals": signals.to_status(), "fresh": not decision.held,
+                                  "lastDecision": decision_status(p.auto, decision, self.now_iso())}
+        if self.pricing is not None:
+            # As of the decision: the pools it asks for, priced (recorded only with a material change, like the
+            # signals, so a steady model costs no write).
+            record["cost"] = cost.summary(self.pricing, {pool: decision.replicas(pool) for pool in config.POOLS},
+                                          gpu_only)
         conds = [metrics_available(p.auto, decision), traffic_enforced(p.auto, p.spec, p.view, self.name, decision)]
+        metrics.record_conditions(self.namespace, self.name, [{"type": c.type, "status": c.status} for c in conds])
         recorded = self._write(p.owner, record, conds)
         if recorded is None:
             return interval
@@ -326,6 +341,41 @@ class ModelAutoscaler:
                  " (held)" if decision.held else "", decision.reason)
         self.after_decision()
         return interval
+
+    def _meter(self, auto: config.AutoscalingSpec, view: PoolsView, signals: Signals | None) -> int | None:
+        """Export this interval's pool gauges, SLO events and cost (``core/slo.py``, ``core/cost.py``); returns the
+        GPU replicas the whole load would need alone (None: unknown). Intervals are measured between this
+        process's own looks, cut to METER_GAP_TICKS ticks (a standby that just took over starts afresh)."""
+        now = self.clock()
+        last, self.metered_at = self.metered_at, now
+        interval = max(float(auto.interval_seconds), IDLE_POLL_SECONDS if not auto.enabled else 0.0)
+        seconds = 0.0 if last is None else min(max(now - last, 0.0), METER_GAP_TICKS * interval)
+        replicas: dict[str, int] = {pool: view.billable(pool) for pool in config.POOLS}
+        for pool in config.POOLS:
+            bounds = auto.bounds(pool)
+            if not bounds.enabled and not replicas[pool]:
+                continue
+            target = auto.latency_target_ms(pool) / 1000
+            metrics.record_pool(self.namespace, self.name, pool, replicas=replicas[pool],
+                                max_replicas=bounds.max_replicas, target_seconds=target)
+            done = None if signals is None else slo.served(signals.pool(pool), target, seconds)
+            if done is not None:
+                metrics.count_served(self.namespace, self.name, pool, requests=done.requests, slow=done.slow,
+                                     pairs=done.pairs)
+        if self.pricing is None:
+            return None
+        gpu_only = None
+        measured = signals is not None and all(signals.pool(pool).request_rate is not None for pool in config.POOLS
+                                               if signals.pool(pool).ready_replicas > 0)
+        if signals is not None and measured:
+            gpu = self.history.gpu if self.history is not None else None
+            capacity = cost.gpu_capacity(gpu.capacity if gpu else None, self.pricing,
+                                         saturated=bool(gpu and gpu.capacity_from_saturation))
+            gpu_only = cost.gpu_only_replicas(signals.total_request_rate, capacity, auto.gpu.min_replicas)
+        if seconds > 0:
+            accrued = cost.accrue(self.pricing, cost.Usage(seconds, replicas, gpu_only))
+            metrics.count_cost(self.namespace, self.name, self.class_name, accrued.pools, accrued.gpu_only)
+        return gpu_only
 
     def _write(self, owner: names.Owner, record: Mapping[str, Any] | None,
                conds: Sequence[Condition]) -> Mapping[str, Any] | None:

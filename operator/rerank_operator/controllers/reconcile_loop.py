@@ -80,6 +80,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
     tenancy = class_index.for_model(body, cluster.list_classes, registry)  # the RerankClass, the effective spec
+    metrics.record_class(namespace, name, tenancy.class_name or "")
     if tenancy.not_found is not None:  # apply nothing; a class created later re-triggers the model
         writes = _refuse(cluster, owner, previous, tenancy,
                          statuses.Refusal(REASON_CLASS_NOT_FOUND, tenancy.not_found), now())
@@ -146,6 +147,7 @@ def _write_status(cluster: ClusterAccess, owner: names.Owner, previous: Mapping[
     patch = statuses.merge_patch(previous, new_status)
     if patch:
         cluster.patch_status(owner, patch)
+    metrics.record_conditions(owner.namespace, owner.name, new_status.get("conditions") or ())
     posted = [*actions, *events.transitions(previous, new_status)]
     for event in posted:
         cluster.post_event(owner, event)

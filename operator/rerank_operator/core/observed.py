@@ -103,6 +103,10 @@ class PoolsView:
         dep = self.deployments.get(pool)
         return None if dep is None else int(dep.get("spec", {}).get("replicas", 1))
 
+    def billable(self, pool: names.PoolName) -> int:
+        """Pods the pool's Deployment has now, ready or starting (``status.replicas``): what a cloud bills."""
+        return int((self.deployments.get(pool) or {}).get("status", {}).get("replicas") or 0)
+
     def ready_pods(self, pool: names.PoolName) -> list[Obj]:
         """Pods of ``pool`` that are Ready and have an address (what can be scraped). Never a pod on the host's
         network: the operator's pods never are, and a look-alike pod a tenant labels so would make the operator

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rerank_operator.adapters.prometheus_api import ModelPods, PrometheusSource, build_selector, fleet_selector
+from rerank_operator.core.autoscale import exposition
 
 URL = "http://prom:9090"
 INF = math.inf
@@ -36,6 +37,7 @@ class Pod:
     success_rate: float | None = 0.0
     failure_rate: float | None = None        # TEI creates the counter on the first failure
     queue_size: float = 0.0
+    pair_rate: float | None = None           # rate(te_batch_next_size_sum): absent until TEI batched once
     duration: Mapping[float, float] = field(default_factory=dict)        # le -> rate of the cumulative bucket
     queue_duration: Mapping[float, float] = field(default_factory=dict)
     gpu_used: float | None = None
@@ -141,9 +143,10 @@ class FakePrometheus:
             return self.group([(key, pod.scraped_at) for key, pod in pods], per_pod, max)
         if "up{" in query:
             return self.group([(key, 1.0) for key, pod in pods if pod.up == 1], per_pod, sum)
-        for signal in ("request_rate", "success_rate", "failure_rate", "queue_size"):
+        for signal in ("request_rate", "success_rate", "failure_rate", "queue_size", "pair_rate"):
             metric = {"request_rate": "te_request_count{", "success_rate": "te_request_success{",
-                      "failure_rate": "te_request_failure{", "queue_size": "te_queue_size{"}[signal]
+                      "failure_rate": "te_request_failure{", "queue_size": "te_queue_size{",
+                      "pair_rate": "te_batch_next_size_sum{"}[signal]
             if metric in query:
                 found = [(key, getattr(pod, signal)) for key, pod in pods if getattr(pod, signal) is not None]
                 return self.group(found, per_pod, sum)
@@ -163,11 +166,12 @@ class FakePrometheus:
 
 
 SERIES = {
-    ("team-a", "ra-gpu-0"): Pod(request_rate=12.0, success_rate=11.5, failure_rate=0.5, queue_size=3,
+    ("team-a", "ra-gpu-0"): Pod(request_rate=12.0, success_rate=11.5, failure_rate=0.5, queue_size=3, pair_rate=96.0,
                                 duration=buckets(12.0, 20), queue_duration=buckets(12.0, 8),
                                 gpu_used=30.0, gpu_total=40.0, scraped_at=1001.0),
-    ("team-a", "ra-gpu-1"): Pod(request_rate=8.0, success_rate=8.0, queue_size=5, duration=buckets(8.0, 24),
-                                queue_duration=buckets(8.0, 12), gpu_used=10.0, gpu_total=40.0, scraped_at=999.0),
+    ("team-a", "ra-gpu-1"): Pod(request_rate=8.0, success_rate=8.0, queue_size=5, pair_rate=64.0,
+                                duration=buckets(8.0, 24), queue_duration=buckets(8.0, 12), gpu_used=10.0,
+                                gpu_total=40.0, scraped_at=999.0),
     ("team-a", "ra-cpu-0"): Pod(request_rate=2.0, success_rate=2.0, queue_size=1, duration=buckets(2.0, 28)),
     # Same pod name as in team-a, another model: never mixed up.
     ("team-b", "ra-gpu-0"): Pod(request_rate=100.0, success_rate=100.0, queue_size=40,
@@ -208,7 +212,7 @@ def test_fleet_signals_equal_the_per_model_path_and_histogram_quantile_over_sum_
             for name in ("ready_replicas", "scraped_replicas", "sampled_at"):
                 assert getattr(got, name) == getattr(want, name), (key, pool, name)
             for name in ("request_rate", "success_rate", "failure_rate", "queue_size", "latency_p50_ms",
-                         "latency_p95_ms", "queue_time_p95_ms", "gpu_memory_fraction"):
+                         "latency_p95_ms", "queue_time_p95_ms", "gpu_memory_fraction", "pair_rate"):
                 value = getattr(got, name)
                 assert value == (None if getattr(want, name) is None else pytest.approx(getattr(want, name),
                                                                                           rel=1e-9)), (key, pool, name)
@@ -217,6 +221,8 @@ def test_fleet_signals_equal_the_per_model_path_and_histogram_quantile_over_sum_
     assert (a.gpu.scraped_replicas, a.gpu.request_rate, a.gpu.queue_size, a.gpu.sampled_at) == (2, 20.0, 8, 1001.0)
     assert a.gpu.gpu_memory_fraction == 0.75 and a.gpu.failure_rate == 0.5 and a.cpu.failure_rate == 0.0
     assert a.gpu.latency_p95_ms is not None and a.cpu.queue_time_p95_ms is None    # no queue histogram: unmeasured
+    assert a.gpu.pair_rate == 160.0 and a.cpu.pair_rate == 0.0  # no te_batch_next_size yet: none scored
+    assert a.gpu.latency is not None and exposition.fraction_above(0.0, a.gpu.latency) == 1.0
     assert a.cpu.request_rate == 2.0          # team-b's ra-cpu-0 is matched by the regexes, never counted
     assert fleet[("team-b", "ra")].gpu.request_rate == 100.0 and fleet[("team-b", "ra")].gpu.gpu_memory_fraction \
         == pytest.approx(39 / 40)
@@ -263,15 +269,15 @@ def test_the_query_count_does_not_depend_on_the_number_of_models(models: int) ->
     fake = FakePrometheus(series)
     before = REGISTRY.get_sample_value("rerank_operator_promql_queries_total", {"result": "ok"}) or 0.0
     out = source(fake).collect_many(requests)
-    # 8 signals (up count and timestamp, 3 rates, queue size, 2 bucket sets) and GPU memory: 9 for any fleet.
-    assert len(fake.asked) == 9
-    assert REGISTRY.get_sample_value("rerank_operator_promql_queries_total", {"result": "ok"}) == before + 9
+    # 9 signals (up count and timestamp, 3 rates, queue size, pairs, 2 bucket sets) and GPU memory: 10 for any fleet.
+    assert len(fake.asked) == 10
+    assert REGISTRY.get_sample_value("rerank_operator_promql_queries_total", {"result": "ok"}) == before + 10
     assert all("by (namespace, pod" in q for q in fake.asked)
     for key, signals in out.items():
         i = int(key[1].removeprefix("m-"))
         assert signals.gpu.request_rate == 2.0 * i and signals.cpu.request_rate == float(i)
         assert signals.gpu.gpu_memory_fraction == (i % 40) / 40
-    # One model checked against its own 18 queries.
+    # One model checked against its own 20 queries.
     key = next(iter(requests))
     alone = per_model(FakePrometheus(series), requests[key])
     assert out[key].gpu.latency_p95_ms == pytest.approx(alone.gpu.latency_p95_ms)  # type: ignore[attr-defined]
@@ -281,7 +287,7 @@ def test_the_fleet_selector_names_every_pod_and_goes_in_a_post_body() -> None:
     series, requests = fleet_of(1000)
     fake = FakePrometheus({})
     source(fake).collect_many(requests)
-    assert len(fake.asked) == 9 and all(len(q) > 30_000 for q in fake.asked)  # 3000 pod names: no URL would do
+    assert len(fake.asked) == 10 and all(len(q) > 30_000 for q in fake.asked)  # 3000 pod names: no URL would do
     selector = fleet_selector((ns, pod) for ns, pod in series)
     assert selector.startswith('{namespace=~"ns\\\\-0|ns\\\\-1|') and "m\\\\-999\\\\-gpu\\\\-1" in selector
     assert fleet_selector([]) == '{namespace=~"$^",pod=~"$^"}'
@@ -291,7 +297,7 @@ def test_a_failed_query_holds_every_pool_that_needed_it() -> None:
     fake = FakePrometheus(SERIES)
     fake.fail = "te_request_queue_duration_bucket"
     out = source(fake).collect_many(MODELS)
-    assert len(fake.asked) == 9                                   # the others are still asked
+    assert len(fake.asked) == 10                                  # the others are still asked
     for key, model in MODELS.items():
         for pool, (ready, _) in model.pools.items():
             signals = out[key].pool(pool)
@@ -311,7 +317,7 @@ def test_a_failed_query_holds_every_pool_that_needed_it() -> None:
 
     down = PrometheusSource(URL, post=refused).collect_many(MODELS)
     assert all(s.pool(p).error for key, s in down.items() for p, (r, _) in MODELS[key].pools.items() if r > 0)
-    assert REGISTRY.get_sample_value("rerank_operator_promql_queries_total", {"result": "error"}) == before + 8
+    assert REGISTRY.get_sample_value("rerank_operator_promql_queries_total", {"result": "error"}) == before + 9
 
 
 def test_nothing_is_asked_when_no_pool_has_ready_replicas() -> None:

@@ -147,3 +147,34 @@ def quantile(q: float, hist: Histogram) -> float | None:
     if in_bucket <= 0:
         return bounds[index]
     return start + (bounds[index] - start) * (rank - below) / in_bucket
+
+
+def fraction_above(bound: float, hist: Histogram) -> float | None:
+    """Share of the observations above ``bound`` (seconds), interpolating linearly inside the bucket that holds it,
+    the inverse of :func:`quantile` (``fraction_above(quantile(q, h), h) == 1 - q`` within a bucket); None without
+    observations. What the SLO counts as slow: a request past its pool's p95 target. Above the highest finite
+    bound everything in the +Inf bucket counts as slow (PromQL cannot place those observations either)."""
+    if math.inf not in hist.buckets:
+        return None
+    bounds = sorted(hist.buckets)
+    running, counts = 0.0, []
+    for b in bounds:
+        running = max(running, hist.buckets[b])
+        counts.append(running)
+    observations = counts[-1]
+    if observations <= 0:
+        return None
+    below = 0.0
+    start, under = 0.0, 0.0
+    for b, c in zip(bounds, counts, strict=True):
+        if bound < b:
+            if b == math.inf:
+                below = under
+            else:
+                width = b - start
+                below = under + ((c - under) * (bound - start) / width if width > 0 else 0.0)
+            break
+        start, under = b, c
+    else:
+        below = observations
+    return min(max(1.0 - below / observations, 0.0), 1.0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rerank_operator.core.autoscale.exposition import Histogram
+
 
 @dataclass(frozen=True)
 class PoolSignals:
@@ -25,6 +27,10 @@ class PoolSignals:
     latency_p95_ms: float | None = None
     queue_time_p95_ms: float | None = None  # te_request_queue_duration
     gpu_memory_fraction: float | None = None
+    pair_rate: float | None = None         # query-passage pairs scored per second (te_batch_next_size's sum)
+    # The interval's te_request_duration buckets summed over the pool (counts or rates: only their shape is used),
+    # for the share of requests slower than the target (the SLO's counters); not recorded in the status.
+    latency: Histogram | None = field(default=None, compare=False, repr=False)
     sampled_at: float | None = None        # unix seconds of the newest observation used
     error: str | None = None               # why the source could not measure, if it could not
 

@@ -250,6 +250,11 @@ def test_tightened_class_blocks_spec_changes_but_not_metadata_or_deletion(cluste
     ({"storage": {"maxSize": "10Gi"}}, "storage.defaultSize must not be above storage.maxSize"),
     ({"quantization": {"minimumQualityGate": {"minSpearman": 0.999}}},
      "quantization.defaults.qualityGate.minSpearman must not be below minimumQualityGate.minSpearman"),
+    ({"pricing": {"currency": "dollars", "cpuReplicaHour": 0.2}}, "spec.pricing.currency"),
+    ({"pricing": {"gpuReplicaHour": -2.5}}, "spec.pricing.gpuReplicaHour"),
+    ({"pricing": {"cpuReplicaHour": "0.20"}}, "spec.pricing.cpuReplicaHour"),
+    ({"pricing": {"cpuReplicaHour": 0.2, "gpuReplicaRequestsPerSecond": 0}},
+     "spec.pricing.gpuReplicaRequestsPerSecond"),
 ])
 def test_class_refuses_defaults_outside_its_own_limits(kube: client.ApiClient, crds_installed: list[str],
                                                        spec: dict[str, Any], expected: str) -> None:
@@ -257,6 +262,18 @@ def test_class_refuses_defaults_outside_its_own_limits(kube: client.ApiClient, c
     body = rrc(f"t-{RUN}-bad-{uuid.uuid4().hex[:4]}", spec)
     message = refusal(lambda: api.create_cluster_custom_object(GROUP, VERSION, "rerankclasses", body))
     assert expected in message, message
+
+
+def test_priced_class_is_accepted_with_its_currency_defaulted(kube: client.ApiClient,
+                                                             crds_installed: list[str]) -> None:
+    api = client.CustomObjectsApi(kube)
+    name = f"t-{RUN}-priced"
+    pricing = {"gpuReplicaHour": 2.5, "cpuReplicaHour": 0.2, "gpuReplicaRequestsPerSecond": 120}
+    created = api.create_cluster_custom_object(GROUP, VERSION, "rerankclasses", rrc(name, {"pricing": pricing}))
+    try:
+        assert created["spec"]["pricing"] == {"currency": "USD", **pricing}
+    finally:
+        api.delete_cluster_custom_object(GROUP, VERSION, "rerankclasses", name)
 
 
 def test_empty_class_is_valid_and_defaulted(kube: client.ApiClient, crds_installed: list[str]) -> None:

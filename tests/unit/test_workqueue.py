@@ -106,3 +106,43 @@ def test_add_after_keeps_the_earliest_due_time_and_forget_drops_it() -> None:
     eventually(lambda: seen.count("tick") == 2, 5, "second tick")
     q.stop()
     assert seen.count("a") == 1 and "b" not in seen
+
+
+def test_urgent_keys_go_ahead_of_the_background_work() -> None:
+    """One worker, a backlog of background keys; urgent keys added later (and one moved up from the backlog) are
+    taken first, in their own order, then the backlog in its order."""
+    seen: list[str] = []
+    q: WorkQueue[str] = WorkQueue(lambda k: seen.append(k) or None, workers=1)
+    for key in ["bg-1", "bg-2", "bg-3", "bg-4"]:
+        q.add(key)
+    q.add("new-1", urgent=True)
+    q.add("bg-3", urgent=True)         # a queued background key whose spec just changed moves up
+    q.add("new-2", urgent=True)
+    q.add("new-1", urgent=True)        # already urgent: nothing changes
+    assert q.depth() == 6
+    q.start()
+    eventually(lambda: len(seen) == 6, 5, "all keys processed")
+    q.stop()
+    assert seen == ["new-1", "bg-3", "new-2", "bg-1", "bg-2", "bg-4"]
+
+
+def test_an_urgent_add_during_processing_runs_again_urgently() -> None:
+    inside, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def handle(key: str) -> None:
+        seen.append(key)
+        if key == "m" and seen.count("m") == 1:
+            inside.set()
+            release.wait(5)
+
+    q: WorkQueue[str] = WorkQueue(handle, workers=1)
+    q.start()
+    q.add("m")
+    assert inside.wait(5)
+    q.add("bg")                        # waits behind "m"
+    q.add("m", urgent=True)            # "m" changed while being reconciled: again, ahead of "bg"
+    release.set()
+    eventually(lambda: len(seen) == 3, 5, "all processed")
+    q.stop()
+    assert seen == ["m", "m", "bg"]

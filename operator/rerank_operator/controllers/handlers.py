@@ -50,6 +50,13 @@ ModelKey = tuple[str, str]
 log = logging.getLogger(__name__)
 
 
+def not_acted_on(model: Obj) -> bool:
+    """Whether the operator has not reconciled this generation of the model yet (just applied, or its spec changed):
+    someone is waiting on it, unlike on the status churn of its children."""
+    meta, status = model.get("metadata") or {}, model.get("status") or {}
+    return status.get("observedGeneration") != meta.get("generation")
+
+
 class Process:
     """What one operator process shares between its handlers (created by ``install``; started by kopf's startup)."""
 
@@ -117,11 +124,12 @@ class Process:
 
     # --- the reconcile ------------------------------------------------------------------------------------------------
 
-    def enqueue(self, key: ModelKey, trigger: str) -> None:
-        """Queue the model; the first trigger since its last reconcile names it in the metrics."""
+    def enqueue(self, key: ModelKey, trigger: str, urgent: bool = False) -> None:
+        """Queue the model; the first trigger since its last reconcile names it in the metrics. ``urgent``: a spec
+        nobody acted on yet, ahead of the background work (workqueue.py)."""
         with self._triggers_lock:
             self._triggers.setdefault(key, trigger)
-        self.queue.add(key)
+        self.queue.add(key, urgent)
 
     def _reconcile(self, key: ModelKey) -> float | None:
         """One reconcile of the model, under its status lock; returns when to resync it."""
@@ -160,7 +168,7 @@ class Process:
             metrics.forget_model(*key)
         elif not self.caches.models.record(obj):
             return
-        self.enqueue(key, "model")
+        self.enqueue(key, "model", urgent=event_type != "DELETED" and not_acted_on(obj))
 
     def on_child_event(self, event_type: str, obj: Obj) -> None:
         """A child changed (an informer's thread): queue its model. Pool pods only matter to the autoscaler, which

@@ -11,6 +11,9 @@ client-go's rate-limited work queue, reduced to what the operator needs:
   another; success forgets the backoff.
 - **Delayed adds** (``add_after``): the periodic resync of each model and a retry after a transient failure;
   an earlier due time wins.
+- **Urgent keys first** (``add(key, urgent=True)``): a model whose spec nobody has acted on yet (just applied, or
+  its generation changed) goes ahead of the background work (child status churn, resyncs), so inside a burst of
+  applies a new model's Job does not wait behind other models' pool roll-outs.
 - **Paused until started.** Keys accumulate while the process is a standby (leader election); the workers start
   when it leads, and then work off everything that happened meanwhile.
 """
@@ -55,9 +58,11 @@ class WorkQueue(Generic[K]):
         self._name = name
         self._cond = threading.Condition()
         self._ready: deque[K] = deque()
+        self._urgent: deque[K] = deque()  # taken before _ready
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()  # added while being processed: run again afterwards
+        self._dirty_urgent: set[K] = set()  # ... and urgently
         self._due: dict[K, float] = {}  # key -> earliest time of its delayed add
         self._timers: list[tuple[float, int, K]] = []
         self._seq = itertools.count()
@@ -69,9 +74,9 @@ class WorkQueue(Generic[K]):
 
     # --- adding -------------------------------------------------------------------------------------------------------
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, urgent: bool = False) -> None:
         with self._cond:
-            self._add_locked(key)
+            self._add_locked(key, urgent)
 
     def add_after(self, key: K, delay: float) -> None:
         if delay <= 0:
@@ -96,14 +101,19 @@ class WorkQueue(Generic[K]):
             self._failures.pop(key, None)
             self._due.pop(key, None)
 
-    def _add_locked(self, key: K) -> None:
+    def _add_locked(self, key: K, urgent: bool = False) -> None:
         if key in self._processing:
             self._dirty.add(key)
+            if urgent:
+                self._dirty_urgent.add(key)
         elif key not in self._queued:
             self._queued.add(key)
-            self._ready.append(key)
+            (self._urgent if urgent else self._ready).append(key)
             self._since[key] = self._clock()
             self._cond.notify()
+        elif urgent and key not in self._urgent:  # waiting in the background lane: move it ahead
+            self._ready.remove(key)
+            self._urgent.append(key)
 
     # --- running ------------------------------------------------------------------------------------------------------
 
@@ -135,7 +145,7 @@ class WorkQueue(Generic[K]):
     def depth(self) -> int:
         """Keys waiting to be processed now."""
         with self._cond:
-            return len(self._ready)
+            return len(self._ready) + len(self._urgent)
 
     def processing(self) -> int:
         with self._cond:
@@ -150,8 +160,8 @@ class WorkQueue(Generic[K]):
                     if self._due.get(key) == due:
                         del self._due[key]
                         self._add_locked(key)
-                if self._ready:
-                    key = self._ready.popleft()
+                if self._urgent or self._ready:
+                    key = self._urgent.popleft() if self._urgent else self._ready.popleft()
                     self._queued.discard(key)
                     self._processing.add(key)
                     self._waited(now - self._since.pop(key, now))
@@ -178,7 +188,8 @@ class WorkQueue(Generic[K]):
                     self._processing.discard(key)
                     if key in self._dirty:
                         self._dirty.discard(key)
-                        self._add_locked(key)
+                        self._add_locked(key, key in self._dirty_urgent)
+                        self._dirty_urgent.discard(key)
             if again is not None:
                 self.add_after(key, again)
 

@@ -118,6 +118,17 @@ def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
     return Histogram(buckets, count, summed) if found else None
 
 
+def _monotonic(hist: Histogram) -> tuple[list[float], list[float]]:
+    """Bounds in order and their cumulative counts made monotonic (a scrape racing with an observation can see a
+    bucket behind the one below it), as Prometheus does before interpolating."""
+    bounds = sorted(hist.buckets)
+    counts, running = [], 0.0
+    for bound in bounds:
+        running = max(running, hist.buckets[bound])
+        counts.append(running)
+    return bounds, counts
+
+
 def quantile(q: float, hist: Histogram) -> float | None:
     """PromQL histogram_quantile(q, ...) over cumulative buckets; None where PromQL gives NaN.
 
@@ -126,12 +137,7 @@ def quantile(q: float, hist: Histogram) -> float | None:
     """
     if not 0 <= q <= 1 or math.inf not in hist.buckets or len(hist.buckets) < 2:
         return None
-    bounds = sorted(hist.buckets)
-    counts = []
-    running = 0.0
-    for bound in bounds:
-        running = max(running, hist.buckets[bound])
-        counts.append(running)
+    bounds, counts = _monotonic(hist)
     observations = counts[-1]
     if observations <= 0:
         return None
@@ -156,11 +162,7 @@ def fraction_above(bound: float, hist: Histogram) -> float | None:
     bound everything in the +Inf bucket counts as slow (PromQL cannot place those observations either)."""
     if math.inf not in hist.buckets:
         return None
-    bounds = sorted(hist.buckets)
-    running, counts = 0.0, []
-    for b in bounds:
-        running = max(running, hist.buckets[b])
-        counts.append(running)
+    bounds, counts = _monotonic(hist)
     observations = counts[-1]
     if observations <= 0:
         return None

@@ -10,25 +10,22 @@ The CPU pod's server is stopped, so the CPU pool must read as missing (an error)
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
-import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rerank_devcluster.prometheus_server import PrometheusServer
 from rerank_operator.adapters.prometheus_api import ModelPods, PrometheusSource
 from rerank_operator.core.autoscale.signals import Signals
 
 pytestmark = pytest.mark.prometheus
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 RATE_PER_POD = 10.0
 
 
@@ -80,65 +77,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scrape_config(targets: dict[str, tuple[str, int]]) -> str:
-    jobs = []
-    for pod, (pool, port) in targets.items():
-        jobs.append(f"""
-      - targets: ["127.0.0.1:{port}"]
-        labels: {{namespace: "test", pod: "{pod}", pool: "{pool}"}}""")
-    return f"""global:
-  scrape_interval: 1s
-  scrape_timeout: 900ms
-scrape_configs:
-  - job_name: tei
-    static_configs:{''.join(jobs)}
-"""
+def scrape_config(targets: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+        "scrape_configs": [{"job_name": "tei", "static_configs": [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "test", "pod": pod, "pool": pool}}
+            for pod, (pool, port) in targets.items()]}],
+    }
 
 
 @pytest.fixture
-def prometheus() -> Iterator[tuple[str, dict[str, FakeTei]]]:
-    if not Path(PROMETHEUS).exists():
-        pytest.fail(f"{PROMETHEUS} not found: apt-get install -y prometheus")
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, dict[str, FakeTei]]]:
     pods = {"m-gpu-0": FakeTei(3), "m-gpu-1": FakeTei(5), "m-cpu-0": FakeTei(1)}
     targets = {name: ("gpu" if "gpu" in name else "cpu", pod.port) for name, pod in pods.items()}
     pods["m-cpu-0"].stop()                                   # the CPU pool's metrics endpoint is down
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp, "prometheus.yml")
-        config.write_text(scrape_config(targets))
-        with Path(tmp, "prometheus.log").open("w") as log:  # the child keeps its own copy of the file
-            process = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
-                 f"--web.listen-address=127.0.0.1:{port}"],
-                stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url, process, Path(tmp, "prometheus.log"))
-            yield url, pods
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            for pod in pods.values():
-                if pod is not pods["m-cpu-0"]:
-                    pod.stop()
-
-
-def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"prometheus exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"prometheus not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+    try:
+        with PrometheusServer(tmp_path / "prometheus", scrape_config(targets)) as server:
+            yield server.url, pods
+    finally:
+        for pod in pods.values():
+            if pod is not pods["m-cpu-0"]:
+                pod.stop()
 
 
 def test_prometheus_source_reads_pool_signals_from_a_real_prometheus(prometheus):

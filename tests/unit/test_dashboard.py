@@ -1,4 +1,6 @@
-"""dashboards/rerank.json: well formed, queries only metrics that exist (TEI's te_* and the operator's own)."""
+"""dashboards/rerank.json: well formed, queries only metrics that exist (TEI's te_* and the operator's own), shows the
+operator's per-model series filtered by the dashboard's variables. That every query has data on a real Prometheus
+is tests/cluster/test_dashboard_prometheus.py's."""
 
 from __future__ import annotations
 
@@ -95,3 +97,41 @@ def test_operator_metrics_exist_in_the_operator_code() -> None:
     assert queried, "the dashboard shows the operator too"
     missing = queried - operator_metric_names()
     assert not missing, f"dashboard queries metrics the operator does not define: {sorted(missing)}"
+
+
+# The operator's per-model series (namespace, rerankmodel labels) the dashboard must show, each filtered by the
+# dashboard's variables; the cost counters also carry the model's RerankClass.
+PER_MODEL = {"rerank_operator_traffic_weight_percent", "rerank_operator_pool_desired_replicas",
+             "rerank_operator_pool_replicas", "rerank_operator_pool_max_replicas",
+             "rerank_operator_latency_target_seconds", "rerank_operator_pool_requests_total",
+             "rerank_operator_pool_slow_requests_total", "rerank_operator_pool_pairs_total",
+             "rerank_operator_pool_cost_total", "rerank_operator_gpu_only_cost_total", "rerank_operator_model_info",
+             "rerank_operator_model_condition", "rerank_operator_scaling_decisions_total"}
+WITH_CLASS = {"rerank_operator_pool_cost_total", "rerank_operator_gpu_only_cost_total", "rerank_operator_model_info"}
+#: Labelled counters the operator creates at their first increment: increase() alone would not count that event.
+BORN_COUNTING = {"rerank_operator_scaling_decisions_total", "rerank_operator_quantization_jobs_total"}
+
+
+def selectors(expr: str, metric: str) -> list[str]:
+    """The label matchers of every use of ``metric`` in ``expr`` ("" where it has none)."""
+    return re.findall(rf"\b{metric}(?![a-zA-Z0-9_:])(?:\{{([^}}]*)\}})?", expr)
+
+
+def test_operator_per_model_series_are_shown_and_filtered() -> None:
+    d = dashboard()
+    assert "class" in {v["name"] for v in d["templating"]["list"]}
+    queried = {m for e in exprs(d) for m in metric_names(e)}
+    assert not PER_MODEL - queried, sorted(PER_MODEL - queried)
+    for e in exprs(d):
+        for metric in PER_MODEL & metric_names(e):
+            for sel in selectors(e, metric):
+                assert 'namespace=~"$namespace"' in sel and 'rerankmodel=~"$rerankmodel"' in sel, (metric, e)
+                if metric in WITH_CLASS:
+                    assert 'class=~"$class"' in sel, (metric, e)
+
+
+def test_event_counters_count_their_first_event() -> None:
+    for e in exprs(dashboard()):
+        for metric in BORN_COUNTING & metric_names(e):
+            if "increase(" in e or "rate(" in e:
+                assert f"unless {metric}" in e and "offset" in e, f"{metric}: a series born counting is missed: {e}"

@@ -54,6 +54,9 @@ def record_model(namespace: str, model: str, traffic: dict[str, int], replicas: 
                 gauge.labels(namespace, model, pool).set(values[pool])
             else:
                 forget(gauge, namespace, model, pool)
+        if pool in traffic:  # decisions start at 0, so increase() counts a model's first scale-up or shift too
+            for reason in DECISION_REASONS:
+                SCALING_DECISIONS.labels(namespace, model, pool, reason)
 
 
 def forget_model(namespace: str, model: str) -> None:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from rerank_operator.adapters.caches import Caches
+from rerank_operator.adapters.event_sender import EventSender
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
 from rerank_operator.core import names
 from rerank_operator.core.builders import job
@@ -79,9 +81,16 @@ class Cluster:
     not labelled as ours) and the FailedCreate Events of a Job that has no pod. Every write's answer (the object as
     stored) goes back into the caches, so the next reconcile sees its own writes even before the watch does."""
 
-    def __init__(self, client: Client, caches: Caches) -> None:
+    def __init__(self, client: Client, caches: Caches, events: EventSender | None = None) -> None:
         self.client = client
         self.caches = caches
+        self.events = events  # None: Events are posted before post_event returns
+
+    def post_events_in_background(self, capacity: int = 2000) -> EventSender:
+        """From now on ``post_event`` queues the Event for a background thread (event_sender.py); the caller stops
+        the sender (which posts what is queued) when the process stops."""
+        self.events = EventSender(self._post_event, capacity)
+        return self.events
 
     # --- reading ----------------------------------------------------------------------------------------------------
 
@@ -119,7 +128,7 @@ class Cluster:
             replica_sets = [r for d in deployments.values()
                             for r in c.store("ReplicaSet").controlled_by(d["metadata"]["uid"])]
         job_events: list[Obj] = []
-        if any(job.waiting_for_pods(j) for j in jobs):
+        if any(job.pod_long_missing(j, time.time()) for j in jobs):
             events = self.client.request("GET", api_path("v1", "Event", ns),
                                          field_selector="involvedObject.kind=Job,reason=FailedCreate")
             job_events = [dict(e) for e in events.get("items") or ()]
@@ -260,8 +269,16 @@ class Cluster:
             "lastTimestamp": now,
             "count": 1,
         }
+        if self.events is not None:
+            self.events.put(body)
+        else:
+            self._post_event(body)
+
+    def _post_event(self, body: Mapping[str, Any]) -> None:
+        involved = body["involvedObject"]
         try:
-            self.client.request("POST", api_path("v1", "Event", owner.namespace), verb="create", kind="Event",
-                                body=body)
+            self.client.request("POST", api_path("v1", "Event", involved["namespace"]), verb="create", kind="Event",
+                                body=dict(body))
         except (ApiError, TransientApiError) as exc:
-            log.warning("could not post event %s on %s/%s: %s", event.reason, owner.namespace, owner.name, exc)
+            log.warning("could not post event %s on %s/%s: %s", body.get("reason"), involved["namespace"],
+                        involved["name"], exc)

@@ -33,6 +33,7 @@ from rerank_operator import __version__
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.caches import CHILD_KINDS, Caches
 from rerank_operator.adapters.cluster import Cluster
+from rerank_operator.adapters.event_sender import EventSender
 from rerank_operator.adapters.kube_api import Client
 from rerank_operator.controllers import autoscale_loop, class_index, leader
 from rerank_operator.controllers.handoff import Handoff
@@ -73,6 +74,7 @@ class Process:
         self.client: Client | None = None
         self.caches: Caches | None = None
         self.cluster: Cluster | None = None
+        self.events: EventSender | None = None
         self.autoscaler: autoscale_loop.FleetAutoscaler | None = None
         self.elector: leader.Elector | None = None
         self._electing: threading.Thread | None = None
@@ -85,6 +87,7 @@ class Process:
         self.client = Client.from_environment(USER_AGENT, connections=watches + RECONCILE_WORKERS + 16)
         self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event)
         self.cluster = Cluster(self.client, self.caches)
+        self.events = self.cluster.post_events_in_background()
         self.autoscaler = autoscale_loop.FleetAutoscaler(
             self.cluster, registry=self.registry, settings=self.settings, handoff=self.handoff,
             models=self.caches.models, after_decision=lambda key: self.enqueue(key, "autoscaler"))
@@ -116,6 +119,8 @@ class Process:
         """A graceful stop: the workers finish what they hold, then the Lease is released so a standby leads at once
         (never while this process may still write)."""
         self.queue.stop(wait_seconds=20)
+        if self.events is not None:
+            self.events.stop(wait_seconds=5)  # still leading: the Events of the last reconciles go out first
         self.stop.set()
         if self._electing is not None:
             self._electing.join(timeout=5)

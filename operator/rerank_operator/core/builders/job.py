@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from quantizer_job import contract
@@ -319,3 +320,22 @@ def waiting_for_pods(job: Mapping[str, Any]) -> bool:
     finished = status.get("completionTime") or any(
         c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions") or ())
     return not finished and not status.get("active")
+
+
+#: The Job controller creates a Job's pod within a second or two. Only a Job pod-less for longer can have been
+#: refused by a quota, so only then are its FailedCreate Events worth a read (inside a burst of applies that read was
+#: one more request in every new model's first reconciles, each waiting on a busy API server).
+FAILED_CREATE_GRACE_SECONDS = 5.0
+
+
+def pod_long_missing(job: Mapping[str, Any], now: float) -> bool:
+    """``waiting_for_pods`` for at least FAILED_CREATE_GRACE_SECONDS since the Job was created (``now``: unix
+    seconds); a Job without a readable creationTimestamp counts as old."""
+    if not waiting_for_pods(job):
+        return False
+    created = (job.get("metadata") or {}).get("creationTimestamp")
+    try:
+        born = datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return True
+    return now - born >= FAILED_CREATE_GRACE_SECONDS

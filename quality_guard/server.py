@@ -1,0 +1,320 @@
+"""The guard's process: receives mirrored ``/rerank`` requests, asks the pools and the reference, exports figures.
+
+It is never in the serving path: a gateway's ``RequestMirror`` filter (or a replay sampler) sends it copies of real
+requests and drops its answers. ``POST /rerank`` answers 202 at once and leaves the work to one worker thread
+through a bounded queue (full: the copy is dropped and counted). For a sampled request (the model's fraction, within
+its budget of extra calls/s: :mod:`.budget`) the worker POSTs the same body to the reference and to every pool,
+compares each pool's scores with the reference's (:mod:`.compare`), feeds that pool's :class:`.detector.Detector`
+and updates the metrics served on ``GET /metrics`` (Prometheus text format):
+
+- ``rerank_guard_spearman`` (over the window's pairs pooled, as the Job's gate computes it) and
+  ``rerank_guard_topk_agreement`` (mean over requests), each with ``_ci95_low`` / ``_ci95_high``;
+  ``rerank_guard_request_spearman`` (mean per request), ``rerank_guard_failure_ratio``,
+  ``rerank_guard_max_abs_diff``, ``rerank_guard_window_requests``;
+  ``rerank_guard_below_floor`` (1 while the pool is below the floor with confidence), all labelled
+  ``namespace``, ``rerankmodel``, ``pool`` as the operator's own metrics are;
+- counters: ``rerank_guard_transitions_total`` (per pool), ``rerank_guard_requests_total`` by ``outcome``
+  (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``.
+
+A pool that does not answer is an error, not a ranking: it is counted and not fed to the detector (availability is
+the autoscaler's business). One process serves one model (``Config``); the operator would run one per model.
+
+    python -m quality_guard.server --config guard.json --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import budget, compare, detector
+
+#: POST a /rerank body to a base URL, return the scores in ``texts`` order.
+Post = Callable[[str, Mapping[str, Any]], list[float]]
+LABELS = ("namespace", "rerankmodel", "pool")
+#: Copies waiting for the worker; beyond this they are dropped (the guard must not queue without bound).
+QUEUE_SIZE = 64
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    """One model: its pools (name -> base URL), the reference's base URL, the floor and the cost limits."""
+
+    namespace: str
+    model: str
+    pools: Mapping[str, str]
+    reference: str
+    floor: detector.Floor = field(default_factory=detector.Floor)
+    settings: detector.Settings = field(default_factory=detector.Settings)
+    fraction: float = 0.05
+    calls_per_second: float = 1.0
+    k: int = compare.DEFAULT_K
+    timeout_seconds: float = 10.0
+    seed: int = 0
+
+    @property
+    def calls_per_sample(self) -> int:
+        return len(self.pools) + 1
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Config:
+        floor = detector.Floor(**d.get("floor", {}))
+        settings = detector.Settings(**d.get("settings", {}))
+        rest = {k: v for k, v in d.items() if k not in ("floor", "settings")}
+        return cls(floor=floor, settings=settings, **rest)
+
+
+def tei_scores(body: Any, n: int) -> list[float]:
+    """Scores in ``texts`` order from TEI's ``/rerank`` answer: ``[{"index": i, "score": s}, ...]`` by score."""
+    if not isinstance(body, list) or len(body) != n:
+        raise ValueError(f"expected a list of {n} results, got {str(body)[:200]}")
+    out = [float("nan")] * n
+    for item in body:
+        out[int(item["index"])] = float(item["score"]) if item["score"] is not None else float("nan")
+    return out
+
+
+def http_post(timeout: float) -> Post:
+    def post(base: str, body: Mapping[str, Any]) -> list[float]:
+        req = urllib.request.Request(base.rstrip("/") + "/rerank", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return tei_scores(json.loads(resp.read()), len(body["texts"]))
+
+    return post
+
+
+def valid(body: Any) -> bool:
+    """A /rerank body worth checking: a query and at least one text, all strings."""
+    return (isinstance(body, dict) and isinstance(body.get("query"), str) and isinstance(body.get("texts"), list)
+            and len(body["texts"]) > 0 and all(isinstance(t, str) for t in body["texts"]))
+
+
+class Guard:
+    """One model's sampling, comparisons, detectors and metrics; :meth:`check` does one sampled request."""
+
+    def __init__(self, config: Config, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.config, self.clock = config, clock
+        self.post = post or http_post(config.timeout_seconds)
+        self.sampler = budget.sampler(config.fraction, config.calls_per_second, config.calls_per_sample,
+                                      seed=config.seed)
+        self.detectors = {p: detector.Detector(config.floor, config.settings) for p in config.pools}
+        self.registry = registry or CollectorRegistry()
+        self._lock = threading.Lock()
+        g = self._gauge
+        self.g = {"spearman": g("spearman", "Spearman of the pool's scores vs the reference over the window's pairs "
+                                "pooled (the quantization Job's gate statistic)."),
+                  "spearman_ci95_low": g("spearman_ci95_low", "95% interval of rerank_guard_spearman, low end."),
+                  "spearman_ci95_high": g("spearman_ci95_high", "95% interval of rerank_guard_spearman, high end."),
+                  "request_spearman": g("request_spearman", "Mean per-request Spearman vs the reference (window)."),
+                  "topk": g("topk_agreement", "Mean top-k agreement with the reference (window)."),
+                  "topk_ci95_low": g("topk_agreement_ci95_low", "95% interval of the top-k agreement, low end."),
+                  "topk_ci95_high": g("topk_agreement_ci95_high", "95% interval of the top-k agreement, high end."),
+                  "failure_ratio": g("failure_ratio", "Share of sampled requests with broken scores (window)."),
+                  "max_abs_diff": g("max_abs_diff", "Largest score difference from the reference (window)."),
+                  "window": g("window_requests", "Sampled requests in the detection window."),
+                  "below": g("below_floor", "1 while the pool ranks below the quality floor with confidence.")}
+        self.transitions = Counter("rerank_guard_transitions", "Changes of a pool's state.", LABELS,
+                                   registry=self.registry)
+        self.requests = Counter("rerank_guard_requests", "Mirrored requests by what the guard did with them.",
+                                ["namespace", "rerankmodel", "outcome"], registry=self.registry)
+        self.errors = Counter("rerank_guard_pool_errors", "Calls to a pool that gave no usable answer.", LABELS,
+                              registry=self.registry)
+        for p in config.pools:
+            self._export(p)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(f"rerank_guard_{name}", doc, LABELS, registry=self.registry)
+
+    def count(self, outcome: str) -> None:
+        self.requests.labels(self.config.namespace, self.config.model, outcome).inc()
+
+    def offer(self, body: Any) -> bool:
+        """Should this copy be checked (valid, drawn, within budget)? Counts the outcome when not."""
+        if not valid(body):
+            self.count("invalid")
+            return False
+        with self._lock:
+            before = self.sampler.over_budget
+            if self.sampler.offer(self.clock()):
+                return True
+            self.count("over_budget" if self.sampler.over_budget > before else "not_sampled")
+        return False
+
+    def check(self, body: Mapping[str, Any]) -> dict[str, compare.Agreement]:
+        """Ask the reference and every pool with ``body``; compare, feed the detectors, export."""
+        cfg = self.config
+        try:
+            ref = np.asarray(self.post(cfg.reference, body), dtype=np.float64)
+            if not np.all(np.isfinite(ref)):
+                raise ValueError("reference scores are not finite")
+        except Exception:  # the reference being down says nothing about the pools
+            self.count("reference_error")
+            return {}
+        self.count("sampled")
+        found: dict[str, compare.Agreement] = {}
+        for pool, url in cfg.pools.items():
+            try:
+                got = self.post(url, body)
+            except Exception:
+                self.errors.labels(cfg.namespace, cfg.model, pool).inc()
+                continue
+            a = compare.agreement(ref, got, k=cfg.k, raw=bool(body.get("raw_scores", False)))
+            with self._lock:
+                if self.detectors[pool].observe(a):
+                    self.transitions.labels(cfg.namespace, cfg.model, pool).inc()
+                self._export(pool)
+            found[pool] = a
+        return found
+
+    def _export(self, pool: str) -> None:
+        st = self.detectors[pool].status()
+        f = st.figures
+        values = {"spearman": f.spearman.mean, "spearman_ci95_low": f.spearman.low,
+                  "spearman_ci95_high": f.spearman.high, "request_spearman": f.request_spearman.mean,
+                  "topk": f.topk.mean, "topk_ci95_low": f.topk.low, "topk_ci95_high": f.topk.high,
+                  "failure_ratio": f.failure_rate, "max_abs_diff": f.max_abs_diff,
+                  "window": float(f.requests), "below": 1.0 if st.state == "below_floor" else 0.0}
+        for name, v in values.items():
+            self.g[name].labels(self.config.namespace, self.config.model, pool).set(v)
+
+    def metrics(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Worker:
+    """The one thread that does the sampled checks, fed through a bounded queue."""
+
+    def __init__(self, guard: Guard, size: int = QUEUE_SIZE) -> None:
+        self.guard = guard
+        self.queue: queue.Queue[Mapping[str, Any] | None] = queue.Queue(maxsize=size)
+        self.thread = threading.Thread(target=self._run, name="guard-worker", daemon=True)
+        self.done = 0
+
+    def start(self) -> Worker:
+        self.thread.start()
+        return self
+
+    def submit(self, body: Any) -> bool:
+        if not self.guard.offer(body):
+            return False
+        try:
+            self.queue.put_nowait(body)
+        except queue.Full:
+            self.guard.count("queue_full")
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            body = self.queue.get()
+            if body is None:
+                return
+            try:
+                self.guard.check(body)
+            finally:
+                self.done += 1
+                self.queue.task_done()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=30)
+
+
+def handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: the metrics say what happened
+            return
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, worker.guard.metrics(), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                self._send(200, b"ok\n", "text/plain")
+            else:
+                self._send(404, b"{}")
+
+        def do_POST(self) -> None:
+            if self.path != "/rerank":
+                self._send(404, b"{}")
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                worker.guard.count("invalid")
+                self._send(413, b"{}")
+                return
+            try:
+                body = json.loads(self.rfile.read(length) or b"null")
+            except ValueError:
+                body = None
+            sampled = worker.submit(body)
+            self._send(202, json.dumps({"sampled": sampled}).encode())
+
+    return Handler
+
+
+@dataclass
+class Running:
+    server: ThreadingHTTPServer
+    worker: Worker
+    thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.worker.stop()
+        self.thread.join(timeout=10)
+
+
+def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0) -> Running:
+    """Start the HTTP server and the worker in background threads."""
+    worker = Worker(guard).start()
+    server = ThreadingHTTPServer((host, port), handler(worker))
+    t = threading.Thread(target=server.serve_forever, name="guard-http", daemon=True)
+    t.start()
+    return Running(server, worker, t)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--config", required=True, help="JSON: namespace, model, pools {name: url}, reference, ...")
+    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=8080)
+    a = ap.parse_args(argv)
+    with open(a.config, encoding="utf-8") as f:
+        config = Config.from_dict(json.load(f))
+    running = serve(Guard(config), a.host, a.port)
+    try:
+        running.thread.join()
+    except KeyboardInterrupt:
+        running.stop()
+
+
+if __name__ == "__main__":
+    main()

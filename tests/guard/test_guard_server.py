@@ -1,0 +1,134 @@
+"""quality_guard.server against pools that really score: three TEI-like servers (tests/guard/scoring_server.py)
+run ONNX Runtime on a tiny cross-encoder exported by the Job's own export: the reference (FP32), a healthy pool
+(the same FP32 graph on its own server, one pair per batch: float differences only) and a broken pool (the INT8 of
+that model served with a truncation at 12 tokens, as a pool whose max input length is wrong)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scoring_server import ScoringServer
+
+from quality_guard import detector, server
+from quantizer_job import evaldata, export, isa, layout, textenc
+from quantizer_job import quantize as Q
+
+pytestmark = [pytest.mark.quantizer, pytest.mark.slow]
+
+
+def requests() -> list[dict[str, Any]]:
+    by_query: dict[str, list[str]] = {}
+    for p in evaldata.builtin_pairs():
+        by_query.setdefault(p.query, []).append(p.text)
+    return [{"query": q, "texts": ts} for q, ts in by_query.items()]
+
+
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScoringServer]]:
+    from rerank_devcluster import devmodels
+
+    tmp = tmp_path_factory.mktemp("guard")
+    src = devmodels.bert_cross_encoder(tmp / "model", seed=1)
+    cfg = layout.read_config(src)
+    max_len = textenc.max_input_length(cfg)
+    info = export.run({"src_dir": str(src), "onnx_dir": str(tmp / "fp32"), "tokenizer_dir": str(tmp / "tok"),
+                       "max_length": max_len, "pad_id": layout.pad_token_id(cfg), "threads": 1})
+    fp32, tok = Path(info["onnx_path"]), Path(info["tokenizer_json"])
+    target = isa.detect_local_target()
+    recipe = Q.fixed_recipe("dynamic", target, 1, True, isa.REDUCE_RANGE_REQUIRED[target], ("MatMul", "Attention"))
+    int8 = Q.build_int8(fp32, tmp / "int8" / "model.onnx", recipe, tmp, int(cfg["num_attention_heads"]),
+                        int(cfg["hidden_size"]))
+    pad = layout.pad_token_id(cfg, tok)
+    servers = {"reference": ScoringServer(fp32, tok, pad, max_len),
+               "cpu": ScoringServer(fp32, tok, pad, max_len, batch=1),
+               "truncated": ScoringServer(int8, tok, pad, 12)}
+    yield servers
+    for s in servers.values():
+        s.close()
+
+
+def config(pools: dict[str, ScoringServer], **kw: Any) -> server.Config:
+    return server.Config(namespace="team-a", model="search", reference=pools["reference"].url,
+                         pools={"cpu": pools["cpu"].url, "truncated": pools["truncated"].url}, **kw)
+
+
+def test_tei_answers_are_put_back_in_text_order() -> None:
+    assert server.tei_scores([{"index": 1, "score": 0.9}, {"index": 0, "score": 0.2}], 2) == [0.2, 0.9]
+    with pytest.raises(ValueError):
+        server.tei_scores([{"index": 0, "score": 0.9}], 2)
+
+
+def test_the_guard_tells_the_broken_pool_from_the_healthy_one(pools: dict[str, ScoringServer]) -> None:
+    guard = server.Guard(config(pools, fraction=1.0, calls_per_second=1e6))
+    rng = random.Random(0)
+    reqs = requests()
+    for _ in range(200):
+        body = rng.choice(reqs)
+        assert guard.offer(body)
+        got = guard.check(body)
+        assert set(got) == {"cpu", "truncated"}
+    assert guard.detectors["truncated"].state == "below_floor"
+    assert guard.detectors["cpu"].state == "healthy"
+    cpu = guard.detectors["cpu"].status().figures
+    assert cpu.spearman.mean > 0.999 and cpu.topk.mean == 1.0 and cpu.failures == 0
+    text = guard.metrics().decode()
+    labels = 'namespace="team-a",pool="{}",rerankmodel="search"'
+    assert f"rerank_guard_below_floor{{{labels.format('truncated')}}} 1.0" in text
+    assert f"rerank_guard_below_floor{{{labels.format('cpu')}}} 0.0" in text
+    assert f"rerank_guard_transitions_total{{{labels.format('truncated')}}} 1.0" in text
+    m = re.search(r'rerank_guard_spearman\{namespace="team-a",pool="truncated",rerankmodel="search"\} (\S+)', text)
+    assert m and float(m.group(1)) < detector.Floor().min_spearman
+
+
+def test_mirrored_requests_over_http_within_the_budget(pools: dict[str, ScoringServer]) -> None:
+    calls_before = {n: s.calls for n, s in pools.items()}
+    now = [0.0]
+    guard = server.Guard(config(pools, fraction=1.0, calls_per_second=3.0), clock=lambda: now[0])
+    running = server.serve(guard)
+    try:
+        sampled = 0
+        for i, body in enumerate(requests() * 2):  # 24 copies in "1 second": the budget allows 2 samples
+            if i == 20:
+                now[0] = 1.0  # a second later: 3 more calls, one more sample
+            req = urllib.request.Request(running.url + "/rerank", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 202
+                sampled += json.loads(resp.read())["sampled"]
+        bad = urllib.request.Request(running.url + "/rerank", data=b'{"query": 1}', method="POST")
+        with urllib.request.urlopen(bad, timeout=30) as resp:
+            assert json.loads(resp.read())["sampled"] is False
+        deadline = time.monotonic() + 60
+        while running.worker.done < sampled and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with urllib.request.urlopen(running.url + "/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    finally:
+        running.stop()
+    assert sampled == 3  # burst of 6 calls = 2 samples of 3 calls each, then 3 calls refilled = 1 more
+    for name, s in pools.items():
+        assert s.calls - calls_before[name] == sampled  # each sampled request asked each server once
+    assert 'rerank_guard_requests_total{namespace="team-a",outcome="sampled",rerankmodel="search"} 3.0' in text
+    assert 'rerank_guard_requests_total{namespace="team-a",outcome="over_budget",rerankmodel="search"} 21.0' in text
+    assert 'rerank_guard_requests_total{namespace="team-a",outcome="invalid",rerankmodel="search"} 1.0' in text
+    assert 'rerank_guard_window_requests{namespace="team-a",pool="cpu",rerankmodel="search"} 3.0' in text
+
+
+def test_a_pool_that_does_not_answer_is_an_error_not_a_ranking(pools: dict[str, ScoringServer]) -> None:
+    cfg = server.Config(namespace="n", model="m", reference=pools["reference"].url,
+                        pools={"cpu": pools["cpu"].url, "gone": "http://127.0.0.1:9"}, fraction=1.0,
+                        calls_per_second=1e6, timeout_seconds=2.0)
+    guard = server.Guard(cfg)
+    body = requests()[0]
+    assert guard.offer(body)
+    assert set(guard.check(body)) == {"cpu"}
+    assert guard.detectors["gone"].samples == 0
+    assert 'rerank_guard_pool_errors_total{namespace="n",pool="gone",rerankmodel="m"} 1.0' in guard.metrics().decode()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -131,3 +132,47 @@ class SteadyTei:
             "# TYPE te_queue_size gauge", "te_queue_size 0",
             *latency.render("te_request_duration"), *queue.render("te_request_queue_duration"), "",
         ])
+
+
+class TrafficLoop:
+    """Requests at ``rate`` split between the pools by ``cpu_share``, evenly over each pool's Ready pods, fed to the
+    fake pods every 0.2 s; what the pods and the split are is looked at again once a second (``refresh``, the
+    subclass's: the cluster tests read pods and the HTTPRoute). The loop runs from ``start`` until ``stop``."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.ready: dict[str, str] = {}  # Ready pod name -> pool
+        self.cpu_share = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread.start()
+
+    def refresh(self) -> None:
+        raise NotImplementedError
+
+    def step_pod(self, name: str, rate: float, dt: float) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        last, refreshed = time.monotonic(), 0.0
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            if now - refreshed >= 1.0:
+                with contextlib.suppress(Exception):  # a failed read: keep the last view
+                    self.refresh()
+                refreshed = now
+            with self.lock:
+                dt, last = now - last, now
+                for pool, share in (("gpu", 1 - self.cpu_share), ("cpu", self.cpu_share)):
+                    members = [n for n, p in self.ready.items() if p == pool]
+                    for name in members:
+                        self.step_pod(name, self.rate * share / len(members), dt)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

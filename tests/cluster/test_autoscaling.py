@@ -12,9 +12,7 @@ and fall when the operator reacts.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, static_pv
 
-from rerank_devcluster.fake_tei import MetricsServer, TeiCounters
+from rerank_devcluster.fake_tei import MetricsServer, TeiCounters, TrafficLoop
 from rerank_devcluster.waiting import eventually
 
 pytestmark = pytest.mark.cluster
@@ -68,26 +66,23 @@ class FakePod:
         self.server.stop()
 
 
-class Fleet:
+class Fleet(TrafficLoop):
     """The model's pods as the operator's scraper and the test see them, and the traffic they receive."""
 
     def __init__(self, kube: client.ApiClient, namespace: str, override_file: Path, rate: float) -> None:
+        super().__init__(rate)
         self.core = client.CoreV1Api(kube)
         self.custom = client.CustomObjectsApi(kube)
         self.namespace = namespace
         self.override_file = override_file
-        self.rate = rate
         self.up = True
-        self.lock = threading.Lock()
         self.pods: dict[str, FakePod] = {}
-        self.ready: dict[str, str] = {}  # Ready pod name -> pool
-        self.cpu_share = 0.0
-        self._stop = threading.Event()
-        self._refresh()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.start()
 
-    def _refresh(self) -> None:
+    def step_pod(self, name: str, rate: float, dt: float) -> None:
+        self.pods[name].step(rate, dt)
+
+    def refresh(self) -> None:
         """Pods and the HTTPRoute's weights (once a second; the operator scrapes every few)."""
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"app.kubernetes.io/instance={NAME},"
                                                                             "rerank.io/pool").items
@@ -116,24 +111,8 @@ class Fleet:
                 pools = list(ready.values())
                 self.cpu_share = pools.count("cpu") / len(pools) if pools else 0.0
 
-    def _run(self) -> None:
-        last, refreshed = time.monotonic(), 0.0
-        while not self._stop.wait(0.2):
-            now = time.monotonic()
-            if now - refreshed >= 1.0:
-                with contextlib.suppress(Exception):  # a failed read: keep the last view
-                    self._refresh()
-                refreshed = now
-            with self.lock:
-                dt, last = now - last, now
-                for pool, share in (("gpu", 1 - self.cpu_share), ("cpu", self.cpu_share)):
-                    members = [n for n, p in self.ready.items() if p == pool]
-                    for name in members:
-                        self.pods[name].step(self.rate * share / len(members), dt)
-
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        super().stop()
         for pod in self.pods.values():
             pod.stop()
 

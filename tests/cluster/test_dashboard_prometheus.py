@@ -28,7 +28,6 @@ import json
 import math
 import re
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,7 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, refused, static_pv
 
 from rerank_devcluster import binaries
-from rerank_devcluster.fake_tei import Histogram, MetricsServer, TeiCounters
+from rerank_devcluster.fake_tei import Histogram, MetricsServer, TeiCounters, TrafficLoop
 from rerank_devcluster.prometheus_server import PrometheusError, PrometheusServer, Sample, write_file_sd
 from rerank_devcluster.waiting import eventually
 
@@ -116,25 +115,22 @@ def meta_label(name: str) -> str:
     return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-class Fleet:
+class Fleet(TrafficLoop):
     """The pods the chart's PodMonitor selects, each served by a TeiPod: their addresses go to the operator's scrape
     redirect and to Prometheus' file_sd (with the pod's labels); requests arrive at ``rate`` and are split between
     the pools by the HTTPRoute's weights, evenly over each pool's Ready pods."""
 
     def __init__(self, kube: client.ApiClient, namespace: str, selector: str, redirect: Path, file_sd: Path) -> None:
+        super().__init__(AT_REST)
         self.core = client.CoreV1Api(kube)
         self.custom = client.CustomObjectsApi(kube)
         self.namespace, self.selector = namespace, selector
         self.redirect, self.file_sd = redirect, file_sd
-        self.rate = AT_REST
-        self.lock = threading.Lock()
         self.pods: dict[str, tuple[TeiPod, MetricsServer]] = {}
-        self.ready: dict[str, str] = {}  # Ready pods of the served model -> pool
-        self.cpu_share = 0.0
-        self._stop = threading.Event()
-        self._refresh()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.start()
+
+    def step_pod(self, name: str, rate: float, dt: float) -> None:
+        self.pods[name][0].step(rate, dt)
 
     def _serve(self, pool: str) -> tuple[TeiPod, MetricsServer]:
         pod = TeiPod(pool)
@@ -144,7 +140,7 @@ class Fleet:
                 return pod.render()
         return pod, MetricsServer(render)
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
         ready: dict[str, str] = {}
         groups = []
@@ -172,24 +168,8 @@ class Fleet:
         with self.lock:
             self.ready, self.cpu_share = ready, share
 
-    def _run(self) -> None:
-        last, refreshed = time.monotonic(), 0.0
-        while not self._stop.wait(0.2):
-            now = time.monotonic()
-            if now - refreshed >= 1.0:
-                with contextlib.suppress(Exception):  # a failed read: keep the last view
-                    self._refresh()
-                refreshed = now
-            with self.lock:
-                dt, last = now - last, now
-                for pool, share in (("gpu", 1 - self.cpu_share), ("cpu", self.cpu_share)):
-                    members = [n for n, p in self.ready.items() if p == pool]
-                    for name in members:
-                        self.pods[name][0].step(self.rate * share / len(members), dt)
-
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        super().stop()
         for _, server in self.pods.values():
             server.stop()
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from operator_metrics_names import operator_metric_names
 
 from rerank_devcluster import binaries
 
@@ -28,7 +29,6 @@ RULES = ALERTS / "rerank-operator.rules.yaml"
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yaml"))
 DOC = REPO_ROOT / "docs" / "operations.md"
 CHART = REPO_ROOT / "charts" / "rerank-operator"
-OPERATOR_SRC = REPO_ROOT / "operator" / "rerank_operator"
 SEVERITIES = {"page", "ticket", "info"}
 Doc = dict[str, Any]
 
@@ -121,16 +121,6 @@ def test_every_recording_rule_is_evaluated_by_a_test() -> None:
 
 # -- what the rules read -------------------------------------------------------------------------------------------
 
-def operator_metric_names() -> set[str]:
-    """Every rerank_operator_* string literal in the operator's code, with what prometheus_client exposes for it."""
-    names: set[str] = set()
-    for f in OPERATOR_SRC.rglob("*.py"):
-        names |= set(re.findall(r"""["'](rerank_operator_[a-z0-9_]+)["']""", f.read_text()))
-    exposed = set(names)
-    for n in names:
-        base = n.removesuffix("_total")
-        exposed |= {base, base + "_total", *(base + s for s in ("_bucket", "_sum", "_count"))}
-    return exposed
 
 
 def test_rules_read_only_metrics_the_operator_exports_and_rules_recorded_here() -> None:

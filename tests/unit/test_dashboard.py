@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from operator_metrics_names import HIST_SUFFIXES, operator_metric_names
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO_ROOT / "dashboards" / "rerank.json"
-OPERATOR_SRC = REPO_ROOT / "operator" / "rerank_operator"
 
 # TEI 1.9's metrics (no _total suffix), as listed in the TEI contract the operator is built against.
 TEI_COUNTERS = {"te_request_count", "te_request_success", "te_request_failure", "te_predict_count",
@@ -21,7 +22,6 @@ TEI_HISTOGRAMS = {"te_request_duration", "te_request_queue_duration", "te_reques
                   "te_request_tokenization_duration", "te_request_input_length", "te_batch_next_size",
                   "te_batch_next_tokens"}
 TEI_GAUGES = {"te_queue_size"}
-HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {"sum", "by", "rate", "increase", "histogram_quantile", "clamp_min", "le", "without", "avg", "max",
                 "min", "count", "on", "ignoring", "group_left", "label_values"}
 
@@ -46,16 +46,6 @@ def metric_names(expr: str) -> set[str]:
     return {m for m in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[)", no_strings) if m not in PROMQL_WORDS}
 
 
-def operator_metric_names() -> set[str]:
-    """Every rerank_operator_* string literal in the operator's code, with what prometheus_client exposes for it."""
-    names: set[str] = set()
-    for f in OPERATOR_SRC.rglob("*.py"):
-        names |= set(re.findall(r"""["'](rerank_operator_[a-z0-9_]+)["']""", f.read_text()))
-    exposed = set(names)
-    for n in names:
-        base = n.removesuffix("_total")
-        exposed |= {base, base + "_total", *(base + s for s in HIST_SUFFIXES)}
-    return exposed
 
 
 def test_dashboard_is_well_formed() -> None:

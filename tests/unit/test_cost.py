@@ -130,7 +130,7 @@ def test_series_per_model_are_bounded_as_documented_and_all_go_with_the_model() 
             metrics.record_pool("ns", model, pool, replicas=2, max_replicas=4, target_seconds=0.25)
             metrics.count_served("ns", model, pool, requests=10, slow=1, pairs=80)
             for reason in metrics.DECISION_REASONS:
-                metrics.SCALING_DECISIONS.labels("ns", model, pool, reason).inc()
+                metrics.count_decision("ns", model, pool, reason)
         metrics.count_cost("ns", model, "gold", {"gpu": 0.1, "cpu": 0.01}, 0.3)
     documented = re.search(r"\*\*(\d+) series per model\*\*", (REPO / "docs" / "operations.md").read_text())
     assert documented, "docs/operations.md must state the series per model as **N series per model**"

@@ -81,10 +81,10 @@ class Cluster:
     not labelled as ours) and the FailedCreate Events of a Job that has no pod. Every write's answer (the object as
     stored) goes back into the caches, so the next reconcile sees its own writes even before the watch does."""
 
-    def __init__(self, client: Client, caches: Caches, events: EventSender | None = None) -> None:
+    def __init__(self, client: Client, caches: Caches) -> None:
         self.client = client
         self.caches = caches
-        self.events = events  # None: Events are posted before post_event returns
+        self.events: EventSender | None = None  # post_events_in_background; None: posted before post_event returns
 
     def post_events_in_background(self, capacity: int = 2000) -> EventSender:
         """From now on ``post_event`` queues the Event for a background thread (event_sender.py); the caller stops

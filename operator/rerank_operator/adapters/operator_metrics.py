@@ -51,21 +51,21 @@ def record_model(namespace: str, model: str, traffic: dict[str, int], replicas: 
     for pool in ("cpu", "gpu"):
         for gauge, values in ((TRAFFIC_WEIGHT, traffic), (DESIRED_REPLICAS, replicas)):
             if pool in values:
-                gauge.labels(namespace, model, pool).set(values[pool])
+                _series(gauge, namespace, model, pool).set(values[pool])
             else:
-                forget(gauge, namespace, model, pool)
+                _drop(gauge, (namespace, model, pool))
         if pool in traffic:  # decisions start at 0, so increase() counts a model's first scale-up or shift too
             for reason in DECISION_REASONS:
-                SCALING_DECISIONS.labels(namespace, model, pool, reason)
+                _series(SCALING_DECISIONS, namespace, model, pool, reason)
+
+
+def count_decision(namespace: str, model: str, pool: str, reason: str) -> None:
+    """rerank_operator_scaling_decisions_total, one more ``reason`` (DECISION_REASONS) for ``pool``."""
+    _series(SCALING_DECISIONS, namespace, model, pool, reason).inc()
 
 
 def forget_model(namespace: str, model: str) -> None:
     """Remove every series of a deleted model (a thousand tenants' churn must not grow the operator's /metrics)."""
-    for pool in ("cpu", "gpu"):
-        forget(TRAFFIC_WEIGHT, namespace, model, pool)
-        forget(DESIRED_REPLICAS, namespace, model, pool)
-        for reason in DECISION_REASONS:
-            forget(SCALING_DECISIONS, namespace, model, pool, reason)
     with _LOCK:
         held = _MODEL_SERIES.pop((namespace, model), set())
     for metric, labels in held:
@@ -108,7 +108,7 @@ CACHED_OBJECTS = Gauge("rerank_operator_cached_objects", "Objects held in the wa
 # --- per model: class, conditions, SLO and cost (issue: run it like a service) --------------------------------------
 # Series per model, at most: info 1, conditions 7, and per pool (2) replicas, max, target, requests, slow, pairs,
 # cost (12), GPU-only cost 1, plus the traffic/desired/decision series above (2 + 2 + 6): 33. docs/operations.md
-# states it; tests/unit/test_cost_metrics.py counts it.
+# states it; tests/unit/test_cost.py counts it.
 MODEL_INFO = Gauge("rerank_operator_model_info", "1 for each RerankModel, with its RerankClass (class=\"\" without).",
                    ["namespace", "rerankmodel", "class"])
 MODEL_CONDITION = Gauge(
@@ -150,22 +150,28 @@ _MODEL_SERIES: dict[tuple[str, str], set[tuple[Any, tuple[str, ...]]]] = {}
 
 
 def _series(metric: Any, namespace: str, model: str, *rest: str) -> Any:
-    """``metric.labels(namespace, model, *rest)``, remembered so that ``forget_model`` removes it."""
+    """``metric.labels(namespace, model, *rest)``, remembered so that ``forget_model`` removes it: every per-model
+    series is made through here."""
     labels = (namespace, model, *rest)
     with _LOCK:
         _MODEL_SERIES.setdefault((namespace, model), set()).add((metric, labels))
     return metric.labels(*labels)
 
 
+def _drop(metric: Any, labels: tuple[str, ...]) -> None:
+    """Remove one per-model series made by ``_series`` (a pool disabled, a class changed)."""
+    with _LOCK:
+        _MODEL_SERIES.get((labels[0], labels[1]), set()).discard((metric, labels))
+    forget(metric, *labels)
+
+
 def record_class(namespace: str, model: str, class_name: str) -> None:
     """The model's info series; a model that changed class keeps one series (the old one is removed)."""
     with _LOCK:
-        stale = [(m, labels) for m, labels in _MODEL_SERIES.get((namespace, model), ())
+        stale = [labels for m, labels in _MODEL_SERIES.get((namespace, model), ())
                  if m is MODEL_INFO and labels[2] != class_name]
-    for metric, labels in stale:
-        forget(metric, *labels)
-        with _LOCK:
-            _MODEL_SERIES[(namespace, model)].discard((metric, labels))
+    for labels in stale:
+        _drop(MODEL_INFO, labels)
     _series(MODEL_INFO, namespace, model, class_name).set(1)
 
 

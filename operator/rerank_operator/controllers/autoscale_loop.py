@@ -143,10 +143,10 @@ def count(namespace: str, model: str, current: policy.Current, decision: policy.
         before, after = current.replicas(pool), decision.replicas(pool)
         if after != before:
             direction = "ScaledUp" if after > before else "ScaledDown"
-            metrics.SCALING_DECISIONS.labels(namespace, model, pool, direction).inc()
+            metrics.count_decision(namespace, model, pool, direction)
     if any(e.reason == "TrafficShifted" for e in found):
         gained = "cpu" if decision.cpu_percent > current.cpu_percent else "gpu"
-        metrics.SCALING_DECISIONS.labels(namespace, model, gained, "TrafficShifted").inc()
+        metrics.count_decision(namespace, model, gained, "TrafficShifted")
 
 
 # --- the loop ---------------------------------------------------------------------------------------------------------
@@ -238,7 +238,6 @@ class ModelAutoscaler:
         self.pricing: cost.Pricing | None = None  # the model's RerankClass's prices (set with the parsed spec)
         self.class_name = ""
         self.metered_at: float | None = None
-        self._cost_status: dict[str, Any] | None = None
 
     @property
     def key(self) -> ModelKey:
@@ -285,7 +284,7 @@ class ModelAutoscaler:
         if tenancy.not_found is not None:
             return IDLE_POLL_SECONDS  # the reconcile loop reports it; nothing is served meanwhile
         spec = tenancy.effective
-        class_spec = (tenancy.rclass or {}).get("spec") if tenancy.rclass is not None else None
+        class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
         self.pricing, self.class_name = cost.Pricing.from_class(class_spec), tenancy.class_name or ""
         try:
             parsed = specs.parse(spec)  # the one parser the reconcile loop uses too

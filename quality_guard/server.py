@@ -17,16 +17,21 @@ and updates the metrics served on ``GET /metrics`` (Prometheus text format):
   (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``.
 
 A pool that does not answer is an error, not a ranking: it is counted and not fed to the detector (availability is
-the autoscaler's business). One process serves one model (``Config``); the operator would run one per model.
+the autoscaler's business). One process serves one model (``Config``); the operator runs one per guarded model
+(``rerank_operator/core/builders/guard.py``), passing the configuration in an environment variable:
 
     python -m quality_guard.server --config guard.json --port 8080
+    python -m quality_guard.server --config-env RERANK_GUARD_CONFIG
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import queue
+import signal
 import threading
 import time
 import urllib.request
@@ -64,6 +69,11 @@ class Config:
     k: int = compare.DEFAULT_K
     timeout_seconds: float = 10.0
     seed: int = 0
+    #: Pools that start below the floor: the operator carries its last recorded verdict into a new guard pod, so a
+    #: restarted guard does not hand traffic back to a pool that has not proven itself (the recovery window applies).
+    below_floor: Sequence[str] = ()
+    #: Endpoint (a pool's name, or "reference") -> the environment variable holding its TEI API key, if it has one.
+    api_key_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def calls_per_sample(self) -> int:
@@ -74,6 +84,8 @@ class Config:
         floor = detector.Floor(**d.get("floor", {}))
         settings = detector.Settings(**d.get("settings", {}))
         rest = {k: v for k, v in d.items() if k not in ("floor", "settings")}
+        if "below_floor" in rest:
+            rest["below_floor"] = tuple(rest["below_floor"])
         return cls(floor=floor, settings=settings, **rest)
 
 
@@ -87,10 +99,16 @@ def tei_scores(body: Any, n: int) -> list[float]:
     return out
 
 
-def http_post(timeout: float) -> Post:
+def http_post(timeout: float, keys: Mapping[str, str] | None = None) -> Post:
+    """POST to a TEI base URL; ``keys``: base URL -> API key sent as a bearer token (TEI's --api-key)."""
+    keys = dict(keys or {})
+
     def post(base: str, body: Mapping[str, Any]) -> list[float]:
+        headers = {"Content-Type": "application/json"}
+        if base in keys:
+            headers["Authorization"] = f"Bearer {keys[base]}"
         req = urllib.request.Request(base.rstrip("/") + "/rerank", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return tei_scores(json.loads(resp.read()), len(body["texts"]))
 
@@ -103,16 +121,26 @@ def valid(body: Any) -> bool:
             and len(body["texts"]) > 0 and all(isinstance(t, str) for t in body["texts"]))
 
 
+def api_keys(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Base URL -> API key, from the environment variables ``config.api_key_env`` names (Secrets in the pod)."""
+    env = os.environ if environ is None else environ
+    urls = {"reference": config.reference, **config.pools}
+    return {urls[name]: env[var] for name, var in config.api_key_env.items() if name in urls and env.get(var)}
+
+
 class Guard:
     """One model's sampling, comparisons, detectors and metrics; :meth:`check` does one sampled request."""
 
     def __init__(self, config: Config, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
                  registry: CollectorRegistry | None = None) -> None:
         self.config, self.clock = config, clock
-        self.post = post or http_post(config.timeout_seconds)
+        self.post = post or http_post(config.timeout_seconds, api_keys(config))
         self.sampler = budget.sampler(config.fraction, config.calls_per_second, config.calls_per_sample,
                                       seed=config.seed)
-        self.detectors = {p: detector.Detector(config.floor, config.settings) for p in config.pools}
+        self.detectors = {p: detector.Detector(config.floor, config.settings, state="below_floor",
+                                               reason="below the floor at the last verdict before this process")
+                          if p in config.below_floor else detector.Detector(config.floor, config.settings)
+                          for p in config.pools}
         self.registry = registry or CollectorRegistry()
         self._lock = threading.Lock()
         g = self._gauge
@@ -303,17 +331,27 @@ def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0) -> Running:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--config", required=True, help="JSON: namespace, model, pools {name: url}, reference, ...")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="JSON file: namespace, model, pools {name: url}, reference, ...")
+    source.add_argument("--config-env", help="the environment variable holding that JSON (how the operator "
+                                             "passes it: builders/guard.py)")
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=8080)
     a = ap.parse_args(argv)
-    with open(a.config, encoding="utf-8") as f:
-        config = Config.from_dict(json.load(f))
+    if a.config_env:
+        raw = os.environ.get(a.config_env)
+        if not raw:
+            ap.error(f"the environment variable {a.config_env} is not set")
+        config = Config.from_dict(json.loads(raw))
+    else:
+        with open(a.config, encoding="utf-8") as f:
+            config = Config.from_dict(json.load(f))
     running = serve(Guard(config), a.host, a.port)
-    try:
-        running.thread.join()
-    except KeyboardInterrupt:
-        running.stop()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()
+    running.stop()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from rerank_operator.adapters import tei_scrape as direct
 ANY_POD = "*"
 
 
-def redirected(path: str) -> Callable[[direct.PodTarget], str]:
+def redirected(path: str) -> Callable[[direct.Addressable], str]:
     """``pod_address`` replaced: the table in ``path`` first (re-read when its size or mtime change), then ``"*"``,
     then the pod's own address."""
     default = direct.pod_address
@@ -41,7 +41,7 @@ def redirected(path: str) -> Callable[[direct.PodTarget], str]:
         current = cache["table"]
         return current if isinstance(current, dict) else {}
 
-    def address(target: direct.PodTarget) -> str:
+    def address(target: direct.Addressable) -> str:
         addresses = table()
         return str(addresses.get(target.name) or addresses.get(ANY_POD) or default(target))
 

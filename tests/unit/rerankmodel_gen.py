@@ -126,6 +126,12 @@ def finish(job: dict[str, Any], ok: bool) -> dict[str, Any]:
     return done
 
 
+def _role(deployment: dict[str, Any]) -> str:
+    """As the real observer keys a model's Deployments: by pool, the quality guard's by its component."""
+    labels = deployment["metadata"]["labels"]
+    return str(labels.get(names.LABEL_POOL) or labels[names.LABEL_COMPONENT])
+
+
 # --- a minimal in-memory API server -------------------------------------------------------------------------------
 
 class FakeWorld:
@@ -186,7 +192,7 @@ class FakeWorld:
             claim=next(iter(self.of_kind("PersistentVolumeClaim")), None),
             jobs=tuple(self.of_kind("Job")),
             job_pods=tuple(self.of_kind("Pod")),
-            deployments={d["metadata"]["labels"][names.LABEL_POOL]: d for d in self.of_kind("Deployment")},
+            deployments={_role(d): d for d in self.of_kind("Deployment")},
             services={s["metadata"]["name"]: s for s in self.of_kind("Service")},
             route=next(iter(self.of_kind("HTTPRoute")), None),
         )

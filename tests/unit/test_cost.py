@@ -18,7 +18,8 @@ from rerank_operator.core.autoscale.exposition import Histogram, fraction_above,
 from rerank_operator.core.autoscale.signals import PoolSignals
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))  # the simulator is a package there
+# Appended, not first: benchmarks/quality_guard.py must not shadow the quality_guard package.
+sys.path.append(str(REPO / "benchmarks"))  # the simulator is a package there
 
 from autoscale_sim import experiments, simulation, traffic, world  # noqa: E402
 

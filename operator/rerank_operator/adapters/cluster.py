@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -69,6 +69,15 @@ class ClusterAccess(Protocol):
         """Set (or, with None, remove) annotations of the model."""
 
 
+def _by_role(deployments: Iterable[Obj]) -> dict[str, Obj]:
+    """A model's Deployments by pool name (``cpu``, ``gpu``), the quality guard's by its component."""
+    found: dict[str, Obj] = {}
+    for d in deployments:
+        labels = d["metadata"].get("labels") or {}
+        found[labels.get(names.LABEL_POOL) or labels.get(names.LABEL_COMPONENT, "")] = d
+    return found
+
+
 def _refused(ref: ObjectRef, verb: str, exc: ApiError, text: str) -> Refused:
     return Refused(ref=ref, verb=verb, status=exc.status, message=exc.message, text=text)
 
@@ -115,8 +124,7 @@ class Cluster:
         jobs = [j for j in c.store("Job").controlled_by(owner.uid)
                 if (j["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_QUANTIZER]
         job_pods = [p for j in jobs for p in c.store("Pod").controlled_by(j["metadata"]["uid"])]
-        deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
-                       for d in c.store("Deployment").controlled_by(owner.uid)}
+        deployments = _by_role(c.store("Deployment").controlled_by(owner.uid))
         services = {s["metadata"]["name"]: s for s in c.store("Service").controlled_by(owner.uid)}
         route = next((r for r in c.store("HTTPRoute").controlled_by(owner.uid)
                       if r["metadata"]["name"] == names.route_name(owner.name)), None)
@@ -217,10 +225,10 @@ class Cluster:
     def observe_pools(self, owner: names.Owner) -> PoolsView:
         """What the autoscaler needs, from the caches: the pool Deployments, their pods, the HTTPRoute."""
         c = self.caches
-        deployments = {d["metadata"]["labels"].get(names.LABEL_POOL, ""): d
-                       for d in c.store("Deployment").controlled_by(owner.uid)}
+        deployments = _by_role(c.store("Deployment").controlled_by(owner.uid))
         pods = [p for p in c.store("Pod").select(owner.namespace, {names.LABEL_INSTANCE: owner.name})
-                if (p["metadata"].get("labels") or {}).get(names.LABEL_POOL)
+                if ((p["metadata"].get("labels") or {}).get(names.LABEL_POOL)
+                    or (p["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_GUARD)
                 and not p["metadata"].get("deletionTimestamp")]
         route = next((r for r in c.store("HTTPRoute").controlled_by(owner.uid)
                       if r["metadata"]["name"] == names.route_name(owner.name)), None)

@@ -28,6 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Protocol
 
 from rerank_operator.core.autoscale import exposition
 from rerank_operator.core.autoscale.config import Pool
@@ -99,8 +100,21 @@ def http_fetch(url: str, timeout: float) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-def pod_address(target: PodTarget) -> str:
-    """Where a ready pod's /metrics answers: its IP and TEI's port."""
+class Addressable(Protocol):
+    """A pod to ask: a TEI pod (``PodTarget``) or a quality guard's (``guard_scrape.GuardTarget``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ip(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+def pod_address(target: Addressable) -> str:
+    """Where a ready pod's /metrics answers: its IP and its port."""
     return f"{target.ip}:{target.port}"
 
 

@@ -29,20 +29,21 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from rerank_operator.adapters import guard_scrape, prometheus_api, tei_scrape
 from rerank_operator.adapters import operator_metrics as metrics
-from rerank_operator.adapters import prometheus_api, tei_scrape
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, cost, events, names, slo
+from rerank_operator.core import conditions, cost, events, names, quality, slo
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, split
 from rerank_operator.core.autoscale.signals import Signals
+from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
 from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.settings import Settings
@@ -166,6 +167,7 @@ class Prepared:
     view: PoolsView
     ready: Mapping[config.Pool, int]
     pods: Mapping[config.Pool, list[Any]]
+    guard: guard_scrape.GuardTarget | None = None  # the quality guard's ready pod, when the model is guarded
 
 
 class Sources:
@@ -174,8 +176,9 @@ class Sources:
 
     def __init__(self, scrape: tei_scrape.ScrapePool | None = None, *,
                  prometheus: Callable[[PrometheusKey], prometheus_api.PrometheusSource] | None = None,
-                 deadline_seconds: float = 3.0) -> None:
+                 deadline_seconds: float = 3.0, guards: guard_scrape.GuardReader | None = None) -> None:
         self.scrape = scrape or tei_scrape.ScrapePool()
+        self.guards = guards or guard_scrape.GuardReader()
         self._make = prometheus or (lambda k: prometheus_api.PrometheusSource(
             k[0], window="1m", gpu_memory_used_query=k[1], gpu_memory_total_query=k[2]))
         self._servers: dict[PrometheusKey, prometheus_api.PrometheusSource] = {}
@@ -204,6 +207,11 @@ class Sources:
                 self._servers[server] = self._make(server)
             found.update(self._servers[server].collect_many(requests))
         return found
+
+    def verdicts(self, targets: Mapping[ModelKey, guard_scrape.GuardTarget | None]
+                 ) -> dict[ModelKey, quality.Verdict | None]:
+        """The quality guards' verdicts of the guarded models among ``targets`` (all read at once)."""
+        return self.guards.read(targets) if targets else {}
 
     def forget(self, key: ModelKey) -> None:
         self.scrape.forget(key)
@@ -236,6 +244,8 @@ class ModelAutoscaler:
         self._memo: tuple[tuple[Any, int], tuple[Mapping[str, Any], config.AutoscalingSpec]] | None = None
         self._unchanged: tuple[Any, ...] | None = None  # what the last tick that wrote nothing saw
         self.pricing: cost.Pricing | None = None  # the model's RerankClass's prices (set with the parsed spec)
+        self.guard: guard.GuardSettings | None = None  # the class's quality guard, when it turns it on
+        self.guard_why_not: str | None = None  # why this model cannot be checked although its class guards it
         self.class_name = ""
         self.metered_at: float | None = None
 
@@ -248,7 +258,12 @@ class ModelAutoscaler:
         prepared = self.prepare()
         if not isinstance(prepared, Prepared):
             return prepared
-        return self.finish(prepared, self.sources.collect({self.key: prepared})[self.key])
+        verdicts = self.sources.verdicts({self.key: prepared.guard} if self.guarded else {})
+        return self.finish(prepared, self.sources.collect({self.key: prepared})[self.key], verdicts.get(self.key))
+
+    @property
+    def guarded(self) -> bool:
+        return self.guard is not None
 
     def prepare(self) -> Prepared | float:
         """Read the model and its pools (from the caches) and settle everything that needs no metrics; returns what
@@ -270,7 +285,8 @@ class ModelAutoscaler:
             self.source_key = key
             self.priming = auto.source != "prometheus"
         return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
-                        {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled})
+                        {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled},
+                        _guard_target(view) if self.guarded else None)
 
     def _understand(self, body: Mapping[str, Any],
                     owner: names.Owner) -> tuple[Mapping[str, Any], config.AutoscalingSpec] | float:
@@ -286,8 +302,10 @@ class ModelAutoscaler:
         spec = tenancy.effective
         class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
         self.pricing, self.class_name = cost.Pricing.from_class(class_spec), tenancy.class_name or ""
+        self.guard = guard.GuardSettings.from_class(class_spec)
         try:
             parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
+            self.guard_why_not = guard.unavailable(parsed)
             server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
             auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
         except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
@@ -296,14 +314,40 @@ class ModelAutoscaler:
             return IDLE_POLL_SECONDS
         if not auto.enabled:
             self._reset()
-            self._write(owner, None, [])
-            self._meter(auto, self.cluster.observe_pools(owner), None)  # unscaled pools cost all the same
+            view = self.cluster.observe_pools(owner)
+            self._check_quality_only(owner, body, view)
+            self._meter(auto, view, None)  # unscaled pools cost all the same
             return IDLE_POLL_SECONDS
         self._memo = (memo_key, (spec, auto))
         return spec, auto
 
-    def finish(self, p: Prepared, signals: Signals) -> float:
-        """Decide from ``signals`` and record the decision if it changed; returns the seconds until the next tick."""
+    def _quality(self, body: Mapping[str, Any], view: PoolsView,
+                 verdict: quality.Verdict | None) -> quality.Assessment | None:
+        if self.guard is None:
+            return None
+        return quality.assess(body.get("status") or {}, verdict, self.guard_why_not,
+                              {pool: view.ready(pool) for pool in config.POOLS}, names.guard_name(self.name))
+
+    def _check_quality_only(self, owner: names.Owner, body: Mapping[str, Any], view: PoolsView) -> None:
+        """With autoscaling off: the quality guard's verdict alone (routing acts on it in the reconcile loop)."""
+        verdict = None
+        if self.guarded and self.guard_why_not is None:
+            verdict = self.sources.verdicts({self.key: _guard_target(view)}).get(self.key)
+        assessment = self._quality(body, view, verdict)
+        recorded = self._write(owner, None, [assessment.condition] if assessment else [],
+                               quality_record=assessment.record if assessment else None)
+        if recorded is not None and assessment is not None:
+            self._post_quality(owner, assessment)
+
+    def _post_quality(self, owner: names.Owner, assessment: quality.Assessment) -> None:
+        for event in assessment.events:
+            self.cluster.post_event(owner, events.Event(event.type, event.reason, event.message[:MAX_REASON]))
+        if assessment.events:
+            self.after_decision()  # the reconcile loop moves the traffic (routing.split reads status.quality)
+
+    def finish(self, p: Prepared, signals: Signals, verdict: quality.Verdict | None = None) -> float:
+        """Decide from ``signals`` (and the quality guard's ``verdict``) and record the decision if it changed;
+        returns the seconds until the next tick."""
         interval = float(p.auto.interval_seconds)
         if self.priming:
             self.priming = False
@@ -312,6 +356,9 @@ class ModelAutoscaler:
         if self.history is None:
             self.history = _restore(p.body["metadata"])
         status = p.body.get("status") or {}
+        assessment = self._quality(p.body, p.view, verdict)
+        if assessment is not None:
+            signals = replace(signals, below_floor=assessment.below_floor)
         current = policy.Current(gpu_replicas=p.view.replicas("gpu") or 0, cpu_replicas=p.view.replicas("cpu") or 0,
                                  cpu_percent=current_cpu_percent(p.view.route, self.name, status))
         decision = policy.decide(p.auto, signals, current, self.history, now=self.clock())
@@ -325,10 +372,14 @@ class ModelAutoscaler:
             record["cost"] = cost.summary(self.pricing, {pool: decision.replicas(pool) for pool in config.POOLS},
                                           gpu_only)
         conds = [metrics_available(p.auto, decision), traffic_enforced(p.auto, p.spec, p.view, self.name, decision)]
+        if assessment is not None:
+            conds.append(assessment.condition)
         metrics.record_conditions(self.namespace, self.name, [{"type": c.type, "status": c.status} for c in conds])
-        recorded = self._write(p.owner, record, conds)
+        recorded = self._write(p.owner, record, conds, quality_record=assessment.record if assessment else None)
         if recorded is None:
             return interval
+        if assessment is not None:
+            self._post_quality(p.owner, assessment)
         found = changes(current, decision, recorded)
         for event in found:
             self.cluster.post_event(p.owner, event)
@@ -376,8 +427,8 @@ class ModelAutoscaler:
             metrics.count_cost(self.namespace, self.name, self.class_name, accrued.pools, accrued.gpu_only)
         return gpu_only
 
-    def _write(self, owner: names.Owner, record: Mapping[str, Any] | None,
-               conds: Sequence[Condition]) -> Mapping[str, Any] | None:
+    def _write(self, owner: names.Owner, record: Mapping[str, Any] | None, conds: Sequence[Condition],
+               quality_record: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
         """Write the autoscaler's status if something material changed; returns the lastDecision it replaced
         ({} when there was none), or None when nothing was written."""
         with self.handoff.status_lock(owner.namespace, owner.name):
@@ -387,12 +438,14 @@ class ModelAutoscaler:
             # The patch depends on the stored model and on the material part of the record (never on the signals,
             # the decision's reason or time, which are only recorded with a material change): the same as the last
             # tick's, which wrote nothing, means nothing to write again.
-            seen = (body["metadata"].get("resourceVersion"), _material(record), conds)
+            seen = (body["metadata"].get("resourceVersion"), _material(record), conds,
+                    json.dumps(quality_record, sort_keys=True))
             if seen[0] is not None and seen == self._unchanged:
                 return None
             previous = body.get("status") or {}
             generation = int(body["metadata"].get("generation", owner.generation))
-            patch = statuses.autoscaler_patch(previous, record, conds, generation=generation, now=self.now_iso())
+            patch = statuses.autoscaler_patch(previous, record, conds, generation=generation, now=self.now_iso(),
+                                              quality=quality_record)
             if not patch:
                 self._unchanged = seen
                 return None
@@ -412,6 +465,14 @@ class ModelAutoscaler:
         self.source_key = self.history = self._memo = None
         self.priming = False
         self.sources.forget(self.key)
+
+
+def _guard_target(view: PoolsView) -> guard_scrape.GuardTarget | None:
+    pods = view.guard_pods()
+    if not pods:
+        return None
+    pod = sorted(pods, key=lambda x: str(x["metadata"]["name"]))[0]
+    return guard_scrape.GuardTarget(pod["metadata"]["name"], pod["status"]["podIP"])
 
 
 def _material(record: Mapping[str, Any] | None) -> str:
@@ -494,10 +555,11 @@ class FleetAutoscaler:
             else:
                 state.next_due = aligned(now, delay)
         if batch:
+            verdicts = self.sources.verdicts({k: p.guard for k, p in batch.items() if self.states[k].guarded})
             signals = self.sources.collect(batch)
             for key, prepared in batch.items():
                 state = self.states[key]
-                step = functools.partial(state.finish, prepared, signals[key])
+                step = functools.partial(state.finish, prepared, signals[key], verdicts.get(key))
                 state.next_due = aligned(now, self._safely(state, step))
             metrics.AUTOSCALER_ROUND.observe(self.clock() - now)
         upcoming = min((s.next_due for s in self.states.values()), default=now + IDLE_POLL_SECONDS)

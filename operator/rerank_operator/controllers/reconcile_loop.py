@@ -22,6 +22,7 @@ from rerank_operator.core import events, names
 from rerank_operator.core import plan as plans
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
+from rerank_operator.core.builders import guard
 from rerank_operator.core.builders import job as job_builder
 from rerank_operator.core.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from rerank_operator.core.observed import ObjectRef, ref_of
@@ -92,8 +93,10 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     observed = cluster.observe(owner, spec)
     timestamp = now()
+    class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
-                         network_policy=tenant.network_policy(body, tenancy, settings))
+                         network_policy=tenant.network_policy(body, tenancy, settings),
+                         guard_settings=guard.GuardSettings.from_class(class_spec))
     executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)

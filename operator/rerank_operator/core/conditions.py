@@ -21,9 +21,10 @@ DEGRADED = "Degraded"
 CLASS_COMPLIANT = "ClassCompliant"  # the model's RerankClass: Compliant | ClassViolation | ClassNotFound (tenant.py)
 METRICS_AVAILABLE = "MetricsAvailable"  # the autoscaler's
 TRAFFIC_ENFORCED = "TrafficEnforced"  # the autoscaler's
+QUALITY_VERIFIED = "QualityVerified"  # the autoscaler's, from the quality guard (core/quality.py)
 #: Conditions the reconcile loop owns; the others (MetricsAvailable, TrafficEnforced) belong to the autoscaler.
 OWNED = (READY, MODEL_READY, POOLS_AVAILABLE, DEGRADED, CLASS_COMPLIANT)
-AUTOSCALER_OWNED = (METRICS_AVAILABLE, TRAFFIC_ENFORCED)
+AUTOSCALER_OWNED = (METRICS_AVAILABLE, TRAFFIC_ENFORCED, QUALITY_VERIFIED)
 
 # -- reasons ----------------------------------------------------------------------------------------------------
 # Every reason the operator itself sets, in one place: docs/operations.md explains each one (a test reads the
@@ -69,6 +70,12 @@ REASON_NO_GATEWAY = "NoGateway"
 REASON_GATEWAY_API_MISSING = "GatewayAPIMissing"
 REASON_ROUTE_PENDING = "RoutePending"
 REASON_HTTP_ROUTE = "HTTPRoute"
+# QualityVerified (and the BelowFloor / QualityRestored Events)
+REASON_WITHIN_FLOOR = "WithinFloor"
+REASON_BELOW_FLOOR = "BelowFloor"
+REASON_GUARD_PENDING = "GuardPending"
+REASON_GUARD_NOT_APPLICABLE = "GuardNotApplicable"
+REASON_QUALITY_RESTORED = "QualityRestored"
 
 
 def reasons() -> frozenset[str]:

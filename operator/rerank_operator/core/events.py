@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rerank_operator.core import conditions
 from rerank_operator.core.observed import ObjectRef, ref_of
-from rerank_operator.core.plan import Plan
+
+if TYPE_CHECKING:  # plan.py builds on modules that post Events (quality.py): a type, not an import cycle
+    from rerank_operator.core.plan import Plan
 
 EventType = Literal["Normal", "Warning"]
 

@@ -44,8 +44,11 @@ ANNOTATION_SPEC_GENERATION = f"{GROUP}/spec-generation"  # on Jobs: the RerankMo
 ANNOTATION_RECOVERS = f"{GROUP}/recovers-result"  # on Jobs: how many attempts in a row lost a finished result
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
 
-Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy"]
+Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy",
+                    "quality-guard"]
 COMPONENT_QUANTIZER: Component = "quantizer"
+COMPONENT_GUARD: Component = "quality-guard"
+GUARD_PORT = 8080  # the quality guard's /rerank (mirrored copies) and /metrics
 PoolName = Literal["cpu", "gpu"]
 POOLS: tuple[PoolName, PoolName] = ("cpu", "gpu")
 
@@ -84,6 +87,11 @@ def model_service_name(model: str) -> str:
 
 def route_name(model: str) -> str:
     return model
+
+
+def guard_name(model: str) -> str:
+    """The quality guard's Deployment and Service (``builders/guard.py``)."""
+    return f"{model}-guard"
 
 
 def network_policy_name(model: str) -> str:

@@ -49,7 +49,7 @@ class Observed:
     claim: Obj | None = None
     jobs: tuple[Obj, ...] = ()
     job_pods: tuple[Obj, ...] = ()
-    deployments: Mapping[str, Obj] = field(default_factory=dict)  # by pool name
+    deployments: Mapping[str, Obj] = field(default_factory=dict)  # by pool name; the guard's by "quality-guard"
     services: Mapping[str, Obj] = field(default_factory=dict)  # by Service name
     route: Obj | None = None
     route_api_available: bool = True
@@ -112,7 +112,15 @@ class PoolsView:
         network: the operator's pods never are, and a look-alike pod a tenant labels so would make the operator
         scrape a node address (tenants cannot choose where the operator sends requests)."""
         return [p for p in self.pods
-                if p["metadata"].get("labels", {}).get(names.LABEL_POOL) == pool and p.get("status", {}).get("podIP")
-                and not (p.get("spec") or {}).get("hostNetwork")
-                and any(c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in p.get("status", {}).get("conditions") or ())]
+                if p["metadata"].get("labels", {}).get(names.LABEL_POOL) == pool and _scrapable(p)]
+
+    def guard_pods(self) -> list[Obj]:
+        """The quality guard's Ready pods (``builders/guard.py``), on the same terms as ``ready_pods``."""
+        return [p for p in self.pods
+                if p["metadata"].get("labels", {}).get(names.LABEL_COMPONENT) == names.COMPONENT_GUARD
+                and not p["metadata"].get("labels", {}).get(names.LABEL_POOL) and _scrapable(p)]
+
+
+def _scrapable(pod: Obj) -> bool:
+    return bool(pod.get("status", {}).get("podIP")) and not (pod.get("spec") or {}).get("hostNetwork") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions") or ())

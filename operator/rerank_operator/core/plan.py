@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from quantizer_job import contract
-from rerank_operator.core import artifact, conditions, drift, names
-from rerank_operator.core.builders import deployment, job, routing, service, storage
+from rerank_operator.core import artifact, conditions, drift, names, quality
+from rerank_operator.core.builders import deployment, guard, job, routing, service, storage
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.spec import RerankModelSpec
 
@@ -190,17 +190,31 @@ def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> Ma
     return decision if isinstance(decision, Mapping) else None
 
 
+def _guard_leftovers(owner: names.Owner, observed: Observed) -> list[ObjectRef]:
+    """The guard's Deployment and Service once the model is no longer guarded."""
+    found = []
+    live = observed.deployments.get(names.COMPONENT_GUARD)
+    if live is not None and not live["metadata"].get("deletionTimestamp"):
+        found.append(ObjectRef("apps/v1", "Deployment", owner.namespace, live["metadata"]["name"]))
+    if names.guard_name(owner.name) in observed.services:
+        found.append(ObjectRef("v1", "Service", owner.namespace, names.guard_name(owner.name)))
+    return found
+
+
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
-    network_policy: Obj | None = None,
+    network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
 ) -> Plan:
-    """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it."""
+    """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
+    ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``)."""
     decision, new_job = decide_artifact(owner, spec, observed, status, now)
     claim = storage.claim_name(owner, spec)
     serving = (decision.served or {}).get("id") if decision.desired_id is not None else None
     pools_deployed = decision.desired_id is None or serving is not None
     autoscaler = _autoscaler_decision(spec, status)
-    traffic = routing.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler)
+    below_floor = quality.below_floor_of(status)
+    traffic = routing.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler, below_floor)
+    guarded = pools_deployed and guard.applies(spec, guard_settings)
 
     desired: list[Obj] = []
     pvc = storage.build_pvc(owner, spec)
@@ -218,10 +232,14 @@ def compute(
             desired.append(service.build_pool_service(owner, pool))
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
-    route = routing.build_httproute(owner, spec, traffic) if pools_deployed else None
+    mirror = guard.mirror_filter(owner, guard_settings) if guarded and guard_settings is not None else None
+    route = routing.build_httproute(owner, spec, traffic, mirror) if pools_deployed else None
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
         desired.extend(o for o in (route, network_policy) if o is not None)
+    if guarded and guard_settings is not None:
+        desired.append(guard.build_guard_deployment(owner, spec, guard_settings, below_floor))
+        desired.append(guard.build_guard_service(owner))
 
     to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))
     deletes = _obsolete_jobs(observed, decision)
@@ -234,6 +252,8 @@ def compute(
         svc = names.pool_service_name(owner.name, pool_name)
         if svc in observed.services:
             deletes.append(ObjectRef("v1", "Service", owner.namespace, svc))
+    if not guarded:
+        deletes.extend(_guard_leftovers(owner, observed))
     live_policy = observed.network_policy
     if network_policy is None and live_policy is not None and not live_policy["metadata"].get("deletionTimestamp"):
         deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,

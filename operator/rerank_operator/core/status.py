@@ -31,7 +31,7 @@ from rerank_operator.core.plan import Plan
 from rerank_operator.core.spec import RerankModelSpec
 from rerank_operator.core.tenancy import QuotaBlock
 
-AUTOSCALER_KEYS = ("autoscaling",)  # and the conditions in conditions.AUTOSCALER_OWNED
+AUTOSCALER_KEYS = ("autoscaling", "quality")  # and the conditions in conditions.AUTOSCALER_OWNED
 OWNED_KEYS = ("observedGeneration", "phase", "model", "artifact", "pendingArtifact", "pools", "traffic", "conditions")
 
 
@@ -243,27 +243,32 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 # -- the autoscaler's part --------------------------------------------------------------------------------------------
 
 def autoscaler_part(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] | None,
-                    decided: Sequence[Condition], *, generation: int, now: str) -> dict[str, Any]:
-    """The complete new status with the autoscaler's fields set (``autoscaling`` None: autoscaling is off, so
-    ``status.autoscaling`` and its conditions go); the reconcile loop's fields carried over untouched."""
+                    decided: Sequence[Condition], *, generation: int, now: str,
+                    quality: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The complete new status with the autoscaler's fields set: ``status.autoscaling`` (None: autoscaling is off,
+    so it goes), ``status.quality`` (None: the model has no quality guard) and the conditions it owns, exactly
+    ``decided`` (an owned condition not in it goes); the reconcile loop's fields carried over untouched."""
     result = {k: copy.deepcopy(v) for k, v in previous.items() if k not in AUTOSCALER_KEYS}
-    kept = [dict(c) for c in previous.get("conditions") or ()]
-    if autoscaling is None:
-        result["conditions"] = [c for c in kept if c.get("type") not in conditions.AUTOSCALER_OWNED]
-    else:
+    if autoscaling is not None:
         result["autoscaling"] = copy.deepcopy(dict(autoscaling))
-        result["conditions"] = conditions.set_conditions(kept, list(decided), generation=generation, now=now)
+    if quality is not None:
+        result["quality"] = copy.deepcopy(dict(quality))
+    current = {c.type for c in decided}
+    kept = [dict(c) for c in previous.get("conditions") or ()
+            if c.get("type") not in conditions.AUTOSCALER_OWNED or c.get("type") in current]
+    result["conditions"] = conditions.set_conditions(kept, list(decided), generation=generation, now=now)
     if not result["conditions"] and "conditions" not in previous:
         del result["conditions"]
     return result
 
 
 def autoscaler_patch(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] | None,
-                     decided: Sequence[Condition], *, generation: int, now: str) -> dict[str, Any]:
+                     decided: Sequence[Condition], *, generation: int, now: str,
+                     quality: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Merge patch for the autoscaler's part of the status; empty when nothing material changed."""
-    new = autoscaler_part(previous, autoscaling, decided, generation=generation, now=now)
-    if _autoscaler_material(previous) == _autoscaler_material(new) and \
-            ("autoscaling" in new) == (previous.get("autoscaling") is not None):
+    new = autoscaler_part(previous, autoscaling, decided, generation=generation, now=now, quality=quality)
+    if _autoscaler_material(previous) == _autoscaler_material(new) and all(
+            (key in new) == (previous.get(key) is not None) for key in AUTOSCALER_KEYS):
         return {}
     return merge_patch(previous, new)
 
@@ -278,6 +283,8 @@ def _autoscaler_material(status: Mapping[str, Any]) -> tuple[Any, ...]:
         if kind in conditions.AUTOSCALER_OWNED:
             message = cond.get("message") if kind == conditions.TRAFFIC_ENFORCED else None
             conds.append((kind, cond.get("status"), cond.get("reason"), cond.get("observedGeneration"), message))
+    quality = status.get("quality") or {}
     return (auto.get("fresh"),
             tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
-            tuple(sorted(conds, key=lambda c: str(c[0]))))
+            tuple(sorted(conds, key=lambda c: str(c[0]))),
+            quality.get("guard"), tuple(quality.get("belowFloor") or ()))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))   # the benchmark is a package there
+sys.path.append(str(Path(__file__).resolve().parents[3] / "benchmarks"))  # the benchmark is a package there
 
 from autoscale_sim import attribution, matching, report, simulation, targets, world
 

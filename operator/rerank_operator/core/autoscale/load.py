@@ -7,7 +7,11 @@ within the targets), observed from the pool itself, so nothing about hardware ha
   estimate towards it, by at most 20% per tick, so one bursty interval (a backlog left from before a scale-up,
   a spike that began just before the scrape) cannot collapse it;
 - below target, a replica demonstrably serves what it is serving: the estimate never drops below that.
-A capacity seen only below target is a lower bound, good for removing replicas but never for adding them.
+A capacity seen only below target is a lower bound, good for removing replicas but never for adding them. It is a
+rate a replica has already served within target, so a pool sized from it needs no headroom on top: with UTILIZATION
+applied to it too, the demand that n replicas served before a burst would ask for ceil(n / 0.85) > n after it, and
+a lower bound only rises with more per replica than it, which the larger pool never sees: the pool would keep
+replicas it does not need for as long as the demand stays.
 An interval in which the pool completed more than arrived (working off a backlog) teaches nothing: the backlog may
 have emptied part-way through, and the latency is the backlog's.
 """
@@ -86,7 +90,8 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
 
     Overloaded: to the size learned at saturation, and by one more than ready while the backlog grows; without
     such a capacity, grow at least by one and at most doubling the ready count per tick.
-    Otherwise: the learned size (only downwards unless learned at saturation); idle: nothing; unknown: hold.
+    Otherwise: the learned size (only downwards unless learned at saturation, and then without UTILIZATION's
+    headroom: see the module docstring); idle: nothing; unknown: hold.
     """
     ready = signals.ready_replicas
     sized = None
@@ -105,9 +110,12 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
         return max(grown, sized or 0, current)
     if demand <= 0:
         return 0
-    if sized is None:
+    if sized is None or history.capacity is None:
         return current
-    return sized if history.capacity_from_saturation else min(sized, current)
+    if history.capacity_from_saturation:
+        return sized
+    # A floor is itself a rate served within target: no headroom on top of it (module docstring).
+    return min(math.ceil(min(demand / history.capacity, MAX_REPLICAS)), current)
 
 
 def keeping_up(signals: PoolSignals) -> bool:

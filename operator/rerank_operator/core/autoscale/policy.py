@@ -85,11 +85,13 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     cpu_load = loads.assess(spec, "cpu", signals.cpu)
     history = replace(history, gpu=loads.learn_capacity(history.gpu, signals.gpu, gpu_load),
                       cpu=loads.learn_capacity(history.cpu, signals.cpu, cpu_load))
-    policy = routing.effective_policy(spec)
+    policy = routing.effective_policy(spec, signals)
     external = spec.replica_management == "external"
     notes: list[str] = []
 
-    gpu_demand = signals.total_request_rate if policy == "gpu-first" else (signals.gpu.request_rate or 0.0)
+    # gpu-only: the spec's (the CPU pool gets nothing anyway) or the quality guard's (the GPU takes it all).
+    gpu_demand = (signals.total_request_rate if policy in ("gpu-first", "gpu-only")
+                  else (signals.gpu.request_rate or 0.0))
     if policy == "cpu-only":
         gpu_demand = 0.0
     gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
@@ -153,7 +155,7 @@ def _static(spec: AutoscalingSpec, signals: Signals, current: Current, history: 
 
 
 def _safe_split(spec: AutoscalingSpec, signals: Signals, cpu_percent: int) -> int:
-    policy = routing.effective_policy(spec)
+    policy = routing.effective_policy(spec, signals)
     if policy == "cpu-only":
         return 100
     if policy == "gpu-only":

@@ -80,8 +80,13 @@ class GpuState:
 
 def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuState, cpu_load: Load,
           history: History, now: float, tuning: Tuning = Tuning()) -> Split:
-    policy = effective_policy(spec)
+    policy = effective_policy(spec, signals)
     gpu_ready, cpu_ready = signals.gpu.ready_replicas, signals.cpu.ready_replicas
+    if policy != effective_policy(spec):
+        kept = "GPU" if policy == "gpu-only" else "CPU"
+        return Split(0 if policy == "gpu-only" else 100,
+                     f"the {'CPU' if kept == 'GPU' else 'GPU'} pool ranks below the quality floor: all traffic to "
+                     f"the {kept} pool")
     if policy == "cpu-only":
         return Split(100, "routing policy cpu-only")
     if policy == "gpu-only":
@@ -97,12 +102,20 @@ def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuSta
                       tuning)
 
 
-def effective_policy(spec: AutoscalingSpec) -> str:
-    """The routing policy once disabled pools are taken into account."""
+def effective_policy(spec: AutoscalingSpec, signals: Signals | None = None) -> str:
+    """The routing policy once disabled pools are taken into account and, given ``signals``, a pool the quality
+    guard finds below the floor (``signals.below_floor``): the other pool takes everything while it has ready
+    replicas, and is sized for it (a worse ranking beats a failed request, so not when it has none)."""
     if not spec.gpu.enabled:
         return "cpu-only"
     if not spec.cpu.enabled:
         return "gpu-only"
+    if signals is not None:
+        below = signals.below_floor
+        if "cpu" in below and "gpu" not in below and signals.gpu.ready_replicas > 0:
+            return "gpu-only"
+        if "gpu" in below and "cpu" not in below and signals.cpu.ready_replicas > 0:
+            return "cpu-only"
     return spec.routing_policy
 
 

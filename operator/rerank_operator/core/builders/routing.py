@@ -3,12 +3,14 @@
 Here the split is static per policy (the metrics-driven one is the autoscaler's, which records its decision in
 ``status.autoscaling.lastDecision``; the split is then taken from there, still within the policy). One safety rule
 holds for every policy, as in the autoscaler: a pool with no ready replica gets no traffic while the other has some,
-because a weight on an empty backend is a share of requests that fail.
+because a weight on an empty backend is a share of requests that fail. One quality rule holds for every policy too:
+a pool the quality guard finds below the model's quality floor (``status.quality.belowFloor``, ``core/quality.py``)
+gets no traffic while the other pool has ready replicas (a worse ranking beats a failed request, so not otherwise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +53,16 @@ def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, 
 
 
 def split(
-    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: Mapping[str, Any] | None = None
+    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: Mapping[str, Any] | None = None,
+    below_floor: Collection[str] = (),
 ) -> Traffic:
-    """The split for ``spec`` given ready replicas per pool and, with autoscaling on, the autoscaler's decision."""
+    """The split for ``spec`` given ready replicas per pool, with autoscaling on the autoscaler's decision, and the
+    pools the quality guard finds below the floor."""
     traffic = _policy_split(spec, gpu_ready, decision)
+    if "cpu" in below_floor and "gpu" not in below_floor and traffic.cpu_percent > 0 and gpu_ready > 0:
+        traffic = Traffic(100, 0, "the CPU pool ranks below the quality floor: all traffic to the GPU pool")
+    elif "gpu" in below_floor and "cpu" not in below_floor and traffic.gpu_percent > 0 and cpu_ready > 0:
+        traffic = Traffic(0, 100, "the GPU pool ranks below the quality floor: all traffic to the CPU pool")
     if traffic.gpu_percent > 0 and gpu_ready == 0 and cpu_ready > 0 and spec.cpu.enabled:
         return Traffic(0, 100, "no GPU replica ready: all traffic to the CPU pool")
     if traffic.cpu_percent > 0 and cpu_ready == 0 and gpu_ready > 0 and spec.gpu.enabled:
@@ -62,8 +70,10 @@ def split(
     return traffic
 
 
-def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic) -> dict[str, Any] | None:
-    """The HTTPRoute ``<name>`` with one weighted backend per enabled pool, or None without gateway.parentRefs."""
+def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
+                    mirror: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The HTTPRoute ``<name>`` with one weighted backend per enabled pool, or None without gateway.parentRefs.
+    ``mirror``: a RequestMirror filter (the quality guard's, ``guard.mirror_filter``) on the rule."""
     gateway = spec.routing.gateway
     if gateway is None:
         return None
@@ -73,9 +83,12 @@ def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic)
          "weight": shares[pool.name]}
         for pool in spec.enabled_pools
     ]
+    rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}
+    if mirror is not None:
+        rule["filters"] = [dict(mirror)]
     route_spec: dict[str, Any] = {
         "parentRefs": [dict(ref) for ref in gateway.parent_refs],
-        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}],
+        "rules": [rule],
     }
     if gateway.hostnames:
         route_spec["hostnames"] = list(gateway.hostnames)

@@ -25,7 +25,8 @@ def build_network_policy(
 
     Ingress to the TEI port only from: the routing layer (class ``network.routingNamespaces``, optionally only pods
     with ``routingPodLabels``), ``network.allowedNamespaces``, the model's own namespace (``allowSameNamespace``)
-    and the operator (which scrapes TEI's /metrics for autoscaling). Egress is left alone (TEI downloads models).
+    and the operator (which scrapes TEI's /metrics for autoscaling); the model's quality guard where the class has
+    one and the namespace is not already allowed. Egress is left alone (TEI downloads models).
     """
     network = fields.get(rclass or {}, "spec", "network")
     if rclass is None or not network.get("enabled", True):
@@ -39,6 +40,9 @@ def build_network_policy(
         peers.append(_namespace_peer(network["allowedNamespaces"], {}))
     if network.get("allowSameNamespace", True):
         peers.append({"podSelector": {}})
+    elif fields.get(rclass or {}, "spec", "qualityGuard").get("enabled"):
+        # The model's quality guard asks both pools the requests it checks (builders/guard.py).
+        peers.append({"podSelector": {"matchLabels": names.selector_labels(name, names.COMPONENT_GUARD)}})
     if operator_namespace:
         peers.append(_namespace_peer([operator_namespace], operator_pod_labels or {}))
     ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": names.TEI_PORT}]}] if peers else []

@@ -1,0 +1,66 @@
+"""Reads the quality guards' verdicts: each guarded model's guard pod's ``/metrics``, all at once, within a deadline.
+
+The guard decides (``quality_guard/detector.py``); the operator only reads what it decided (``core/quality.py``). A
+guard that does not answer in time is no verdict this tick, never a healthy one: the model keeps what its status
+recorded. The address goes through ``tei_scrape.pod_address`` (the one place pod addresses are made, which the
+dev cluster's tests redirect to local servers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from rerank_operator.adapters import tei_scrape
+from rerank_operator.core import names, quality
+
+ModelKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class GuardTarget:
+    """A guarded model's guard pod (its namespace is the model's)."""
+
+    name: str
+    ip: str
+    port: int = names.GUARD_PORT
+
+
+class GuardReader:
+    """One per operator process: a small executor shared by every guarded model."""
+
+    def __init__(self, max_workers: int = 4, timeout_seconds: float = 1.5,
+                 fetch: tei_scrape.Fetch = tei_scrape.http_fetch) -> None:
+        self._timeout = timeout_seconds
+        self._fetch = fetch
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="guard-scrape")
+
+    def read(self, targets: Mapping[ModelKey, GuardTarget | None],
+             deadline_seconds: float = 2.0) -> dict[ModelKey, quality.Verdict | None]:
+        """A verdict per model (None: the model's guard has no ready pod)."""
+        futures: dict[ModelKey, Future[quality.Verdict]] = {
+            key: self._executor.submit(self._one, key, target) for key, target in targets.items() if target}
+        wait(list(futures.values()), timeout=deadline_seconds)
+        found: dict[ModelKey, quality.Verdict | None] = {key: None for key in targets}
+        for key, future in futures.items():
+            if future.done():
+                found[key] = future.result()
+            else:
+                future.cancel()
+                found[key] = quality.Verdict(error=f"the guard {targets[key]} did not answer within "
+                                                   f"{deadline_seconds:g}s")
+        return found
+
+    def _one(self, key: ModelKey, target: GuardTarget | None) -> quality.Verdict:
+        assert target is not None
+        address = f"{target.ip}:{target.port}"
+        try:
+            address = tei_scrape.pod_address(target)
+            text = self._fetch(f"http://{address}/metrics", self._timeout)
+        except Exception as exc:  # one guard's failure is that model's missing verdict, never the round's
+            return quality.Verdict(error=f"the guard's /metrics at {address}: {exc}")
+        return quality.parse_metrics(text, key[0], key[1])
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,181 @@
+"""The model's quality guard: one Deployment ``<name>-guard`` (one replica) and its Service, when the model's
+RerankClass turns the guard on (``spec.qualityGuard``) and the model can be checked (``unavailable``).
+
+The guard (``python -m quality_guard.server``) receives a sampled copy of the model's live ``/rerank`` requests from
+the HTTPRoute's RequestMirror filter (``routing.build_httproute``), asks the CPU pool's and the GPU pool's Services
+the same request, and exports per pool whether the CPU pool ranks below the model's quality floor. It is never in
+the serving path: the gateway drops the mirror's answers, and the guard answers 202 at once. Its configuration
+travels in an environment variable, so a change (the floor, the budget, the verdict it must start from) rolls it.
+
+It runs from the quantization Job's image (which carries ``quality_guard`` and its numpy), or the class's
+``qualityGuard.image``, with no API access (no ServiceAccount token), as the same non-root user as every other pod.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rerank_operator.core import names
+from rerank_operator.core.builders import pods
+from rerank_operator.core.spec import RerankModelSpec
+
+#: The pool the guard checks and the one it checks against (the GPU pool serves the original weights in FP16).
+CHECKED: names.PoolName = "cpu"
+REFERENCE: names.PoolName = "gpu"
+DEFAULT_FRACTION = 0.05
+DEFAULT_CALLS_PER_SECOND = 1.0
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """A RerankClass's ``spec.qualityGuard`` when enabled: how much traffic is mirrored and what the guard may spend."""
+
+    sample_fraction: float = DEFAULT_FRACTION
+    calls_per_second: float = DEFAULT_CALLS_PER_SECOND
+    image: str | None = None
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_class(cls, class_spec: Mapping[str, Any] | None) -> GuardSettings | None:
+        """None unless the class turns the guard on (the CRD's schema has validated the values)."""
+        section = (class_spec or {}).get("qualityGuard") or {}
+        if not section.get("enabled"):
+            return None
+        return cls(sample_fraction=float(section.get("sampleFraction", DEFAULT_FRACTION)),
+                   calls_per_second=float(section.get("callsPerSecond", DEFAULT_CALLS_PER_SECOND)),
+                   image=section.get("image") or None, resources=dict(section.get("resources") or {}))
+
+
+def unavailable(spec: RerankModelSpec) -> str | None:
+    """Why a guarded class's model cannot be checked (the guard is then not deployed), or None if it can."""
+    if not spec.cpu.enabled:
+        return "the model has no CPU pool: the guard checks the INT8 pool against the GPU pool"
+    if not spec.gpu.enabled:
+        return ("the model has no GPU pool to serve as the reference (FP32 scoring inside the guard is not "
+                "implemented yet)")
+    if not spec.quantization.enabled:
+        return "quantization is disabled: both pools serve the original weights"
+    if spec.routing.gateway is None:
+        return ("no routing.gateway: the guard receives its copies of live requests through the HTTPRoute's "
+                "RequestMirror filter")
+    return None
+
+
+CONFIG_ENV = "RERANK_GUARD_CONFIG"
+CONTAINER = "guard"
+#: What a guard needs: one worker thread, small JSON bodies, numpy. Its requests are the class's to change.
+DEFAULT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"},
+                                        "limits": {"cpu": "500m", "memory": "512Mi"}}
+#: The mirrored fraction's resolution (the Gateway API's Fraction: numerator / denominator).
+FRACTION_DENOMINATOR = 10000
+
+
+def pool_url(owner: names.Owner, pool: names.PoolName) -> str:
+    return f"http://{names.pool_service_name(owner.name, pool)}.{owner.namespace}.svc:{names.SERVICE_PORT}"
+
+
+def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
+                 below_floor: Iterable[str]) -> dict[str, Any]:
+    """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
+
+    The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
+    it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed."""
+    gate = spec.quantization.quality_gate
+    key_env = {}
+    for pool, endpoint in ((CHECKED, CHECKED), (REFERENCE, "reference")):
+        if spec.pool(pool).tei.api_key_secret is not None:
+            key_env[endpoint] = _key_env(pool)
+    return {
+        "namespace": owner.namespace,
+        "model": owner.name,
+        "pools": {CHECKED: pool_url(owner, CHECKED)},
+        "reference": pool_url(owner, REFERENCE),
+        "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
+        "k": gate.topk,
+        "fraction": 1.0,
+        "calls_per_second": settings.calls_per_second,
+        "below_floor": sorted(set(below_floor) & {CHECKED}),
+        "api_key_env": key_env,
+    }
+
+
+def _key_env(pool: names.PoolName) -> str:
+    return f"RERANK_GUARD_API_KEY_{pool.upper()}"
+
+
+def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
+                           below_floor: Iterable[str]) -> dict[str, Any]:
+    config = guard_config(owner, spec, settings, below_floor)
+    env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
+                                                                          separators=(",", ":"))}]
+    for pool in names.POOLS:
+        secret = spec.pool(pool).tei.api_key_secret
+        if secret is not None:
+            env.append(pods.secret_env(_key_env(pool), secret.name, secret.key))
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": settings.image or spec.quantization.image,
+        "command": ["python", "-m", "quality_guard.server", "--config-env", CONFIG_ENV,
+                    "--port", str(names.GUARD_PORT)],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": names.GUARD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {**probe, "failureThreshold": 3},
+        "livenessProbe": {**probe, "failureThreshold": 6},
+        "resources": {k: dict(v) for k, v in (settings.resources or DEFAULT_RESOURCES).items()},
+        "securityContext": pods.container_security_context(),
+    }
+    cpu = spec.cpu
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pods.pod_security_context(),
+        "containers": [container],
+    }
+    # Where the CPU pool may run, the guard may too (a tenant's nodes, taints and all).
+    if cpu.node_selector:
+        pod_spec["nodeSelector"] = dict(cpu.node_selector)
+    if cpu.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in cpu.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": names.child_metadata(owner, names.guard_name(owner.name), names.COMPONENT_GUARD),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": names.selector_labels(owner.name, names.COMPONENT_GUARD)},
+            "revisionHistoryLimit": 2,
+            "template": {"metadata": {"labels": names.labels(owner.name, names.COMPONENT_GUARD)}, "spec": pod_spec},
+        },
+    }
+
+
+def build_guard_service(owner: names.Owner) -> dict[str, Any]:
+    """The HTTPRoute's mirror backend (a Gateway mirrors to a Service, not to pods)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": names.child_metadata(owner, names.guard_name(owner.name), names.COMPONENT_GUARD),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.selector_labels(owner.name, names.COMPONENT_GUARD),
+            "ports": [{"name": "http", "port": names.SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def mirror_filter(owner: names.Owner, settings: GuardSettings) -> dict[str, Any]:
+    """The HTTPRoute rule's RequestMirror filter: ``sample_fraction`` of the requests, copied to the guard."""
+    numerator = max(1, min(FRACTION_DENOMINATOR, round(settings.sample_fraction * FRACTION_DENOMINATOR)))
+    return {"type": "RequestMirror", "requestMirror": {
+        "backendRef": {"name": names.guard_name(owner.name), "port": names.SERVICE_PORT},
+        "fraction": {"numerator": numerator, "denominator": FRACTION_DENOMINATOR},
+    }}
+
+
+def applies(spec: RerankModelSpec, settings: GuardSettings | None) -> bool:
+    """Whether the model gets a guard: its class turns it on and the model can be checked."""
+    return settings is not None and unavailable(spec) is None

@@ -1,0 +1,211 @@
+"""Serving-time ranking quality: what the operator makes of its quality guard's figures. Pure.
+
+The guard (``quality_guard/``, deployed per model by ``builders/guard.py``) compares the CPU pool's rankings of
+mirrored live requests with the GPU pool's (FP16, the reference) and decides, with statistical confidence and
+hysteresis, whether the pool ranks below the model's quality floor (its quantization gate). That decision is the
+guard's: this module only reads it from the guard's ``/metrics`` (``rerank_guard_below_floor`` and the figures
+beside it), turns it into ``status.quality``, the ``QualityVerified`` condition and Events, and tells routing and the
+autoscaler which pools are *below the floor* (routing gives such a pool weight 0 while the other pool has ready
+replicas; the autoscaler sizes the other pool for all the traffic).
+
+Why a per-model guard: a mirrored request carries no model identity (the gateway copies the request to one
+backend), so the guard a route mirrors to must be the model's own; its detectors, floor and budget are the model's
+too. It is opt-in per RerankClass (``spec.qualityGuard``), and its cost is bounded there: the mirrored fraction and the
+extra calls per second. Who is guarded and how is ``builders/guard.py``'s ``GuardSettings`` and ``unavailable``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rerank_operator.core import conditions, names
+from rerank_operator.core.autoscale import exposition
+from rerank_operator.core.builders import guard
+from rerank_operator.core.conditions import Condition
+from rerank_operator.core.events import Event
+
+QUALITY_VERIFIED = conditions.QUALITY_VERIFIED
+CHECKED, REFERENCE = guard.CHECKED, guard.REFERENCE
+
+
+@dataclass(frozen=True)
+class PoolQuality:
+    """One pool's figures as the guard exports them (over its detection window)."""
+
+    below_floor: bool
+    window_requests: int
+    spearman: float | None = None
+    spearman_low: float | None = None
+    topk_agreement: float | None = None
+    topk_low: float | None = None
+    failure_ratio: float | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        values: dict[str, Any] = {"belowFloor": self.below_floor, "windowRequests": self.window_requests,
+                                  "spearman": _round(self.spearman), "spearmanCi95Low": _round(self.spearman_low),
+                                  "topKAgreement": _round(self.topk_agreement), "topKCi95Low": _round(self.topk_low),
+                                  "failureRatio": _round(self.failure_ratio)}
+        return {k: v for k, v in values.items() if v is not None}
+
+    def summary(self) -> str:
+        parts = [f"{self.window_requests} sampled requests"]
+        if self.spearman is not None:
+            low = f" (95% low {self.spearman_low:.4f})" if self.spearman_low is not None else ""
+            parts.append(f"Spearman {self.spearman:.4f}{low}")
+        if self.topk_agreement is not None:
+            parts.append(f"top-k agreement {self.topk_agreement:.3f}")
+        if self.failure_ratio:
+            parts.append(f"broken scores in {100 * self.failure_ratio:.1f}%")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the guard said at one look: per pool figures, or why it could not be read."""
+
+    pools: Mapping[str, PoolQuality] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def below_floor(self) -> frozenset[str]:
+        return frozenset(p for p, q in self.pools.items() if q.below_floor)
+
+
+_FIGURES = {"rerank_guard_below_floor": "below_floor", "rerank_guard_window_requests": "window_requests",
+            "rerank_guard_spearman": "spearman", "rerank_guard_spearman_ci95_low": "spearman_low",
+            "rerank_guard_topk_agreement": "topk_agreement", "rerank_guard_topk_agreement_ci95_low": "topk_low",
+            "rerank_guard_failure_ratio": "failure_ratio"}
+
+
+def parse_metrics(text: str, namespace: str, model: str) -> Verdict:
+    """The guard's ``/metrics`` for ``namespace/model`` (a guard labels every series with its model: a page about
+    another model, e.g. a misrouted address, yields no pools rather than its numbers)."""
+    try:
+        samples = exposition.parse(text)
+    except exposition.ExpositionError as exc:
+        return Verdict(error=f"the guard's /metrics is not Prometheus text: {exc}")
+    found: dict[str, dict[str, float]] = {}
+    for sample in samples:
+        key = _FIGURES.get(sample.name)
+        labels = sample.labels
+        if key is None or labels.get("namespace") != namespace or labels.get("rerankmodel") != model:
+            continue
+        found.setdefault(labels.get("pool", ""), {})[key] = sample.value
+    pools: dict[str, PoolQuality] = {}
+    for pool, values in found.items():
+        if pool not in names.POOLS or "below_floor" not in values:
+            continue
+        pools[pool] = PoolQuality(
+            below_floor=values["below_floor"] >= 0.5, window_requests=int(values.get("window_requests", 0)),
+            **{k: _finite(values.get(k)) for k in ("spearman", "spearman_low", "topk_agreement", "topk_low",
+                                                   "failure_ratio")})
+    if not pools:
+        return Verdict(error="the guard exports no figures for this model yet")
+    return Verdict(pools)
+
+
+def below_floor_of(status: Mapping[str, Any]) -> frozenset[str]:
+    """The pools ``status.quality`` records as below the floor (what routing keeps traffic away from)."""
+    recorded = (status.get("quality") or {}).get("belowFloor") or ()
+    return frozenset(str(p) for p in recorded if p in names.POOLS)
+
+
+def status_record(verdict: Verdict | None, guard_name: str, why_not: str | None) -> dict[str, Any]:
+    """``status.quality``: the guard, the pools below the floor and each pool's figures. Without a fresh verdict
+    (guard not ready or not answering) the recorded ``belowFloor`` is kept by the caller, never cleared: a pool
+    taken out for quality comes back on the guard's word, not because the guard went away."""
+    if why_not is not None:
+        return {"guard": None, "belowFloor": [], "message": why_not}
+    record: dict[str, Any] = {"guard": guard_name, "reference": REFERENCE}
+    if verdict is not None and verdict.error is None:
+        record["belowFloor"] = sorted(verdict.below_floor)
+        record["pools"] = {p: q.to_status() for p, q in sorted(verdict.pools.items())}
+    elif verdict is not None:
+        record["message"] = verdict.error
+    return record
+
+
+def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozenset[str],
+              other_ready: Mapping[str, int]) -> Condition:
+    """``QualityVerified``: True while every checked pool is within the floor, False while one is below it (with
+    its figures and where its traffic went), Unknown while there is no verdict."""
+    if why_not is not None:
+        return Condition(QUALITY_VERIFIED, "Unknown", conditions.REASON_GUARD_NOT_APPLICABLE, why_not)
+    if verdict is None or verdict.error is not None:
+        detail = "the guard has no ready pod" if verdict is None else verdict.error
+        if kept_below:
+            return Condition(QUALITY_VERIFIED, "False", conditions.REASON_BELOW_FLOOR,
+                             f"{detail}; pools still held below the floor from its last verdict: "
+                             f"{', '.join(sorted(kept_below))}")
+        return Condition(QUALITY_VERIFIED, "Unknown", conditions.REASON_GUARD_PENDING, str(detail))
+    below = verdict.below_floor
+    if below:
+        parts = []
+        for pool in sorted(below):
+            other = REFERENCE if pool == CHECKED else CHECKED
+            where = (f"its traffic goes to the {other.upper()} pool" if other_ready.get(other, 0) > 0
+                     else f"it keeps serving: the {other.upper()} pool has no ready replica")
+            parts.append(f"{pool} pool below the quality floor vs the {REFERENCE.upper()} pool: "
+                         f"{verdict.pools[pool].summary()}; {where}")
+        return Condition(QUALITY_VERIFIED, "False", conditions.REASON_BELOW_FLOOR, "; ".join(parts))
+    checked = [p for p in (CHECKED,) if p in verdict.pools]
+    if not checked or all(verdict.pools[p].window_requests == 0 for p in checked):
+        return Condition(QUALITY_VERIFIED, "Unknown", conditions.REASON_GUARD_PENDING,
+                         "the guard has not compared any sampled request yet")
+    return Condition(QUALITY_VERIFIED, "True", conditions.REASON_WITHIN_FLOOR, "; ".join(
+        f"{p} pool within the quality floor vs the {REFERENCE.upper()} pool: {verdict.pools[p].summary()}"
+        for p in checked))
+
+
+def events(before: frozenset[str], after: frozenset[str], verdict: Verdict | None) -> list[Event]:
+    """One Event per pool that went below the floor (Warning) or came back (Normal)."""
+    found: list[Event] = []
+    pools = verdict.pools if verdict is not None else {}
+    for pool in sorted(after - before):
+        figures = pools[pool].summary() if pool in pools else "no figures"
+        found.append(Event("Warning", conditions.REASON_BELOW_FLOOR,
+                           f"{pool} pool ranks below the quality floor ({figures}): taken out of traffic while the "
+                           f"other pool can serve"))
+    for pool in sorted(before - after):
+        figures = pools[pool].summary() if pool in pools else "no figures"
+        found.append(Event("Normal", conditions.REASON_QUALITY_RESTORED,
+                           f"{pool} pool is back within the quality floor ({figures}): it takes traffic again"))
+    return found
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """One look at a guarded model: what to record, the condition, the pools below the floor, the Events."""
+
+    record: Mapping[str, Any]
+    condition: Condition
+    below_floor: frozenset[str]
+    events: tuple[Event, ...]
+
+
+def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | None,
+           ready: Mapping[str, int], guard_name: str) -> Assessment:
+    """From the model's recorded status and this look's verdict from its guard ``guard_name`` (None: no ready guard pod;
+    ``why_not``: the model cannot be checked). Without a fresh verdict, the recorded pools below the floor stay so
+    (``status_record``)."""
+    before = below_floor_of(status)
+    fresh = verdict is not None and verdict.error is None
+    below: frozenset[str] = frozenset()
+    if why_not is None:
+        below = verdict.below_floor if fresh and verdict is not None else before
+    record = status_record(verdict, guard_name, why_not)
+    if why_not is None:
+        record["belowFloor"] = sorted(below)
+    return Assessment(record, condition(verdict, why_not, below, ready), below,
+                      tuple(events(before, below, verdict)))

@@ -1,0 +1,279 @@
+"""The operator's side of the quality guard (issue 27): who gets a guard and what it is made of, reading its verdict
+from what the real guard exports, and acting on it (routing, the autoscaler's policy, the status, Events)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from autoscale_helpers import pool, spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rerankmodel_gen import FakeWorld, model, owner_of, published, set_, spec_of
+
+from quality_guard import compare, detector, server
+from quantizer_job import contract
+from rerank_operator.core import artifact, conditions, names, quality
+from rerank_operator.core import plan as plans
+from rerank_operator.core import status as statuses
+from rerank_operator.core.autoscale.history import History
+from rerank_operator.core.autoscale.policy import Current, decide
+from rerank_operator.core.autoscale.signals import Signals
+from rerank_operator.core.builders import guard, routing
+from rerank_operator.core.tenancy import network
+
+NOW = "2025-01-01T00:00:00Z"
+GATEWAY = {"gateway": {"parentRefs": [{"name": "edge", "namespace": "infra"}]}}
+CLASS_SPEC: dict[str, Any] = {"qualityGuard": {"enabled": True, "sampleFraction": 0.02, "callsPerSecond": 3}}
+SETTINGS = guard.GuardSettings.from_class(CLASS_SPEC)
+
+
+def guarded_model(*mods: Any) -> dict[str, Any]:
+    return model(set_("routing", GATEWAY), *mods)
+
+
+def served(artifact_id: str) -> dict[str, Any]:
+    return {"artifact": plans.artifact_record(contract.parse_result(published(artifact_id)), artifact_id, NOW)}
+
+
+def plan_for(body: dict[str, Any], status: dict[str, Any], world: FakeWorld | None = None,
+             settings_: guard.GuardSettings | None = SETTINGS) -> plans.Plan:
+    world = world or FakeWorld()
+    spec = spec_of(body)
+    full = {**served(str(artifact.artifact_id(spec))), **status}
+    return plans.compute(owner_of(body), spec, world.observed(), full, NOW, guard_settings=settings_)
+
+
+def by_kind(plan: plans.Plan, kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in plan.apply if o["kind"] == kind}
+
+
+# --- who is guarded, and the guard's objects ------------------------------------------------------------------------
+
+def test_the_class_turns_the_guard_on_with_its_budget() -> None:
+    assert guard.GuardSettings.from_class({}) is None
+    assert guard.GuardSettings.from_class({"qualityGuard": {"enabled": False}}) is None
+    assert guard.GuardSettings(sample_fraction=0.02, calls_per_second=3.0) == SETTINGS
+
+
+@pytest.mark.parametrize("mods,why", [
+    ((set_("pools.gpu.enabled", False),), "no GPU pool"),
+    ((set_("pools.cpu.enabled", False),), "no CPU pool"),
+    ((set_("quantization.enabled", False),), "quantization is disabled"),
+])
+def test_a_model_that_cannot_be_checked_gets_no_guard_and_says_why(mods: tuple[Any, ...], why: str) -> None:
+    body = guarded_model(*mods)
+    reason = guard.unavailable(spec_of(body))
+    assert reason is not None and why in reason
+    assert guard.unavailable(spec_of(model())) is not None and "routing.gateway" in str(guard.unavailable(
+        spec_of(model())))
+    assert guard.unavailable(spec_of(guarded_model())) is None
+
+
+def test_the_guard_deployment_runs_the_guard_with_the_models_floor_and_budget() -> None:
+    body = guarded_model(set_("quantization.qualityGate", {"minSpearman": 0.995, "minTopKAgreement": 0.8,
+                                                           "topK": 5}))
+    assert SETTINGS is not None
+    dep = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS, below_floor={"cpu"})
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"][:3] == ["python", "-m", "quality_guard.server"]
+    raw = next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)
+    config = server.Config.from_dict(json.loads(raw))  # what the guard process will parse
+    assert (config.namespace, config.model) == ("search", "bge-m3")
+    assert config.floor == detector.Floor(min_spearman=0.995, min_topk=0.8) and config.k == 5
+    assert config.pools == {"cpu": "http://bge-m3-cpu.search.svc:80"}
+    assert config.reference == "http://bge-m3-gpu.search.svc:80"
+    assert config.calls_per_second == 3.0 and config.fraction == 1.0  # the mirror samples
+    assert config.below_floor == ("cpu",)
+    assert server.Guard(config).detectors["cpu"].state == "below_floor"  # a restarted guard keeps the verdict
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["image"] == spec_of(body).quantization.image
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert names.LABEL_POOL not in labels  # never selected as a pool, by the model Service or the autoscaler
+    svc = guard.build_guard_service(owner_of(body))
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+
+
+def test_api_keys_of_the_pools_reach_the_guard_from_their_secrets() -> None:
+    key = {"apiKeySecretRef": {"name": "tei-key", "key": "k"}}
+    body = guarded_model(set_("pools.cpu.tei", key), set_("pools.gpu.tei", key))
+    assert SETTINGS is not None
+    c = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS, ())["spec"]["template"]["spec"][
+        "containers"][0]
+    config = server.Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
+    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+    assert set(secrets) == set(config.api_key_env.values()) and len(secrets) == 2
+    environ = {var: f"key-of-{name}" for name, var in config.api_key_env.items()}
+    assert server.api_keys(config, environ) == {config.reference: "key-of-reference",
+                                                 config.pools["cpu"]: "key-of-cpu"}
+
+
+def test_the_route_mirrors_the_class_fraction_to_the_guard_and_the_plan_adds_the_guard() -> None:
+    plan = plan_for(guarded_model(), {})
+    route = by_kind(plan, "HTTPRoute")["bge-m3"]
+    (mirror,) = route["spec"]["rules"][0]["filters"]
+    assert mirror["type"] == "RequestMirror"
+    assert mirror["requestMirror"]["backendRef"] == {"name": "bge-m3-guard", "port": names.SERVICE_PORT}
+    fraction = mirror["requestMirror"]["fraction"]
+    assert fraction["numerator"] / fraction["denominator"] == pytest.approx(0.02)
+    assert "bge-m3-guard" in by_kind(plan, "Deployment") and "bge-m3-guard" in by_kind(plan, "Service")
+
+
+def test_a_guard_that_is_no_longer_wanted_is_deleted_and_the_mirror_goes() -> None:
+    world = FakeWorld()
+    body = guarded_model()
+    for _ in range(3):
+        world.run(plan_for(body, {}, world))
+    assert ("Deployment", "bge-m3-guard") in world.objects
+    assert plan_for(body, {}, world).writes == 0  # idle once applied
+    off = plan_for(body, {}, world, settings_=None)
+    assert {(r.kind, r.name) for r in off.delete} >= {("Deployment", "bge-m3-guard"), ("Service", "bge-m3-guard")}
+    route = by_kind(off, "HTTPRoute")["bge-m3"]
+    assert "filters" not in route["spec"]["rules"][0]
+
+
+def test_the_network_policy_admits_the_guard_when_the_namespace_is_not() -> None:
+    body = guarded_model()
+    rclass = {"spec": {"network": {"allowSameNamespace": False}, **CLASS_SPEC}}
+    policy = network.build_network_policy(body, rclass)
+    assert policy is not None
+    peers = policy["spec"]["ingress"][0]["from"]
+    guard_pod = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS or guard.GuardSettings(),
+                                             ())["spec"]["template"]["metadata"]["labels"]
+    assert any(all(guard_pod.get(k) == v for k, v in p.get("podSelector", {}).get("matchLabels", {}).items())
+               and "namespaceSelector" not in p and p.get("podSelector", {}).get("matchLabels") for p in peers)
+    unguarded = network.build_network_policy(body, {"spec": {"network": {"allowSameNamespace": False}}})
+    assert unguarded is not None and not unguarded["spec"].get("ingress")
+
+
+# --- the verdict, as the real guard exports it --------------------------------------------------------------------
+
+def guard_with(state: str) -> server.Guard:
+    """A real guard whose CPU pool is healthy or reversed (a ranking upside down), fed until it has decided."""
+    config = server.Config(namespace="search", model="bge-m3", pools={"cpu": "http://cpu"}, reference="http://gpu",
+                           settings=detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1),
+                           fraction=1.0, calls_per_second=1e6)
+
+    def post(base: str, body: Any) -> list[float]:
+        scores = [float(len(t)) for t in body["texts"]]
+        return [-s for s in scores] if base == "http://cpu" and state == "broken" else scores
+
+    g = server.Guard(config, post=post)
+    body = {"query": "q", "texts": [f"passage {'x' * i}" for i in range(8)]}
+    for _ in range(30):
+        assert g.offer(body)
+        g.check(body)
+    return g
+
+
+def test_the_verdict_is_read_from_what_the_real_guard_exports() -> None:
+    healthy = quality.parse_metrics(guard_with("healthy").metrics().decode(), "search", "bge-m3")
+    assert healthy.error is None and healthy.below_floor == frozenset()
+    assert healthy.pools["cpu"].window_requests == 20 and healthy.pools["cpu"].spearman == pytest.approx(1.0)
+    broken = quality.parse_metrics(guard_with("broken").metrics().decode(), "search", "bge-m3")
+    assert broken.below_floor == {"cpu"}
+    assert broken.pools["cpu"].spearman is not None and broken.pools["cpu"].spearman < 0
+    # Another model's page (a misrouted address) is no verdict at all, and neither is an error page.
+    other = quality.parse_metrics(guard_with("broken").metrics().decode(), "search", "other")
+    assert other.error is not None and not other.pools
+    assert quality.parse_metrics("<html>oops</html>", "search", "bge-m3").error is not None
+
+
+def test_a_guard_without_figures_yet_is_pending_not_verified() -> None:
+    fresh = server.Guard(server.Config(namespace="search", model="bge-m3", pools={"cpu": "a"}, reference="b"),
+                         post=lambda base, body: [0.0])
+    verdict = quality.parse_metrics(fresh.metrics().decode(), "search", "bge-m3")
+    cond = quality.condition(verdict, None, frozenset(), {"gpu": 1, "cpu": 1})
+    assert (cond.status, cond.reason) == ("Unknown", conditions.REASON_GUARD_PENDING)
+
+
+# --- acting on it ---------------------------------------------------------------------------------------------------
+
+def below(*pools: str) -> quality.Verdict:
+    return quality.Verdict({p: quality.PoolQuality(below_floor=p in pools, window_requests=100, spearman=0.93,
+                                                   spearman_low=0.91, topk_agreement=0.7) for p in ("cpu",)})
+
+
+def test_assess_flips_the_condition_posts_events_and_keeps_the_verdict_when_the_guard_is_silent() -> None:
+    ready = {"gpu": 2, "cpu": 1}
+    out = quality.assess({}, below("cpu"), None, ready, "bge-m3-guard")
+    assert out.below_floor == {"cpu"} and out.record["belowFloor"] == ["cpu"]
+    assert (out.condition.status, out.condition.reason) == ("False", conditions.REASON_BELOW_FLOOR)
+    assert "0.93" in out.condition.message and "GPU pool" in out.condition.message
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", conditions.REASON_BELOW_FLOOR)]
+    status = {"quality": out.record}
+    for silent in (None, quality.Verdict(error="timed out")):  # no ready pod, or no answer: keep the pool out
+        kept = quality.assess(status, silent, None, ready, "bge-m3-guard")
+        assert kept.below_floor == {"cpu"} and kept.events == () and kept.condition.status == "False"
+    back = quality.assess(status, below(), None, ready, "bge-m3-guard")
+    assert back.below_floor == frozenset() and back.condition.status == "True"
+    assert [(e.type, e.reason) for e in back.events] == [("Normal", conditions.REASON_QUALITY_RESTORED)]
+    gone = quality.assess(status, None, "no GPU pool", ready, "bge-m3-guard")
+    assert gone.below_floor == frozenset() and gone.condition.reason == conditions.REASON_GUARD_NOT_APPLICABLE
+
+
+def test_routing_keeps_traffic_away_from_a_pool_below_the_floor_only_while_the_other_can_serve() -> None:
+    s = spec_of(guarded_model(set_("routing.policy", "fixed"), set_("routing.weights", {"gpu": 50, "cpu": 50})))
+    assert routing.split(s, 2, 2).cpu_percent == 50
+    assert (routing.split(s, 2, 2, below_floor={"cpu"}).cpu_percent,
+            routing.split(s, 2, 2, below_floor={"gpu"}).gpu_percent) == (0, 0)
+    assert routing.split(s, 0, 2, below_floor={"cpu"}).cpu_percent == 100  # a worse ranking beats no answer
+    assert routing.split(s, 2, 2, below_floor={"cpu", "gpu"}).cpu_percent == 50  # nothing better to send it to
+    # The reconcile loop reads it from the status the autoscaler recorded (once the pools have ready replicas).
+    body = guarded_model(set_("routing.policy", "fixed"), set_("routing.weights", {"gpu": 50, "cpu": 50}))
+    world = FakeWorld()
+    for _ in range(2):
+        world.run(plan_for(body, {}, world))
+    plan = plan_for(body, {"quality": {"guard": "bge-m3-guard", "belowFloor": ["cpu"]}}, world)
+    weights = {b["name"]: b["weight"] for b in by_kind(plan, "HTTPRoute")["bge-m3"]["spec"]["rules"][0]["backendRefs"]}
+    assert weights == {"bge-m3-gpu": 100, "bge-m3-cpu": 0}
+
+
+def test_the_policy_sizes_the_gpu_for_everything_while_the_cpu_pool_is_below_the_floor() -> None:
+    # A burst the GPU cannot take alone: normally part of it spills to the CPU pool.
+    hot = Signals(pool(2, rate=400, p95=600, queue=30), pool(2, rate=100, p95=200))
+    normal = decide(spec(gpu=(1, 10)), hot, Current(2, 2, 20), History(), 10_000.0)
+    assert normal.cpu_percent > 0
+    guarded = decide(spec(gpu=(1, 10)), Signals(hot.gpu, hot.cpu, below_floor=frozenset({"cpu"})),
+                     Current(2, 2, 20), History(), 10_000.0)
+    assert guarded.cpu_percent == 0 and guarded.gpu_replicas > 2
+    assert "quality floor" in guarded.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpu_ready=st.integers(0, 4), cpu_ready=st.integers(0, 4), cpu_percent=st.integers(0, 100),
+       rate=st.floats(0, 800), p95=st.floats(10, 2000), quality_below=st.sampled_from(["cpu", "gpu"]))
+def test_a_pool_below_the_floor_never_gets_traffic_while_the_other_has_ready_replicas(
+        gpu_ready: int, cpu_ready: int, cpu_percent: int, rate: float, p95: float, quality_below: str) -> None:
+    signals = Signals(pool(gpu_ready, rate=rate, p95=p95), pool(cpu_ready, rate=rate / 4, p95=p95),
+                      below_floor=frozenset({quality_below}))
+    d = decide(spec(gpu=(1, 4), cpu=(1, 6)), signals, Current(max(gpu_ready, 1), max(cpu_ready, 1), cpu_percent),
+               History(), 10_000.0)
+    other_ready = cpu_ready if quality_below == "gpu" else gpu_ready
+    share = d.cpu_percent if quality_below == "cpu" else d.gpu_percent
+    if other_ready > 0:
+        assert share == 0, d.reason
+
+
+def test_the_autoscalers_status_part_carries_the_quality_record_and_its_condition() -> None:
+    out = quality.assess({}, below("cpu"), None, {"gpu": 1, "cpu": 1}, "bge-m3-guard")
+    patch = statuses.autoscaler_patch({}, None, [out.condition], generation=3, now=NOW, quality=out.record)
+    assert patch["quality"]["belowFloor"] == ["cpu"]
+    (cond,) = patch["conditions"]
+    assert (cond["type"], cond["observedGeneration"]) == (conditions.QUALITY_VERIFIED, 3)
+    # Same verdict, new figures: nothing material, nothing written.
+    again = quality.assess(patch, below("cpu"), None, {"gpu": 1, "cpu": 1}, "bge-m3-guard")
+    assert statuses.autoscaler_patch(patch, None, [again.condition], generation=3, now=NOW,
+                                     quality=again.record) == {}
+    # The class turns the guard off: the record and the condition go.
+    off = statuses.autoscaler_patch(patch, None, [], generation=3, now=NOW)
+    assert off["quality"] is None and off["conditions"] == []
+
+
+def test_compare_agreement_is_what_the_detector_is_fed() -> None:
+    # The guard's own comparison of a reversed ranking: the request counts as failed (what flips a pool).
+    a = compare.agreement([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0], k=3, raw=False)
+    assert detector.Detector().failed(a)

@@ -11,7 +11,8 @@ and updates the metrics served on ``GET /metrics`` (Prometheus text format):
   ``rerank_guard_topk_agreement`` (mean over requests), each with ``_ci95_low`` / ``_ci95_high``;
   ``rerank_guard_request_spearman`` (mean per request), ``rerank_guard_failure_ratio``,
   ``rerank_guard_max_abs_diff``, ``rerank_guard_window_requests``;
-  ``rerank_guard_below_floor`` (1 while the pool is below the floor with confidence), all labelled
+  ``rerank_guard_below_floor`` (1 while the pool is below the floor with confidence),
+  ``rerank_guard_compared_requests`` (since the process started), all labelled
   ``namespace``, ``rerankmodel``, ``pool`` as the operator's own metrics are;
 - counters: ``rerank_guard_transitions_total`` (per pool), ``rerank_guard_requests_total`` by ``outcome``
   (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``.
@@ -155,7 +156,9 @@ class Guard:
                   "failure_ratio": g("failure_ratio", "Share of sampled requests with broken scores (window)."),
                   "max_abs_diff": g("max_abs_diff", "Largest score difference from the reference (window)."),
                   "window": g("window_requests", "Sampled requests in the detection window."),
-                  "below": g("below_floor", "1 while the pool ranks below the quality floor with confidence.")}
+                  "below": g("below_floor", "1 while the pool ranks below the quality floor with confidence."),
+                  "compared": g("compared_requests", "Sampled requests compared on the pool since this process "
+                                                     "started (what a canary's promotion counts).")}
         self.transitions = Counter("rerank_guard_transitions", "Changes of a pool's state.", LABELS,
                                    registry=self.registry)
         self.requests = Counter("rerank_guard_requests", "Mirrored requests by what the guard did with them.",
@@ -216,7 +219,8 @@ class Guard:
                   "spearman_ci95_high": f.spearman.high, "request_spearman": f.request_spearman.mean,
                   "topk": f.topk.mean, "topk_ci95_low": f.topk.low, "topk_ci95_high": f.topk.high,
                   "failure_ratio": f.failure_rate, "max_abs_diff": f.max_abs_diff,
-                  "window": float(f.requests), "below": 1.0 if st.state == "below_floor" else 0.0}
+                  "window": float(f.requests), "below": 1.0 if st.state == "below_floor" else 0.0,
+                  "compared": float(self.detectors[pool].samples)}
         for name, v in values.items():
             self.g[name].labels(self.config.namespace, self.config.model, pool).set(v)
 

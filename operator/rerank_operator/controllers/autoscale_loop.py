@@ -326,7 +326,8 @@ class ModelAutoscaler:
         if self.guard is None:
             return None
         return quality.assess(body.get("status") or {}, verdict, self.guard_why_not,
-                              {pool: view.ready(pool) for pool in config.POOLS}, names.guard_name(self.name))
+                              {pool: view.ready(pool) for pool in config.POOLS}, names.guard_name(self.name),
+                              self.guard.canary_requests)
 
     def _check_quality_only(self, owner: names.Owner, body: Mapping[str, Any], view: PoolsView) -> None:
         """With autoscaling off: the quality guard's verdict alone (routing acts on it in the reconcile loop)."""
@@ -342,8 +343,10 @@ class ModelAutoscaler:
     def _post_quality(self, owner: names.Owner, assessment: quality.Assessment) -> None:
         for event in assessment.events:
             self.cluster.post_event(owner, events.Event(event.type, event.reason, event.message[:MAX_REASON]))
-        if assessment.events:
-            self.after_decision()  # the reconcile loop moves the traffic (routing.split reads status.quality)
+        if assessment.events or assessment.canary_decided:
+            # The reconcile loop moves the traffic (routing.split reads status.quality), or promotes or rolls back
+            # the canary (plan.py reads status.quality.canary).
+            self.after_decision()
 
     def finish(self, p: Prepared, signals: Signals, verdict: quality.Verdict | None = None) -> float:
         """Decide from ``signals`` (and the quality guard's ``verdict``) and record the decision if it changed;

@@ -45,9 +45,11 @@ ANNOTATION_RECOVERS = f"{GROUP}/recovers-result"  # on Jobs: how many attempts i
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
 
 Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy",
-                    "quality-guard"]
+                    "quality-guard", "cpu-canary"]
 COMPONENT_QUANTIZER: Component = "quantizer"
 COMPONENT_GUARD: Component = "quality-guard"
+COMPONENT_CANARY: Component = "cpu-canary"  # a new artifact's CPU Deployment beside the stable one (plan.py)
+CANARY = "canary"  # the canary's name among the pools the quality guard checks
 GUARD_PORT = 8080  # the quality guard's /rerank (mirrored copies) and /metrics
 PoolName = Literal["cpu", "gpu"]
 POOLS: tuple[PoolName, PoolName] = ("cpu", "gpu")
@@ -87,6 +89,11 @@ def model_service_name(model: str) -> str:
 
 def route_name(model: str) -> str:
     return model
+
+
+def canary_name(model: str) -> str:
+    """The canary CPU Deployment and its Service."""
+    return f"{model}-canary"
 
 
 def guard_name(model: str) -> str:

@@ -26,7 +26,7 @@ from rerank_operator.core.builders import deployment, guard, job, routing, servi
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.spec import RerankModelSpec
 
-PendingState = Literal["Creating", "Running", "Failed"]
+PendingState = Literal["Creating", "Running", "Failed", "Canary", "RolledBack"]
 #: Attempts in a row that may be started to recover a finished Job's lost result; beyond, the model reports
 #: ResultLost as a failure (a message that is never a result would otherwise start Jobs forever).
 MAX_RESULT_RECOVERIES = 3
@@ -49,8 +49,20 @@ class Pending:
 class ArtifactDecision:
     desired_id: str | None  # None: quantization disabled, pools serve the source
     served: Mapping[str, Any] | None  # the status.artifact record the pools serve after this plan
-    published: bool = False  # ``served`` was published by a Job in this plan
+    published: bool = False  # ``served`` was published by a Job (or promoted from a canary) in this plan
     pending: Pending | None = None
+    # The desired artifact's record while it is a canary (pending.state "Canary") or after it was rolled back
+    # ("RolledBack"): status.canary keeps it, so neither depends on the Job still being there.
+    canary: Mapping[str, Any] | None = None
+    canary_since: str | None = None
+
+
+@dataclass(frozen=True)
+class CanaryPolicy:
+    """How new artifacts reach traffic when the model's quality guard can judge them (``builders/guard.py``)."""
+
+    percent: int
+    requests: int
 
 
 @dataclass(frozen=True)
@@ -83,8 +95,9 @@ class Plan:
         return len(self.apply) + len(self.create) + len(self.delete) + len(self.scale)
 
 
-def artifact_record(result: contract.JobResult, artifact_id: str, now: str) -> dict[str, Any]:
-    """status.artifact from a Job's result."""
+def artifact_record(result: contract.JobResult, artifact_id: str, now: str, source: str = "") -> dict[str, Any]:
+    """status.artifact from a Job's result; ``source``: the weights it was made from (``spec.model.display``), which
+    tells whether a canary can be judged against the GPU pool (the same weights) or not."""
     return {
         "id": result.artifact_id or artifact_id,
         "path": result.path or contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
@@ -94,6 +107,7 @@ def artifact_record(result: contract.JobResult, artifact_id: str, now: str) -> d
         "speed": {k: float(v) for k, v in result.speed.items()},
         "recipe": dict(result.recipe),
         "publishedAt": now,
+        **({"source": source} if source else {}),
     }
 
 
@@ -102,16 +116,61 @@ def _jobs_for(observed: Observed, artifact_id: str | None) -> list[Obj]:
     return sorted(mine, key=job.attempt_of)
 
 
+def _canary_step(desired: str, served: Mapping[str, Any] | None, status: Mapping[str, Any], now: str,
+                 canary: CanaryPolicy | None) -> ArtifactDecision | None:
+    """Where the desired artifact's canary stands (None: it has none). The quality guard's verdict on it is
+    recorded by the autoscaler in ``status.quality.canary``: promote, roll back, or keep running."""
+    ongoing = status.get("canary") or {}
+    record = ongoing.get("artifact") or {}
+    if record.get("id") != desired:
+        return None
+    since = str(ongoing.get("since") or now)
+    if ongoing.get("state") == "RolledBack":
+        return ArtifactDecision(desired, served, canary=record, canary_since=since, pending=Pending(
+            desired, "", 0, "RolledBack", conditions.REASON_CANARY_ROLLED_BACK, str(ongoing.get("message") or "")))
+    verdict = (status.get("quality") or {}).get("canary") or {}
+    judged = verdict.get("id") == desired
+    if canary is None or not served or (judged and verdict.get("verdict") == "promote"):
+        # Promoted, or nobody left to judge it (the class turned the guard off): it serves, as without a canary.
+        return ArtifactDecision(desired, {**record, "publishedAt": now}, published=True)
+    if judged and verdict.get("verdict") == "rollback":
+        message = (f"canary artifact {desired} ranked below the quality floor: {verdict.get('message', '')}; "
+                   f"artifact {served.get('id')} keeps serving (change the spec to try again)")
+        return ArtifactDecision(desired, served, canary=record, canary_since=now, pending=Pending(
+            desired, "", 0, "RolledBack", conditions.REASON_CANARY_ROLLED_BACK, message))
+    return ArtifactDecision(desired, served, canary=record, canary_since=since, pending=Pending(
+        desired, "", 0, "Canary", conditions.REASON_CANARY, _canary_message(desired, served, canary, verdict)))
+
+
+def _canary_message(desired: str, served: Mapping[str, Any], canary: CanaryPolicy,
+                    verdict: Mapping[str, Any]) -> str:
+    compared = verdict.get("comparedRequests") if verdict.get("id") == desired else None
+    progress = f"{compared}/{canary.requests}" if compared is not None else f"0/{canary.requests}"
+    return (f"artifact {desired} serves {canary.percent}% of the requests as a canary beside {served.get('id')}; "
+            f"promoted after {canary.requests} requests compared within the quality floor ({progress} so far)")
+
+
+def _starts_canary(record: Mapping[str, Any], served: Mapping[str, Any] | None, canary: CanaryPolicy | None) -> bool:
+    """A new artifact goes through a canary when the guard can judge it: a stable artifact serves, and both come
+    from the same weights (the GPU pool, the guard's reference, serves the stable artifact's weights)."""
+    return (canary is not None and canary.percent > 0 and bool(served)
+            and bool(record.get("source")) and (served or {}).get("source") == record.get("source"))
+
+
 def decide_artifact(
-    owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str
+    owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
+    canary: CanaryPolicy | None = None,
 ) -> tuple[ArtifactDecision, Obj | None]:
-    """The artifact decision and the Job to create (if any)."""
+    """The artifact decision and the Job to create (if any). ``canary``: new artifacts first serve as a canary."""
     desired = artifact.artifact_id(spec)
     served = status.get("artifact") or None
     if desired is None:
         return ArtifactDecision(None, None), None
     if served and served.get("id") == desired:
         return ArtifactDecision(desired, served), None
+    step = _canary_step(desired, served, status, now, canary)
+    if step is not None:
+        return step, None
     claim = storage.claim_name(owner, spec)
     jobs = _jobs_for(observed, desired)
     if not jobs:
@@ -124,7 +183,13 @@ def decide_artifact(
     out = job.outcome(latest, observed.pods_of(latest))
     name = latest["metadata"]["name"]
     if out.state == "Succeeded" and out.result is not None:
-        return ArtifactDecision(desired, artifact_record(out.result, desired, now), published=True), None
+        record = artifact_record(out.result, desired, now, source=spec.model.display)
+        if canary is not None and _starts_canary(record, served, canary):
+            assert served is not None
+            return ArtifactDecision(desired, served, canary=record, canary_since=now, pending=Pending(
+                desired, name, attempt, "Canary", conditions.REASON_CANARY,
+                _canary_message(desired, served, canary, {}))), None
+        return ArtifactDecision(desired, record, published=True), None
     if out.state == "Succeeded":  # the result died with the pod: the manifest on the volume is read by a new attempt
         recovers = job.recovers_of(latest) + 1
         if recovers <= MAX_RESULT_RECOVERIES:
@@ -201,13 +266,30 @@ def _guard_leftovers(owner: names.Owner, observed: Observed) -> list[ObjectRef]:
     return found
 
 
+def _canary_leftovers(owner: names.Owner, observed: Observed) -> list[ObjectRef]:
+    """The canary's Deployment and Service once it is promoted or rolled back."""
+    found = []
+    live = observed.deployments.get(names.COMPONENT_CANARY)
+    if live is not None and not live["metadata"].get("deletionTimestamp"):
+        found.append(ObjectRef("apps/v1", "Deployment", owner.namespace, live["metadata"]["name"]))
+    if names.canary_name(owner.name) in observed.services:
+        found.append(ObjectRef("v1", "Service", owner.namespace, names.canary_name(owner.name)))
+    return found
+
+
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
     network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
-    ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``)."""
-    decision, new_job = decide_artifact(owner, spec, observed, status, now)
+    ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
+    artifacts go through a canary."""
+    judge = guard.applies(spec, guard_settings) and guard_settings is not None and guard_settings.canary_percent > 0
+    canary_policy = (CanaryPolicy(guard_settings.canary_percent, guard_settings.canary_requests)
+                     if judge and guard_settings is not None else None)
+    decision, new_job = decide_artifact(owner, spec, observed, status, now, canary_policy)
+    canary_running = decision.pending is not None and decision.pending.state == "Canary" and decision.canary
+    canary_id = str((decision.canary or {}).get("id")) if canary_running else None
     claim = storage.claim_name(owner, spec)
     serving = (decision.served or {}).get("id") if decision.desired_id is not None else None
     pools_deployed = decision.desired_id is None or serving is not None
@@ -233,13 +315,17 @@ def compute(
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
     mirror = guard.mirror_filter(owner, guard_settings) if guarded and guard_settings is not None else None
-    route = routing.build_httproute(owner, spec, traffic, mirror) if pools_deployed else None
+    canary_share = canary_policy.percent if canary_id and canary_policy else 0
+    route = routing.build_httproute(owner, spec, traffic, mirror, canary_share) if pools_deployed else None
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
         desired.extend(o for o in (route, network_policy) if o is not None)
     if guarded and guard_settings is not None:
-        desired.append(guard.build_guard_deployment(owner, spec, guard_settings, below_floor))
+        desired.append(guard.build_guard_deployment(owner, spec, guard_settings, below_floor, canary=bool(canary_id)))
         desired.append(guard.build_guard_service(owner))
+    if canary_id and pools_deployed:
+        desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True))
+        desired.append(service.build_canary_service(owner))
 
     to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))
     deletes = _obsolete_jobs(observed, decision)
@@ -254,6 +340,8 @@ def compute(
             deletes.append(ObjectRef("v1", "Service", owner.namespace, svc))
     if not guarded:
         deletes.extend(_guard_leftovers(owner, observed))
+    if not canary_id:
+        deletes.extend(_canary_leftovers(owner, observed))
     live_policy = observed.network_policy
     if network_policy is None and live_policy is not None and not live_policy["metadata"].get("deletionTimestamp"):
         deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,

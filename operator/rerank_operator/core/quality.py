@@ -37,6 +37,7 @@ class PoolQuality:
 
     below_floor: bool
     window_requests: int
+    compared_requests: int = 0  # since the guard process started
     spearman: float | None = None
     spearman_low: float | None = None
     topk_agreement: float | None = None
@@ -71,10 +72,12 @@ class Verdict:
 
     @property
     def below_floor(self) -> frozenset[str]:
-        return frozenset(p for p, q in self.pools.items() if q.below_floor)
+        """Serving pools (cpu, gpu) below the floor: what routing keeps traffic away from."""
+        return frozenset(p for p, q in self.pools.items() if q.below_floor and p in names.POOLS)
 
 
 _FIGURES = {"rerank_guard_below_floor": "below_floor", "rerank_guard_window_requests": "window_requests",
+            "rerank_guard_compared_requests": "compared_requests",
             "rerank_guard_spearman": "spearman", "rerank_guard_spearman_ci95_low": "spearman_low",
             "rerank_guard_topk_agreement": "topk_agreement", "rerank_guard_topk_agreement_ci95_low": "topk_low",
             "rerank_guard_failure_ratio": "failure_ratio"}
@@ -96,10 +99,11 @@ def parse_metrics(text: str, namespace: str, model: str) -> Verdict:
         found.setdefault(labels.get("pool", ""), {})[key] = sample.value
     pools: dict[str, PoolQuality] = {}
     for pool, values in found.items():
-        if pool not in names.POOLS or "below_floor" not in values:
+        if pool not in (*names.POOLS, names.CANARY) or "below_floor" not in values:
             continue
         pools[pool] = PoolQuality(
             below_floor=values["below_floor"] >= 0.5, window_requests=int(values.get("window_requests", 0)),
+            compared_requests=int(values.get("compared_requests", 0)),
             **{k: _finite(values.get(k)) for k in ("spearman", "spearman_low", "topk_agreement", "topk_low",
                                                    "failure_ratio")})
     if not pools:
@@ -186,26 +190,61 @@ def _round(value: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class Assessment:
-    """One look at a guarded model: what to record, the condition, the pools below the floor, the Events."""
+    """One look at a guarded model: what to record, the condition, the pools below the floor, the Events, and whether
+    the guard just decided a canary (the reconcile loop then promotes or rolls it back at once)."""
 
     record: Mapping[str, Any]
     condition: Condition
     below_floor: frozenset[str]
     events: tuple[Event, ...]
+    canary_decided: bool = False
+
+
+def canary_verdict(status: Mapping[str, Any], verdict: Verdict | None,
+                   min_requests: int) -> dict[str, Any] | None:
+    """``status.quality.canary`` while a canary runs (``status.canary``): rollback as soon as the guard finds it below
+    the floor, promote once it compared ``min_requests`` requests on it within the floor, else running. A decision
+    sticks (the plan acts on it; a guard restarted meanwhile must not undo it)."""
+    ongoing = status.get("canary") or {}
+    if ongoing.get("state") != "Running":
+        return None
+    canary_id = (ongoing.get("artifact") or {}).get("id")
+    before = (status.get("quality") or {}).get("canary") or {}
+    if before.get("id") == canary_id and before.get("verdict") in ("promote", "rollback"):
+        return dict(before)
+    found = verdict.pools.get(names.CANARY) if verdict is not None and verdict.error is None else None
+    if found is None:
+        compared = int(before.get("comparedRequests", 0)) if before.get("id") == canary_id else 0
+        return {"id": canary_id, "verdict": "running", "comparedRequests": compared,
+                "message": "the guard has not compared the canary yet"}
+    state = "running"
+    if found.below_floor:
+        state = "rollback"
+    elif found.compared_requests >= min_requests:
+        state = "promote"
+    return {"id": canary_id, "verdict": state, "comparedRequests": found.compared_requests,
+            "message": found.summary()}
 
 
 def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | None,
-           ready: Mapping[str, int], guard_name: str) -> Assessment:
+           ready: Mapping[str, int], guard_name: str, canary_requests: int = 0) -> Assessment:
     """From the model's recorded status and this look's verdict from its guard ``guard_name`` (None: no ready guard pod;
     ``why_not``: the model cannot be checked). Without a fresh verdict, the recorded pools below the floor stay so
-    (``status_record``)."""
+    (``status_record``). ``canary_requests``: what a canary must show before it is promoted."""
     before = below_floor_of(status)
     fresh = verdict is not None and verdict.error is None
     below: frozenset[str] = frozenset()
     if why_not is None:
         below = verdict.below_floor if fresh and verdict is not None else before
     record = status_record(verdict, guard_name, why_not)
+    decided = False
     if why_not is None:
         record["belowFloor"] = sorted(below)
+        canary = canary_verdict(status, verdict, canary_requests)
+        if canary is not None:
+            record["canary"] = canary
+            previous = (status.get("quality") or {}).get("canary") or {}
+            decided = canary["verdict"] != "running" and (previous.get("id"), previous.get("verdict")) != (
+                canary["id"], canary["verdict"])
     return Assessment(record, condition(verdict, why_not, below, ready), below,
-                      tuple(events(before, below, verdict)))
+                      tuple(events(before, below, verdict)), decided)

@@ -32,7 +32,8 @@ from rerank_operator.core.spec import RerankModelSpec
 from rerank_operator.core.tenancy import QuotaBlock
 
 AUTOSCALER_KEYS = ("autoscaling", "quality")  # and the conditions in conditions.AUTOSCALER_OWNED
-OWNED_KEYS = ("observedGeneration", "phase", "model", "artifact", "pendingArtifact", "pools", "traffic", "conditions")
+OWNED_KEYS = ("observedGeneration", "phase", "model", "artifact", "pendingArtifact", "canary", "pools", "traffic",
+              "conditions")
 
 
 def _pools(spec: RerankModelSpec, observed: Observed, plan: Plan) -> dict[str, Any] | None:
@@ -52,6 +53,16 @@ def _pools(spec: RerankModelSpec, observed: Observed, plan: Plan) -> dict[str, A
             entry["artifact"] = served
         pools[pool.name] = entry
     return pools or None
+
+
+def _canary(plan: Plan) -> dict[str, Any] | None:
+    """``status.canary``: the desired artifact's record while it is a canary, or after it was rolled back (so the
+    plan neither depends on its Job nor tries it again until the spec changes)."""
+    decision, pending = plan.artifact, plan.artifact.pending
+    if decision.canary is None or pending is None or pending.state not in ("Canary", "RolledBack"):
+        return None
+    return {"artifact": dict(decision.canary), "state": "Running" if pending.state == "Canary" else "RolledBack",
+            "since": decision.canary_since, "message": pending.message}
 
 
 def _traffic(spec: RerankModelSpec, plan: Plan) -> dict[str, Any]:
@@ -79,6 +90,8 @@ def model_ready(spec: RerankModelSpec, plan: Plan) -> Condition:
         return Condition(conditions.MODEL_READY, "True", conditions.REASON_ARTIFACT_PUBLISHED,
                          _describe(decision.served))
     assert pending is not None
+    if pending.state in ("Canary", "RolledBack"):
+        return Condition(conditions.MODEL_READY, "False", pending.reason, pending.message)
     still = f"; artifact {decision.served['id']} keeps serving" if decision.served else ""
     if pending.state == "Failed":
         return Condition(conditions.MODEL_READY, "False", pending.reason,
@@ -111,6 +124,8 @@ def degraded(facts: readiness.Facts) -> Condition:
     pending = facts.plan.artifact.pending
     if pending is not None and pending.state == "Failed":
         problems.append(readiness.Verdict(pending.reason, f"quantization Job {pending.job} failed: {pending.message}"))
+    if pending is not None and pending.state == "RolledBack":
+        problems.append(readiness.Verdict(pending.reason, pending.message))
     for pool, live in sorted(facts.observed.deployments.items()):
         for cond in live.get("status", {}).get("conditions") or ():
             if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
@@ -216,6 +231,7 @@ def compute(
             "id": pending.id, "job": pending.job, "attempts": pending.attempts, "state": pending.state,
             "reason": pending.reason, "message": pending.message,
         } if pending else None,
+        "canary": _canary(plan),
         "pools": _pools(spec, observed, plan),
         "traffic": _traffic(spec, plan),
         "conditions": _merged(previous, list(decided.values()), compliance, generation=generation, now=now),
@@ -287,4 +303,5 @@ def _autoscaler_material(status: Mapping[str, Any]) -> tuple[Any, ...]:
     return (auto.get("fresh"),
             tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
             tuple(sorted(conds, key=lambda c: str(c[0]))),
-            quality.get("guard"), tuple(quality.get("belowFloor") or ()))
+            quality.get("guard"), tuple(quality.get("belowFloor") or ()),
+            tuple((quality.get("canary") or {}).get(k) for k in ("id", "verdict")))

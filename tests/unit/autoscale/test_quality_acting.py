@@ -277,3 +277,156 @@ def test_compare_agreement_is_what_the_detector_is_fed() -> None:
     # The guard's own comparison of a reversed ranking: the request counts as failed (what flips a pool).
     a = compare.agreement([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0], k=3, raw=False)
     assert detector.Detector().failed(a)
+
+
+# --- canary rollouts ------------------------------------------------------------------------------------------------
+
+class GuardedLife:
+    """plan -> fake API server -> status, for a guarded model (as test_lifecycle.Life, with the class's guard), and
+    the autoscaler's half: the guard's verdict recorded as the autoscaler records it."""
+
+    def __init__(self, body: dict[str, Any], settings_: guard.GuardSettings | None = SETTINGS) -> None:
+        self.body, self.settings = body, settings_
+        self.world = FakeWorld()
+        self.status: dict[str, Any] = {}
+        self.events: list[str] = []
+
+    def step(self, body: dict[str, Any] | None = None) -> plans.Plan:
+        from rerank_operator.core import events
+        self.body = body or self.body
+        owner, spec = owner_of(self.body), spec_of(self.body)
+        observed = self.world.observed()
+        plan = plans.compute(owner, spec, observed, self.status, NOW, guard_settings=self.settings)
+        self.world.run(plan)
+        new = statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
+        self.events += [e.reason for e in events.transitions(self.status, new)]
+        self.status = new
+        return plan
+
+    def settle(self) -> None:
+        for _ in range(4):
+            if self.step().writes == 0:
+                break
+        assert self.step().writes == 0
+
+    def finish_job(self) -> str:
+        from rerankmodel_gen import finish, job_pod
+        desired = str(artifact.artifact_id(spec_of(self.body)))
+        [job] = [j for j in self.world.of_kind("Job") if "conditions" not in j.get("status", {})]
+        self.world.objects[("Job", job["metadata"]["name"])] = finish(job, True)
+        pod = job_pod(job, 0, published(desired))
+        self.world.objects[("Pod", pod["metadata"]["name"])] = pod
+        return desired
+
+    def guard_says(self, canary: quality.PoolQuality) -> quality.Assessment:
+        """One autoscaler tick: the guard's verdict (the CPU pool healthy, the canary as given), recorded."""
+        verdict = quality.Verdict({"cpu": quality.PoolQuality(False, 100, 500), names.CANARY: canary})
+        assert self.settings is not None
+        out = quality.assess(self.status, verdict, None, {"gpu": 1, "cpu": 1}, "bge-m3-guard",
+                             self.settings.canary_requests)
+        patch = statuses.autoscaler_patch(self.status, None, [out.condition], generation=1, now=NOW,
+                                          quality=out.record)
+        self.status = statuses.autoscaler_part(self.status, None, [out.condition], generation=1, now=NOW,
+                                               quality=out.record) if patch else self.status
+        return out
+
+    def cond(self, kind: str) -> tuple[str, str]:
+        c = conditions.find(self.status["conditions"], kind)
+        assert c is not None
+        return c["status"], c["reason"]
+
+    def served(self, name: str) -> str | None:
+        from rerank_operator.core.builders import deployment
+        return deployment.served_artifact(self.world.objects.get(("Deployment", name)))
+
+
+def new_recipe(body: dict[str, Any]) -> dict[str, Any]:
+    """The same weights, another artifact: what a class default or a quantization setting change does."""
+    changed = set_("quantization.perChannel", False)
+    out = json.loads(json.dumps(body))
+    changed(out)
+    out["metadata"]["generation"] = 2
+    return out
+
+
+def canary_running() -> tuple[GuardedLife, str, str]:
+    life = GuardedLife(guarded_model())
+    life.step()
+    stable = life.finish_job()
+    life.settle()
+    assert life.status["artifact"]["id"] == stable and life.status["artifact"]["source"]
+    life.step(new_recipe(life.body))
+    canary = life.finish_job()
+    life.settle()
+    return life, stable, canary
+
+
+def test_a_new_artifact_from_the_same_weights_first_serves_as_a_canary() -> None:
+    life, stable, canary = canary_running()
+    assert life.status["artifact"]["id"] == stable  # the stable artifact keeps serving
+    assert life.status["canary"]["state"] == "Running" and life.status["canary"]["artifact"]["id"] == canary
+    assert life.served("bge-m3-cpu") == stable and life.served("bge-m3-canary") == canary
+    assert life.world.objects[("Deployment", "bge-m3-canary")]["spec"]["replicas"] == 1
+    assert names.LABEL_POOL not in life.world.objects[("Deployment", "bge-m3-canary")]["spec"]["template"][
+        "metadata"]["labels"]
+    route = life.world.objects[("HTTPRoute", "bge-m3")]
+    weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]}
+    assert weights["bge-m3-canary"] / sum(weights.values()) == pytest.approx(0.05)
+    env = life.world.objects[("Deployment", "bge-m3-guard")]["spec"]["template"]["spec"]["containers"][0]["env"]
+    config = server.Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
+    assert set(config.pools) == {"cpu", names.CANARY}
+    assert life.cond("Ready") == ("False", conditions.REASON_CANARY) and life.status["phase"] == "Progressing"
+    assert life.cond("Degraded")[0] == "False"
+
+
+def test_a_canary_within_the_floor_is_promoted_after_enough_compared_requests() -> None:
+    life, stable, canary = canary_running()
+    assert SETTINGS is not None
+    early = life.guard_says(quality.PoolQuality(False, 100, SETTINGS.canary_requests - 1))
+    assert early.record["canary"]["verdict"] == "running" and not early.canary_decided
+    life.settle()
+    assert life.status["canary"]["state"] == "Running"
+    done = life.guard_says(quality.PoolQuality(False, 100, SETTINGS.canary_requests))
+    assert done.record["canary"]["verdict"] == "promote" and done.canary_decided
+    life.settle()
+    assert life.status["artifact"]["id"] == canary and "canary" not in life.status
+    assert life.served("bge-m3-cpu") == life.served("bge-m3-gpu") == canary
+    assert ("Deployment", "bge-m3-canary") not in life.world.objects
+    assert ("Service", "bge-m3-canary") not in life.world.objects
+    assert life.cond("Ready") == ("True", conditions.REASON_SERVING)
+    weights = [b["name"] for b in life.world.objects[("HTTPRoute", "bge-m3")]["spec"]["rules"][0]["backendRefs"]]
+    assert "bge-m3-canary" not in weights and stable != canary
+
+
+def test_a_canary_below_the_floor_is_rolled_back_and_not_tried_again() -> None:
+    life, stable, _ = canary_running()
+    out = life.guard_says(quality.PoolQuality(True, 60, 60, spearman=0.9))
+    assert out.record["canary"]["verdict"] == "rollback" and out.canary_decided
+    life.settle()
+    assert life.status["artifact"]["id"] == stable and life.served("bge-m3-cpu") == stable
+    assert life.status["canary"]["state"] == "RolledBack" and "0.9" in life.status["canary"]["message"]
+    assert ("Deployment", "bge-m3-canary") not in life.world.objects
+    assert life.cond("Degraded") == ("True", conditions.REASON_CANARY_ROLLED_BACK)
+    assert life.cond("Ready") == ("False", conditions.REASON_CANARY_ROLLED_BACK)
+    assert life.status["phase"] == "Degraded" and conditions.REASON_CANARY_ROLLED_BACK in life.events
+    jobs = len(life.world.of_kind("Job"))
+    life.settle()  # nothing more: no new Job, no new canary, for this spec
+    assert len(life.world.of_kind("Job")) == jobs and life.status["canary"]["state"] == "RolledBack"
+    # A later guard that forgot everything does not undo the decision.
+    assert life.guard_says(quality.PoolQuality(False, 100, 1000)).record.get("canary") is None
+
+
+def test_other_weights_or_no_guard_publish_at_once_as_before() -> None:
+    life = GuardedLife(guarded_model())
+    life.step()
+    life.finish_job()
+    life.settle()
+    newer = guarded_model(set_("model.revision", "0" * 40), lambda b: b["metadata"].update(generation=2))
+    life.step(newer)
+    published_id = life.finish_job()
+    life.settle()
+    assert life.status["artifact"]["id"] == published_id and "canary" not in life.status  # a new GPU reference too
+    unguarded, _, canary = canary_running()
+    unguarded.settings = None  # the class turns the guard off mid-canary: nobody left to judge, it serves
+    unguarded.settle()
+    assert unguarded.status["artifact"]["id"] == canary and "canary" not in unguarded.status

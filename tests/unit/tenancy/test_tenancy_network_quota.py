@@ -27,7 +27,7 @@ def test_network_policy_selects_only_the_models_tei_pods_and_port() -> None:
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     selector = policy["spec"]["podSelector"]
     assert selector["matchLabels"] == {"app.kubernetes.io/name": "rerankmodel", "app.kubernetes.io/instance": "bge"}
-    assert selector["matchExpressions"][0]["values"] == ["cpu-pool", "gpu-pool"]
+    assert selector["matchExpressions"][0]["values"] == ["cpu-pool", "gpu-pool", "cpu-canary"]  # a canary is TEI too
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert peers(policy) == [{"podSelector": {}}]  # default class: the model's own namespace only

@@ -90,8 +90,8 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
 
     Overloaded: to the size learned at saturation, and by one more than ready while the backlog grows; without
     such a capacity, grow at least by one and at most doubling the ready count per tick.
-    Otherwise: the learned size (only downwards unless learned at saturation, and then without UTILIZATION's
-    headroom: see the module docstring); idle: nothing; unknown: hold.
+    Otherwise: the learned size; from a lower bound (not learned at saturation) only downwards, and without
+    UTILIZATION's headroom (module docstring); idle: nothing; unknown: hold.
     """
     ready = signals.ready_replicas
     sized = None

@@ -91,8 +91,13 @@ def build_deployment(
     artifact_id: str | None,
     replicas: int | None,
     claim: str,
+    *,
+    canary: bool = False,
 ) -> dict[str, Any]:
-    component = names.pool_component(pool.name)
+    """A pool's TEI Deployment; ``canary``: the CPU pool's twin ``<name>-canary`` serving a new artifact beside the
+    stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's
+    pool signals count its pods."""
+    component = names.COMPONENT_CANARY if canary else names.pool_component(pool.name)
     env: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = [
         {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
@@ -141,7 +146,7 @@ def build_deployment(
         pod_spec["affinity"] = dict(pool.affinity)
     pod_labels = {
         **names.labels(owner.name, component),
-        names.LABEL_POOL: pool.name,
+        **({} if canary else {names.LABEL_POOL: pool.name}),
         names.LABEL_SERVING: "true",
     }
     template_meta: dict[str, Any] = {"labels": pod_labels}
@@ -160,8 +165,8 @@ def build_deployment(
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": names.child_metadata(
-            owner, names.deployment_name(owner.name, pool.name), component, extra_labels={names.LABEL_POOL: pool.name}
-        ),
+            owner, names.canary_name(owner.name) if canary else names.deployment_name(owner.name, pool.name),
+            component, extra_labels=None if canary else {names.LABEL_POOL: pool.name}),
         "spec": deployment_spec,
     }
 

@@ -27,6 +27,8 @@ CHECKED: names.PoolName = "cpu"
 REFERENCE: names.PoolName = "gpu"
 DEFAULT_FRACTION = 0.05
 DEFAULT_CALLS_PER_SECOND = 1.0
+DEFAULT_CANARY_PERCENT = 5
+DEFAULT_CANARY_REQUESTS = 200
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class GuardSettings:
     calls_per_second: float = DEFAULT_CALLS_PER_SECOND
     image: str | None = None
     resources: Mapping[str, Any] = field(default_factory=dict)
+    #: A new artifact first serves this share of the requests beside the stable one (0: no canary, roll at once),
+    #: and is promoted once the guard compared this many requests on it within the floor (``plan.py``).
+    canary_percent: int = DEFAULT_CANARY_PERCENT
+    canary_requests: int = DEFAULT_CANARY_REQUESTS
 
     @classmethod
     def from_class(cls, class_spec: Mapping[str, Any] | None) -> GuardSettings | None:
@@ -46,7 +52,9 @@ class GuardSettings:
             return None
         return cls(sample_fraction=float(section.get("sampleFraction", DEFAULT_FRACTION)),
                    calls_per_second=float(section.get("callsPerSecond", DEFAULT_CALLS_PER_SECOND)),
-                   image=section.get("image") or None, resources=dict(section.get("resources") or {}))
+                   image=section.get("image") or None, resources=dict(section.get("resources") or {}),
+                   canary_percent=int(section.get("canaryPercent", DEFAULT_CANARY_PERCENT)),
+                   canary_requests=int(section.get("canaryRequests", DEFAULT_CANARY_REQUESTS)))
 
 
 def unavailable(spec: RerankModelSpec) -> str | None:
@@ -77,21 +85,27 @@ def pool_url(owner: names.Owner, pool: names.PoolName) -> str:
     return f"http://{names.pool_service_name(owner.name, pool)}.{owner.namespace}.svc:{names.SERVICE_PORT}"
 
 
+def canary_url(owner: names.Owner) -> str:
+    return f"http://{names.canary_name(owner.name)}.{owner.namespace}.svc:{names.SERVICE_PORT}"
+
+
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
-                 below_floor: Iterable[str]) -> dict[str, Any]:
+                 below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
     """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
 
     The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
-    it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed."""
+    it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed. While a new
+    artifact is a canary (``canary``), the guard checks it too, against the same reference."""
     gate = spec.quantization.quality_gate
     key_env = {}
-    for pool, endpoint in ((CHECKED, CHECKED), (REFERENCE, "reference")):
+    endpoints = [(CHECKED, CHECKED), (REFERENCE, "reference")] + ([(CHECKED, names.CANARY)] if canary else [])
+    for pool, endpoint in endpoints:  # the canary runs the CPU pool's settings, its key included
         if spec.pool(pool).tei.api_key_secret is not None:
             key_env[endpoint] = _key_env(pool)
     return {
         "namespace": owner.namespace,
         "model": owner.name,
-        "pools": {CHECKED: pool_url(owner, CHECKED)},
+        "pools": {CHECKED: pool_url(owner, CHECKED), **({names.CANARY: canary_url(owner)} if canary else {})},
         "reference": pool_url(owner, REFERENCE),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
         "k": gate.topk,
@@ -107,8 +121,8 @@ def _key_env(pool: names.PoolName) -> str:
 
 
 def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
-                           below_floor: Iterable[str]) -> dict[str, Any]:
-    config = guard_config(owner, spec, settings, below_floor)
+                           below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
+    config = guard_config(owner, spec, settings, below_floor, canary)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))}]
     for pool in names.POOLS:

@@ -71,18 +71,25 @@ def split(
 
 
 def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
-                    mirror: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                    mirror: Mapping[str, Any] | None = None, canary_percent: int = 0) -> dict[str, Any] | None:
     """The HTTPRoute ``<name>`` with one weighted backend per enabled pool, or None without gateway.parentRefs.
-    ``mirror``: a RequestMirror filter (the quality guard's, ``guard.mirror_filter``) on the rule."""
+    ``mirror``: a RequestMirror filter (the quality guard's, ``guard.mirror_filter``) on the rule. ``canary_percent``:
+    a new artifact's canary (``<name>-canary``) takes that share of all requests; the pools share the rest in the
+    split's proportions (weights are relative: the pools' are scaled by 100 - canary_percent, so their ratio, which
+    the autoscaler reads back as the split, is unchanged)."""
     gateway = spec.routing.gateway
     if gateway is None:
         return None
     shares = {"gpu": traffic.gpu_percent, "cpu": traffic.cpu_percent}
+    scale = 100 - canary_percent if canary_percent > 0 else 1
     backends = [
         {"name": names.pool_service_name(owner.name, pool.name), "port": names.SERVICE_PORT,
-         "weight": shares[pool.name]}
+         "weight": shares[pool.name] * scale}
         for pool in spec.enabled_pools
     ]
+    if canary_percent > 0:
+        backends.append({"name": names.canary_name(owner.name), "port": names.SERVICE_PORT,
+                         "weight": canary_percent * 100})
     rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}
     if mirror is not None:
         rule["filters"] = [dict(mirror)]

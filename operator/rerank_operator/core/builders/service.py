@@ -33,6 +33,12 @@ def build_pool_service(owner: names.Owner, pool: Pool) -> dict[str, Any]:
                     names.selector_labels(owner.name, component))
 
 
+def build_canary_service(owner: names.Owner) -> dict[str, Any]:
+    """The canary Deployment's Service: the HTTPRoute's third backend and what the quality guard asks."""
+    return _service(owner, names.canary_name(owner.name), names.COMPONENT_CANARY,
+                    names.selector_labels(owner.name, names.COMPONENT_CANARY))
+
+
 def build_model_service(owner: names.Owner, receiving: Iterable[names.PoolName]) -> dict[str, Any]:
     """The model's Service, selecting the pools that receive traffic (both: the shared serving label)."""
     pools = sorted(set(receiving))

@@ -62,7 +62,8 @@ def build_network_policy(
             "podSelector": {
                 "matchLabels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name},
                 "matchExpressions": [{"key": names.LABEL_COMPONENT, "operator": "In",
-                                      "values": [names.pool_component("cpu"), names.pool_component("gpu")]}],
+                                      "values": [names.pool_component("cpu"), names.pool_component("gpu"),
+                                                 names.COMPONENT_CANARY]}],
             },
             "policyTypes": ["Ingress"],
             "ingress": ingress,

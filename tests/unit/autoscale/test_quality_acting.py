@@ -4,6 +4,7 @@ from what the real guard exports, and acting on it (routing, the autoscaler's po
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -430,3 +431,29 @@ def test_other_weights_or_no_guard_publish_at_once_as_before() -> None:
     unguarded.settings = None  # the class turns the guard off mid-canary: nobody left to judge, it serves
     unguarded.settle()
     assert unguarded.status["artifact"]["id"] == canary and "canary" not in unguarded.status
+
+
+def test_argo_cd_shows_progressing_during_a_canary_and_degraded_after_a_rollback() -> None:
+    lua = pytest.importorskip("lupa.lua51")
+    source = (Path(__file__).resolve().parents[3] / "argocd" / "health.lua").read_text()
+
+    def health(status: dict[str, Any]) -> tuple[str, str]:
+        runtime = lua.LuaRuntime(unpack_returned_tuples=True)
+        obj = {"metadata": {"generation": 2}, "status": status}
+        runtime.globals().obj = _lua(runtime, obj)  # JSON -> Lua tables, as Argo CD passes the live object
+        hs = runtime.execute(source)
+        return str(hs["status"]), str(hs["message"])
+
+    life, _, _ = canary_running()
+    assert health(life.status)[0] == "Progressing" and "Canary" in health(life.status)[1]
+    life.guard_says(quality.PoolQuality(True, 60, 60, spearman=0.9))
+    life.settle()
+    assert health(life.status)[0] == "Degraded" and "CanaryRolledBack" in health(life.status)[1]
+
+
+def _lua(runtime: Any, value: Any) -> Any:
+    if isinstance(value, dict):
+        return runtime.table_from({k: _lua(runtime, v) for k, v in value.items()})
+    if isinstance(value, list):
+        return runtime.table_from([_lua(runtime, v) for v in value])
+    return value

@@ -255,25 +255,15 @@ def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> Ma
     return decision if isinstance(decision, Mapping) else None
 
 
-def _guard_leftovers(owner: names.Owner, observed: Observed) -> list[ObjectRef]:
-    """The guard's Deployment and Service once the model is no longer guarded."""
+def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> list[ObjectRef]:
+    """The Deployment (observed under ``role``) and Service ``name`` of a companion that is no longer wanted: the
+    quality guard once the model is not guarded, the canary once it is promoted or rolled back."""
     found = []
-    live = observed.deployments.get(names.COMPONENT_GUARD)
+    live = observed.deployments.get(role)
     if live is not None and not live["metadata"].get("deletionTimestamp"):
         found.append(ObjectRef("apps/v1", "Deployment", owner.namespace, live["metadata"]["name"]))
-    if names.guard_name(owner.name) in observed.services:
-        found.append(ObjectRef("v1", "Service", owner.namespace, names.guard_name(owner.name)))
-    return found
-
-
-def _canary_leftovers(owner: names.Owner, observed: Observed) -> list[ObjectRef]:
-    """The canary's Deployment and Service once it is promoted or rolled back."""
-    found = []
-    live = observed.deployments.get(names.COMPONENT_CANARY)
-    if live is not None and not live["metadata"].get("deletionTimestamp"):
-        found.append(ObjectRef("apps/v1", "Deployment", owner.namespace, live["metadata"]["name"]))
-    if names.canary_name(owner.name) in observed.services:
-        found.append(ObjectRef("v1", "Service", owner.namespace, names.canary_name(owner.name)))
+    if name in observed.services:
+        found.append(ObjectRef("v1", "Service", owner.namespace, name))
     return found
 
 
@@ -339,9 +329,9 @@ def compute(
         if svc in observed.services:
             deletes.append(ObjectRef("v1", "Service", owner.namespace, svc))
     if not guarded:
-        deletes.extend(_guard_leftovers(owner, observed))
+        deletes.extend(_leftovers(owner, observed, names.COMPONENT_GUARD, names.guard_name(owner.name)))
     if not canary_id:
-        deletes.extend(_canary_leftovers(owner, observed))
+        deletes.extend(_leftovers(owner, observed, names.COMPONENT_CANARY, names.canary_name(owner.name)))
     live_policy = observed.network_policy
     if network_policy is None and live_policy is not None and not live_policy["metadata"].get("deletionTimestamp"):
         deletes.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", owner.namespace,

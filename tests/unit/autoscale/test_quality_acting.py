@@ -4,7 +4,6 @@ from what the real guard exports, and acting on it (routing, the autoscaler's po
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -434,26 +433,13 @@ def test_other_weights_or_no_guard_publish_at_once_as_before() -> None:
 
 
 def test_argo_cd_shows_progressing_during_a_canary_and_degraded_after_a_rollback() -> None:
-    lua = pytest.importorskip("lupa.lua51")
-    source = (Path(__file__).resolve().parents[3] / "argocd" / "health.lua").read_text()
+    from test_argocd_health import HEALTH_LUA, run_health  # Lua 5.1 as Argo CD runs it
 
     def health(status: dict[str, Any]) -> tuple[str, str]:
-        runtime = lua.LuaRuntime(unpack_returned_tuples=True)
-        obj = {"metadata": {"generation": 2}, "status": status}
-        runtime.globals().obj = _lua(runtime, obj)  # JSON -> Lua tables, as Argo CD passes the live object
-        hs = runtime.execute(source)
-        return str(hs["status"]), str(hs["message"])
+        return run_health(HEALTH_LUA.read_text(), {"metadata": {"generation": 2}, "status": status})
 
     life, _, _ = canary_running()
     assert health(life.status)[0] == "Progressing" and "Canary" in health(life.status)[1]
     life.guard_says(quality.PoolQuality(True, 60, 60, spearman=0.9))
     life.settle()
     assert health(life.status)[0] == "Degraded" and "CanaryRolledBack" in health(life.status)[1]
-
-
-def _lua(runtime: Any, value: Any) -> Any:
-    if isinstance(value, dict):
-        return runtime.table_from({k: _lua(runtime, v) for k, v in value.items()})
-    if isinstance(value, list):
-        return runtime.table_from([_lua(runtime, v) for v in value])
-    return value

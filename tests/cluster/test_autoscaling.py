@@ -183,6 +183,13 @@ def set_gpu_ready(env: Env, ready: bool) -> None:
         env.kube.core.patch_namespaced_pod_status(pod["metadata"]["name"], env.namespace, patch)
 
 
+def gpu_requests_metered(env: Env) -> float:
+    """Requests the autoscaler has measured the GPU pool serving, summed over its ticks (it grows at every tick)."""
+    return sum(value for key, value in env.operator.metrics().items()
+               if key.startswith("rerank_operator_pool_requests_total{") and 'pool="gpu"' in key
+               and f'namespace="{env.namespace}"' in key)
+
+
 def test_burst_scales_gpu_then_spills_to_cpu_then_recovers(scaled: tuple[Env, Path],
                                                            gateway_api_installed: list[str]) -> None:
     env, override = scaled
@@ -190,6 +197,13 @@ def test_burst_scales_gpu_then_spills_to_cpu_then_recovers(scaled: tuple[Env, Pa
     fleet = Fleet(env.kube.api, env.namespace, override, rate=4.0)
     try:
         fresh(env)
+        # Before the burst, the autoscaler sees one GPU replica serve 4 req/s within target: that rate is the lower
+        # bound on its capacity that lets the pool shrink again afterwards. The first decision's rates may not show
+        # it: they span only the time since the priming scrape, anywhere from 5 s down to a few ms (seen: 0 req/s,
+        # so nothing learned, and after the burst 3 replicas at 1.3 req/s each became the bound: never shrinking).
+        # The next tick's span is a whole interval.
+        first = gpu_requests_metered(env)
+        eventually(lambda: gpu_requests_metered(env) >= first + 10, 30, "a tick over a whole interval of 4 req/s")
         assert route_weights(env) == {"cpu": 0, "gpu": 100}
         cond = env.kube.condition(env.namespace, NAME, "TrafficEnforced")
         assert (cond["status"], cond["reason"]) == ("True", "HTTPRoute"), cond

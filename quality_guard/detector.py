@@ -87,6 +87,13 @@ class Settings:
             raise ValueError("check_every must be >= 1")
         if not 0.0 < self.max_failure_rate < 1.0 or not 0.0 < self.failure_alpha < 1.0:
             raise ValueError("max_failure_rate and failure_alpha must be within (0, 1)")
+        # Recovery must show the failure rate under max_failure_rate with z_recover's confidence over the window: with
+        # no failure at all, that takes n * KL(0 || p) = -n log(1 - p) >= -log(alpha). A shorter window could never
+        # recover (2% and z 2: 187 requests).
+        needed = math.ceil(math.log(_one_sided_alpha(self.z_recover)) / math.log(1.0 - self.max_failure_rate))
+        if self.recovery_window < needed:
+            raise ValueError(f"a recovery window of {self.recovery_window} requests can never show a failure rate "
+                             f"under {self.max_failure_rate} at z {self.z_recover}: it needs at least {needed}")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ and updates the metrics served on ``GET /metrics`` (Prometheus text format):
   ``rerank_guard_request_spearman`` (mean per request), ``rerank_guard_failure_ratio``,
   ``rerank_guard_max_abs_diff``, ``rerank_guard_window_requests``;
   ``rerank_guard_below_floor`` (1 while the pool is below the floor with confidence),
-  ``rerank_guard_compared_requests`` (since the process started), all labelled
+  ``rerank_guard_compared_requests`` (since the process started), and ``rerank_guard_state_info`` (1, with the
+  pool's ``state`` and the ``reason`` it entered it as labels), all labelled
   ``namespace``, ``rerankmodel``, ``pool`` as the operator's own metrics are;
 - counters: ``rerank_guard_transitions_total`` (per pool), ``rerank_guard_requests_total`` by ``outcome``
   (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``.
@@ -165,6 +166,11 @@ class Guard:
                                 ["namespace", "rerankmodel", "outcome"], registry=self.registry)
         self.errors = Counter("rerank_guard_pool_errors", "Calls to a pool that gave no usable answer.", LABELS,
                               registry=self.registry)
+        # The state and why it was entered, as labels of one series per pool: stable between transitions (the
+        # figures move with every request, and the window is emptied at a transition), so a reader can quote it.
+        self.state_info = Gauge("rerank_guard_state_info", "1, labelled with the pool's state and the reason it "
+                                "was entered.", [*LABELS, "state", "reason"], registry=self.registry)
+        self._state_labels: dict[str, tuple[str, str]] = {}
         for p in config.pools:
             self._export(p)
 
@@ -223,6 +229,13 @@ class Guard:
                   "compared": float(self.detectors[pool].samples)}
         for name, v in values.items():
             self.g[name].labels(self.config.namespace, self.config.model, pool).set(v)
+        state = (st.state, st.reason)
+        before = self._state_labels.get(pool)
+        if before != state:
+            if before is not None:
+                self.state_info.remove(self.config.namespace, self.config.model, pool, *before)
+            self.state_info.labels(self.config.namespace, self.config.model, pool, *state).set(1)
+            self._state_labels[pool] = state
 
     def metrics(self) -> bytes:
         return generate_latest(self.registry)

@@ -390,7 +390,7 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         cond = quality_condition(env, "False", "BelowFloor", timeout=30)
         message = cond["message"]
         assert "cpu pool below the quality floor vs the GPU pool" in message, message
-        assert "sampled requests" in message and "Spearman" in message, message
+        assert "sampled requests" in message, message  # the guard's reason: the figures it decided on
         assert "its traffic goes to the GPU pool" in message, message
         quality = status(env)["quality"]
         assert quality["belowFloor"] == ["cpu"], quality

@@ -197,6 +197,11 @@ def test_settings_enforce_hysteresis() -> None:
         Settings(window=100, recovery_window=50)
     with pytest.raises(ValueError):
         Settings(window=10, min_samples=20)
+    # A recovery window too short to ever show the failure rate under its limit would keep a pool out for good.
+    with pytest.raises(ValueError, match="needs at least 188"):
+        Settings(window=20, min_samples=10, recovery_window=40)
+    quick = Settings(window=20, min_samples=10, recovery_window=40, max_failure_rate=0.1)
+    assert rate_within(0, quick.recovery_window, quick.max_failure_rate, 0.5 * math.erfc(quick.z_recover / 2 ** 0.5))
 
 
 # --- the property: stationary streams flip at most once; switching streams recover only after the window ---------

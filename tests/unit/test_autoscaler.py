@@ -257,6 +257,28 @@ def test_the_fleet_loop_collects_every_due_model_in_one_batch_and_ticks_on_align
     assert all(len(f.patches) == 1 for f in fakes.values())
 
 
+def test_the_first_rates_span_at_least_half_an_interval_after_the_priming_scrape() -> None:
+    # Primed 10 ms before a grid point: rates taken there would span 10 ms (a fake pod's counters, or a real one's
+    # between two requests, read 0): the first decision waits for the grid point after.
+    clock = [1004.99]
+    tei = FakeTei(clock, 5.0, 0.03)
+    view = PoolsView(deployments={"gpu": dep("gpu", 1), "cpu": dep("cpu", 1)},
+                     pods=(pod("gpu", 1), pod("cpu", 2)), route=route(100, 0))
+    fake = FakeCluster(stored(copy.deepcopy(SPEC)), view=view)
+    fleet = Fleet({NAME: fake})
+    loop = autoscaler.FleetAutoscaler(fleet, registry=autoscaler.class_index.Registry(),  # type: ignore[arg-type]
+                                      settings=autoscaler.Settings(), handoff=autoscaler.Handoff(), models=fleet,
+                                      sources=RecordingSources(tei, clock), after_decision=lambda key: None,
+                                      clock=lambda: clock[0])
+    loop.round()  # primes
+    state = loop.states[(NS, NAME)]
+    assert state.primed_at == 1004.99 and state.next_due == 1010.0
+    assert state.next_due - state.primed_at >= 2.5
+    clock[0] = 1010.0
+    loop.round()  # decides on 5 s of rates, and ticks on the grid from then on
+    assert state.primed_at is None and state.next_due == 1015.0 and len(fake.patches) == 1
+
+
 def _sample(name: str, **labels: str) -> float:
     from prometheus_client import REGISTRY
     return REGISTRY.get_sample_value(name, labels) or 0.0

@@ -248,6 +248,7 @@ class ModelAutoscaler:
         self.guard_why_not: str | None = None  # why this model cannot be checked although its class guards it
         self.class_name = ""
         self.metered_at: float | None = None
+        self.primed_at: float | None = None  # when the direct source's first scrape was taken (rates need a second)
 
     @property
     def key(self) -> ModelKey:
@@ -260,6 +261,14 @@ class ModelAutoscaler:
             return prepared
         verdicts = self.sources.verdicts({self.key: prepared.guard} if self.guarded else {})
         return self.finish(prepared, self.sources.collect({self.key: prepared})[self.key], verdicts.get(self.key))
+
+    def schedule(self, now: float, delay: float) -> None:
+        """The next tick: on the grid of ``delay`` (models with one interval tick together), but never less than half
+        an interval after the priming scrape, whose rates would otherwise span a few milliseconds."""
+        due = aligned(now, delay)
+        if self.primed_at is not None and due - self.primed_at < delay / 2:
+            due += delay
+        self.next_due = due
 
     @property
     def guarded(self) -> bool:
@@ -354,8 +363,10 @@ class ModelAutoscaler:
         interval = float(p.auto.interval_seconds)
         if self.priming:
             self.priming = False
+            self.primed_at = self.clock()
             self._meter(p.auto, p.view, None)  # metering starts at the first look; rates at the next
             return interval
+        self.primed_at = None
         if self.history is None:
             self.history = _restore(p.body["metadata"])
         status = p.body.get("status") or {}
@@ -556,14 +567,14 @@ class FleetAutoscaler:
             if isinstance(delay, Prepared):
                 batch[state.key] = delay
             else:
-                state.next_due = aligned(now, delay)
+                state.schedule(now, delay)
         if batch:
             verdicts = self.sources.verdicts({k: p.guard for k, p in batch.items() if self.states[k].guarded})
             signals = self.sources.collect(batch)
             for key, prepared in batch.items():
                 state = self.states[key]
                 step = functools.partial(state.finish, prepared, signals[key], verdicts.get(key))
-                state.next_due = aligned(now, self._safely(state, step))
+                state.schedule(now, self._safely(state, step))
             metrics.AUTOSCALER_ROUND.observe(self.clock() - now)
         upcoming = min((s.next_due for s in self.states.values()), default=now + IDLE_POLL_SECONDS)
         return min(max(upcoming - self.clock(), 0.05), IDLE_POLL_SECONDS)

@@ -43,6 +43,7 @@ class PoolQuality:
     topk_agreement: float | None = None
     topk_low: float | None = None
     failure_ratio: float | None = None
+    reason: str = ""  # why the guard put the pool in its state (fixed until the next transition)
 
     def to_status(self) -> dict[str, Any]:
         values: dict[str, Any] = {"belowFloor": self.below_floor, "windowRequests": self.window_requests,
@@ -91,10 +92,15 @@ def parse_metrics(text: str, namespace: str, model: str) -> Verdict:
     except exposition.ExpositionError as exc:
         return Verdict(error=f"the guard's /metrics is not Prometheus text: {exc}")
     found: dict[str, dict[str, float]] = {}
+    reasons: dict[str, str] = {}
     for sample in samples:
         key = _FIGURES.get(sample.name)
         labels = sample.labels
-        if key is None or labels.get("namespace") != namespace or labels.get("rerankmodel") != model:
+        if labels.get("namespace") != namespace or labels.get("rerankmodel") != model:
+            continue
+        if sample.name == "rerank_guard_state_info" and sample.value >= 0.5:
+            reasons[labels.get("pool", "")] = labels.get("reason", "")
+        if key is None:
             continue
         found.setdefault(labels.get("pool", ""), {})[key] = sample.value
     pools: dict[str, PoolQuality] = {}
@@ -103,7 +109,7 @@ def parse_metrics(text: str, namespace: str, model: str) -> Verdict:
             continue
         pools[pool] = PoolQuality(
             below_floor=values["below_floor"] >= 0.5, window_requests=int(values.get("window_requests", 0)),
-            compared_requests=int(values.get("compared_requests", 0)),
+            compared_requests=int(values.get("compared_requests", 0)), reason=reasons.get(pool, ""),
             **{k: _finite(values.get(k)) for k in ("spearman", "spearman_low", "topk_agreement", "topk_low",
                                                    "failure_ratio")})
     if not pools:
@@ -152,8 +158,11 @@ def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozense
             other = REFERENCE if pool == CHECKED else CHECKED
             where = (f"its traffic goes to the {other.upper()} pool" if other_ready.get(other, 0) > 0
                      else f"it keeps serving: the {other.upper()} pool has no ready replica")
-            parts.append(f"{pool} pool below the quality floor vs the {REFERENCE.upper()} pool: "
-                         f"{verdict.pools[pool].summary()}; {where}")
+            # The guard's own reason (the figures it decided on) stays the same until the next transition, so the
+            # recorded message says why even when the status is written later; the live figures are summarized
+            # when the guard gave none.
+            why = verdict.pools[pool].reason or verdict.pools[pool].summary()
+            parts.append(f"{pool} pool below the quality floor vs the {REFERENCE.upper()} pool: {why}; {where}")
         return Condition(QUALITY_VERIFIED, "False", conditions.REASON_BELOW_FLOOR, "; ".join(parts))
     checked = [p for p in (CHECKED,) if p in verdict.pools]
     if not checked or all(verdict.pools[p].window_requests == 0 for p in checked):
@@ -169,12 +178,12 @@ def events(before: frozenset[str], after: frozenset[str], verdict: Verdict | Non
     found: list[Event] = []
     pools = verdict.pools if verdict is not None else {}
     for pool in sorted(after - before):
-        figures = pools[pool].summary() if pool in pools else "no figures"
+        figures = (pools[pool].reason or pools[pool].summary()) if pool in pools else "no figures"
         found.append(Event("Warning", conditions.REASON_BELOW_FLOOR,
                            f"{pool} pool ranks below the quality floor ({figures}): taken out of traffic while the "
                            f"other pool can serve"))
     for pool in sorted(before - after):
-        figures = pools[pool].summary() if pool in pools else "no figures"
+        figures = (pools[pool].reason or pools[pool].summary()) if pool in pools else "no figures"
         found.append(Event("Normal", conditions.REASON_QUALITY_RESTORED,
                            f"{pool} pool is back within the quality floor ({figures}): it takes traffic again"))
     return found

@@ -154,7 +154,8 @@ def test_the_network_policy_admits_the_guard_when_the_namespace_is_not() -> None
 def guard_with(state: str) -> server.Guard:
     """A real guard whose CPU pool is healthy or reversed (a ranking upside down), fed until it has decided."""
     config = server.Config(namespace="search", model="bge-m3", pools={"cpu": "http://cpu"}, reference="http://gpu",
-                           settings=detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1),
+                           settings=detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1,
+                                                     max_failure_rate=0.1),
                            fraction=1.0, calls_per_second=1e6)
 
     def post(base: str, body: Any) -> list[float]:
@@ -175,6 +176,11 @@ def test_the_verdict_is_read_from_what_the_real_guard_exports() -> None:
     assert healthy.pools["cpu"].window_requests == 20 and healthy.pools["cpu"].spearman == pytest.approx(1.0)
     broken = quality.parse_metrics(guard_with("broken").metrics().decode(), "search", "bge-m3")
     assert broken.below_floor == {"cpu"}
+    # Why it flipped, in the guard's words: what the condition quotes (fixed until the next transition).
+    assert "10 of the last 10 sampled requests failed" in broken.pools["cpu"].reason
+    assert healthy.pools["cpu"].reason == "no evidence yet"
+    cond = quality.condition(broken, None, frozenset({"cpu"}), {"gpu": 1, "cpu": 1})
+    assert broken.pools["cpu"].reason in cond.message
     assert broken.pools["cpu"].spearman is not None and broken.pools["cpu"].spearman < 0
     # Another model's page (a misrouted address) is no verdict at all, and neither is an error page.
     other = quality.parse_metrics(guard_with("broken").metrics().decode(), "search", "other")

@@ -81,7 +81,12 @@ def test_the_standby_takes_over_after_the_leader_is_killed_mid_burst(pair: tuple
                 if p["status"].get("phase") == "Running"]
         return pods if len(pods) == MODELS else None
 
-    for pod in eventually(running, 60, f"{MODELS} running quantizer pods"):
+    try:
+        pods = eventually(running, 60, f"{MODELS} running quantizer pods")
+    except AssertionError as exc:  # seen once under CI load (not reproduced): say why the pods did not run
+        events = env.cluster.kubectl_run("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
+        raise AssertionError(f"{exc}\n--- events ---\n{events[-6000:]}\n{env.describe()}") from None
+    for pod in pods:
         aid = pod["metadata"]["labels"]["rerank.io/artifact"]
         env.cluster.finish_pod(ns, pod["metadata"]["name"], 0, published(aid))
     for i in range(MODELS):

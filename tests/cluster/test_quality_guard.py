@@ -44,7 +44,7 @@ for extra in (ROOT, ROOT / "tests" / "guard"):  # quality_guard (not in the edit
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from scoring_server import ScoringServer  # noqa: E402
+from scoring_server import ScoringServer, tiny_pools  # noqa: E402
 
 from quality_guard import detector, server  # noqa: E402
 from quantizer_job import evaldata  # noqa: E402
@@ -75,26 +75,9 @@ class Scorers:
 
 @pytest.fixture(scope="module")
 def scorers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scorers]:
-    """As tests/guard/test_guard_server.py's ``pools``: a tiny cross-encoder through the Job's own export and
-    quantization."""
-    from quantizer_job import export, isa, layout, textenc
-    from quantizer_job import quantize as Q
-    from rerank_devcluster import devmodels
-
-    tmp = tmp_path_factory.mktemp("guard-model")
-    src = devmodels.bert_cross_encoder(tmp / "model", seed=1)
-    cfg = layout.read_config(src)
-    max_len = textenc.max_input_length(cfg)
-    info = export.run({"src_dir": str(src), "onnx_dir": str(tmp / "fp32"), "tokenizer_dir": str(tmp / "tok"),
-                       "max_length": max_len, "pad_id": layout.pad_token_id(cfg), "threads": 1})
-    fp32, tok = Path(info["onnx_path"]), Path(info["tokenizer_json"])
-    target = isa.detect_local_target()
-    recipe = Q.fixed_recipe("dynamic", target, 1, True, isa.REDUCE_RANGE_REQUIRED[target], ("MatMul", "Attention"))
-    int8 = Q.build_int8(fp32, tmp / "int8" / "model.onnx", recipe, tmp, int(cfg["num_attention_heads"]),
-                        int(cfg["hidden_size"]))
-    pad = layout.pad_token_id(cfg, tok)
-    found = Scorers(ScoringServer(fp32, tok, pad, max_len), ScoringServer(fp32, tok, pad, max_len, batch=1),
-                    ScoringServer(int8, tok, pad, 12))
+    """tests/guard's pools: a tiny cross-encoder through the Job's own export and quantization."""
+    pools = tiny_pools(tmp_path_factory.mktemp("guard-model"))
+    found = Scorers(pools["reference"], pools["cpu"], pools["truncated"])
     yield found
     for s in (found.reference, found.healthy, found.broken):
         s.close()

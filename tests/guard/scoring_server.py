@@ -62,3 +62,27 @@ class ScoringServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def tiny_pools(tmp: Path) -> dict[str, ScoringServer]:
+    """Three pools over a tiny random cross-encoder made by the Job's own export and quantization: ``reference``
+    (FP32, TEI's batches), ``cpu`` (the same FP32 graph, one pair per batch: float differences only) and
+    ``truncated`` (its INT8 truncating at 12 tokens: a pool whose max input length is wrong). Close them after use."""
+    from quantizer_job import export, isa, layout
+    from quantizer_job import quantize as Q
+    from rerank_devcluster import devmodels
+
+    src = devmodels.bert_cross_encoder(tmp / "model", seed=1)
+    cfg = layout.read_config(src)
+    max_len = textenc.max_input_length(cfg)
+    info = export.run({"src_dir": str(src), "onnx_dir": str(tmp / "fp32"), "tokenizer_dir": str(tmp / "tok"),
+                       "max_length": max_len, "pad_id": layout.pad_token_id(cfg), "threads": 1})
+    fp32, tok = Path(info["onnx_path"]), Path(info["tokenizer_json"])
+    target = isa.detect_local_target()
+    recipe = Q.fixed_recipe("dynamic", target, 1, True, isa.REDUCE_RANGE_REQUIRED[target], ("MatMul", "Attention"))
+    int8 = Q.build_int8(fp32, tmp / "int8" / "model.onnx", recipe, tmp, int(cfg["num_attention_heads"]),
+                        int(cfg["hidden_size"]))
+    pad = layout.pad_token_id(cfg, tok)
+    return {"reference": ScoringServer(fp32, tok, pad, max_len),
+            "cpu": ScoringServer(fp32, tok, pad, max_len, batch=1),
+            "truncated": ScoringServer(int8, tok, pad, 12)}

@@ -11,15 +11,13 @@ import re
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from scoring_server import ScoringServer
+from scoring_server import ScoringServer, tiny_pools
 
 from quality_guard import detector, server
-from quantizer_job import evaldata, export, isa, layout, textenc
-from quantizer_job import quantize as Q
+from quantizer_job import evaldata
 
 pytestmark = [pytest.mark.quantizer, pytest.mark.slow]
 
@@ -33,23 +31,7 @@ def requests() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScoringServer]]:
-    from rerank_devcluster import devmodels
-
-    tmp = tmp_path_factory.mktemp("guard")
-    src = devmodels.bert_cross_encoder(tmp / "model", seed=1)
-    cfg = layout.read_config(src)
-    max_len = textenc.max_input_length(cfg)
-    info = export.run({"src_dir": str(src), "onnx_dir": str(tmp / "fp32"), "tokenizer_dir": str(tmp / "tok"),
-                       "max_length": max_len, "pad_id": layout.pad_token_id(cfg), "threads": 1})
-    fp32, tok = Path(info["onnx_path"]), Path(info["tokenizer_json"])
-    target = isa.detect_local_target()
-    recipe = Q.fixed_recipe("dynamic", target, 1, True, isa.REDUCE_RANGE_REQUIRED[target], ("MatMul", "Attention"))
-    int8 = Q.build_int8(fp32, tmp / "int8" / "model.onnx", recipe, tmp, int(cfg["num_attention_heads"]),
-                        int(cfg["hidden_size"]))
-    pad = layout.pad_token_id(cfg, tok)
-    servers = {"reference": ScoringServer(fp32, tok, pad, max_len),
-               "cpu": ScoringServer(fp32, tok, pad, max_len, batch=1),
-               "truncated": ScoringServer(int8, tok, pad, 12)}
+    servers = tiny_pools(tmp_path_factory.mktemp("guard"))
     yield servers
     for s in servers.values():
         s.close()

@@ -1,9 +1,10 @@
 """The guard's process: receives mirrored ``/rerank`` requests, asks the pools and the reference, exports figures.
 
-It is never in the serving path: a gateway's ``RequestMirror`` filter (or a replay sampler) sends it copies of real
-requests and drops its answers. ``POST /rerank`` answers 202 at once and leaves the work to one worker thread
-through a bounded queue (full: the copy is dropped and counted). For a sampled request (the model's fraction, within
-its budget of extra calls/s: :mod:`.budget`) the worker POSTs the same body to the reference and to every pool,
+It is never in the serving path: a gateway's ``RequestMirror`` filter sends it copies of real requests and drops its
+answers; without a gateway, ``Replayer`` offers it the artifact's evaluation pairs (``Config.replay``) at a set pace.
+``POST /rerank`` answers 202 at once and leaves the work to one worker thread through a bounded queue (full: the
+copy is dropped and counted). For a sampled request (the model's fraction, within its budget of extra calls/s:
+:mod:`.budget`) the worker POSTs the same body to the reference and to every pool,
 compares each pool's scores with the reference's (:mod:`.compare`), feeds that pool's :class:`.detector.Detector`
 and updates the metrics served on ``GET /metrics`` (Prometheus text format):
 
@@ -33,7 +34,9 @@ import contextlib
 import json
 import os
 import queue
+import random
 import signal
+import sys
 import threading
 import time
 import urllib.request
@@ -76,6 +79,10 @@ class Config:
     below_floor: Sequence[str] = ()
     #: Endpoint (a pool's name, or "reference") -> the environment variable holding its TEI API key, if it has one.
     api_key_env: Mapping[str, str] = field(default_factory=dict)
+    #: Without mirrored traffic (no Gateway): a JSONL of {"query", "text"} pairs (the artifact's evaluation set)
+    #: replayed as requests, ``replay_per_second`` of them (still within the budget).
+    replay: str | None = None
+    replay_per_second: float = 0.0
 
     @property
     def calls_per_sample(self) -> int:
@@ -319,11 +326,54 @@ def handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+#: Passages per replayed request: within TEI's default --max-client-batch-size (32), like a typical rerank call.
+REPLAY_MAX_TEXTS = 16
+
+
+def replay_bodies(path: str, seed: int = 0) -> list[dict[str, Any]]:
+    """/rerank bodies from a pairs file: one per query with (a seeded sample of at most REPLAY_MAX_TEXTS of) its
+    texts; queries with a single text are left out (a ranking needs two)."""
+    by_query: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                pair = json.loads(line)
+                by_query.setdefault(str(pair["query"]), []).append(str(pair["text"]))
+    rng = random.Random(seed)
+    return [{"query": q, "texts": ts if len(ts) <= REPLAY_MAX_TEXTS else rng.sample(ts, REPLAY_MAX_TEXTS)}
+            for q, ts in by_query.items() if len(ts) >= 2]
+
+
+class Replayer:
+    """Offers a random replayed body to the worker ``per_second`` times a second (the sampler and budget apply)."""
+
+    def __init__(self, worker: Worker, bodies: Sequence[Mapping[str, Any]], per_second: float, seed: int = 0) -> None:
+        if not bodies or per_second <= 0:
+            raise ValueError("a replay needs bodies and a positive rate")
+        self.worker, self.bodies, self.period = worker, list(bodies), 1.0 / per_second
+        self.rng = random.Random(seed)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="guard-replay", daemon=True)
+
+    def start(self) -> Replayer:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.period):
+            self.worker.submit(self.rng.choice(self.bodies))
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+
+
 @dataclass
 class Running:
     server: ThreadingHTTPServer
     worker: Worker
     thread: threading.Thread
+    replayer: Replayer | None = None
 
     @property
     def url(self) -> str:
@@ -331,6 +381,8 @@ class Running:
         return f"http://{host!s}:{port}"
 
     def stop(self) -> None:
+        if self.replayer is not None:
+            self.replayer.stop()
         self.server.shutdown()
         self.server.server_close()
         self.worker.stop()
@@ -338,12 +390,23 @@ class Running:
 
 
 def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0) -> Running:
-    """Start the HTTP server and the worker in background threads."""
+    """Start the HTTP server and the worker (and, configured so, the replay) in background threads."""
     worker = Worker(guard).start()
     server = ThreadingHTTPServer((host, port), handler(worker))
     t = threading.Thread(target=server.serve_forever, name="guard-http", daemon=True)
     t.start()
-    return Running(server, worker, t)
+    cfg = guard.config
+    replayer = None
+    if cfg.replay and cfg.replay_per_second > 0:
+        try:
+            bodies = replay_bodies(cfg.replay, cfg.seed)
+        except (OSError, ValueError, KeyError) as exc:  # e.g. an artifact published before it kept its pairs
+            print(f"quality guard: no replay ({cfg.replay}: {exc}); checking mirrored requests only",
+                  file=sys.stderr, flush=True)
+            bodies = []
+        if bodies:
+            replayer = Replayer(worker, bodies, cfg.replay_per_second, cfg.seed).start()
+    return Running(server, worker, t, replayer)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

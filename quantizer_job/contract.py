@@ -30,6 +30,9 @@ ARTIFACTS_DIR = "artifacts"
 CPU_SUBDIR = "cpu-int8"
 ORIGINAL_SUBDIR = "original"
 MANIFEST_FILE = "manifest.json"
+#: The evaluation pairs the artifact was verified on (JSONL of {"query", "text"}), beside its TEI directories: what
+#: the quality guard replays for a model without a Gateway to mirror live requests from.
+EVALUATION_FILE = "evaluation.jsonl"
 #: Kubernetes keeps at most 4096 bytes of a termination message.
 MAX_MESSAGE_BYTES = 4096
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"

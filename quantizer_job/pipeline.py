@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import numpy as np
 
 from . import evaldata, isa, layout, outliers, publish, search, serving, textenc, verify
 from . import quantize as Q
-from .contract import CPU_SUBDIR, MANIFEST_FILE, ORIGINAL_SUBDIR, JobRequest, JobResult
+from .contract import CPU_SUBDIR, EVALUATION_FILE, MANIFEST_FILE, ORIGINAL_SUBDIR, JobRequest, JobResult
 from .errors import EXIT_CODES, JobError
 from .fetch import Fetched, fetch
 from .logs import log, peak_rss_bytes, stage, trim_memory
@@ -333,9 +333,11 @@ def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Refere
     return Choice(trial=best, recipe_info=recipe_info)
 
 
-def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice) -> dict[str, Any]:
+def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
+            eval_pairs: Sequence[evaldata.Pair] = ()) -> dict[str, Any]:
     """Turn the temp directory into the artifact: the TEI-loadable CPU directory, the GPU pool's original weights,
-    and the manifest (written last). Returns the manifest."""
+    the evaluation pairs it was verified on (``contract.EVALUATION_FILE``, for the quality guard's replay) and the
+    manifest (written last). Returns the manifest."""
     req, tmp, src, tok_json = ctx.req, ctx.tmp, source.path, exported.tokenizer_json
     tok_dirs = [tok_json.parent, src] if tok_json.parent != src else [src]
     cpu = tmp / CPU_SUBDIR
@@ -366,6 +368,10 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice) ->
                 shutil.copyfile(wsrc / name, orig / name)
         layout.write_json(orig / "config.json", fixed_cfg)
         layout.copy_tokenizer(tok_dirs, orig)
+    if eval_pairs:
+        with open(tmp / EVALUATION_FILE, "w", encoding="utf-8") as f:
+            for pair in eval_pairs:
+                f.write(json.dumps({"query": pair.query, "text": pair.text}, ensure_ascii=False) + "\n")
     shutil.rmtree(ctx.work, ignore_errors=True)
     files = layout.file_inventory(tmp)
     info, best = exported.info, choice.trial
@@ -485,7 +491,7 @@ class Job:
         ref = reference(ctx, exported, inputs)
         choice = search_recipes(ctx, source, exported, ref)
         with stage("publish", ctx.timings) as rec:
-            manifest = lay_out(ctx, source, exported, choice)
+            manifest = lay_out(ctx, source, exported, choice, inputs.eval_pairs)
             result = publish_artifact(ctx, choice, manifest)
             if result.reason == "Published":
                 rec.update(path=result.path, bytes=result.size_bytes)

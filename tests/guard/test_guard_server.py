@@ -11,6 +11,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,3 +115,24 @@ def test_a_pool_that_does_not_answer_is_an_error_not_a_ranking(pools: dict[str, 
     assert set(guard.check(body)) == {"cpu"}
     assert guard.detectors["gone"].samples == 0
     assert 'rerank_guard_pool_errors_total{namespace="n",pool="gone",rerankmodel="m"} 1.0' in guard.metrics().decode()
+
+
+def test_without_mirrored_traffic_the_guard_replays_the_artifacts_evaluation_pairs(
+        pools: dict[str, ScoringServer], tmp_path: Path) -> None:
+    # The file the Job writes beside the artifact (contract.EVALUATION_FILE), from the same pairs it verified on.
+    pairs = tmp_path / "evaluation.jsonl"
+    pairs.write_text("".join(json.dumps({"query": p.query, "text": p.text}) + "\n" for p in evaldata.builtin_pairs()))
+    small = detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1, max_failure_rate=0.1)
+    guard = server.Guard(config(pools, fraction=1.0, calls_per_second=1e6, settings=small, replay=str(pairs),
+                                replay_per_second=40.0))
+    running = server.serve(guard)  # nothing is ever POSTed: the replay alone feeds it
+    try:
+        deadline = time.monotonic() + 60
+        while guard.detectors["truncated"].state != "below_floor" and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        running.stop()
+    assert guard.detectors["truncated"].state == "below_floor"
+    assert guard.detectors["cpu"].state == "healthy" and guard.detectors["cpu"].samples >= 10
+    # The replay is paced and within the budget like mirrored copies: every one was sampled and checked.
+    assert guard.detectors["cpu"].samples == guard.detectors["truncated"].samples

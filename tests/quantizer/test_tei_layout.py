@@ -118,6 +118,10 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     listed = {f["path"]: f for f in man["files"]}
     actual = {p.relative_to(art).as_posix() for p in art.rglob("*") if p.is_file() and p.name != "manifest.json"}
     assert set(listed) == actual
+    # The pairs it was verified on, for the quality guard's replay (a model without a Gateway to mirror from).
+    replay = [json.loads(line) for line in (art / contract.EVALUATION_FILE).read_text().splitlines()]
+    assert contract.EVALUATION_FILE in listed and len(replay) >= 2
+    assert all(set(r) == {"query", "text"} and r["query"] and r["text"] for r in replay)
     f = listed["cpu-int8/model.onnx"]
     assert f["size"] == (cpu / "model.onnx").stat().st_size
     assert f["sha256"] == hashlib.sha256((cpu / "model.onnx").read_bytes()).hexdigest()

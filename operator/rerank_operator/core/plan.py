@@ -274,7 +274,9 @@ def compute(
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
     artifacts go through a canary."""
-    judge = guard.applies(spec, guard_settings) and guard_settings is not None and guard_settings.canary_percent > 0
+    # A canary needs the route's third backend: with a Gateway only.
+    judge = (guard.applies(spec, guard_settings) and guard_settings is not None and guard_settings.canary_percent > 0
+             and spec.routing.gateway is not None)
     canary_policy = (CanaryPolicy(guard_settings.canary_percent, guard_settings.canary_requests)
                      if judge and guard_settings is not None else None)
     decision, new_job = decide_artifact(owner, spec, observed, status, now, canary_policy)
@@ -304,14 +306,16 @@ def compute(
             desired.append(service.build_pool_service(owner, pool))
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
-    mirror = guard.mirror_filter(owner, guard_settings) if guarded and guard_settings is not None else None
+    mirror = (guard.mirror_filter(owner, guard_settings)
+              if guarded and guard_settings is not None and not guard.replays(spec) else None)
     canary_share = canary_policy.percent if canary_id and canary_policy else 0
     route = routing.build_httproute(owner, spec, traffic, mirror, canary_share) if pools_deployed else None
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
         desired.extend(o for o in (route, network_policy) if o is not None)
     if guarded and guard_settings is not None:
-        desired.append(guard.build_guard_deployment(owner, spec, guard_settings, below_floor, canary=bool(canary_id)))
+        desired.append(guard.build_guard_deployment(owner, spec, guard_settings, below_floor, canary=bool(canary_id),
+                                                    claim=claim, artifact_id=serving))
         desired.append(guard.build_guard_service(owner))
     if canary_id and pools_deployed:
         desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True))

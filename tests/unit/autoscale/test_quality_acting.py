@@ -4,6 +4,8 @@ from what the real guard exports, and acting on it (routing, the autoscaler's po
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,9 +68,8 @@ def test_a_model_that_cannot_be_checked_gets_no_guard_and_says_why(mods: tuple[A
     body = guarded_model(*mods)
     reason = guard.unavailable(spec_of(body))
     assert reason is not None and why in reason
-    assert guard.unavailable(spec_of(model())) is not None and "routing.gateway" in str(guard.unavailable(
-        spec_of(model())))
     assert guard.unavailable(spec_of(guarded_model())) is None
+    assert guard.unavailable(spec_of(model())) is None  # without a Gateway: the guard replays (below)
 
 
 def test_the_guard_deployment_runs_the_guard_with_the_models_floor_and_budget() -> None:
@@ -120,6 +121,51 @@ def test_the_route_mirrors_the_class_fraction_to_the_guard_and_the_plan_adds_the
     fraction = mirror["requestMirror"]["fraction"]
     assert fraction["numerator"] / fraction["denominator"] == pytest.approx(0.02)
     assert "bge-m3-guard" in by_kind(plan, "Deployment") and "bge-m3-guard" in by_kind(plan, "Service")
+
+
+def test_without_a_gateway_the_guard_replays_the_served_artifacts_evaluation_pairs() -> None:
+    body = model()  # no routing.gateway: nothing to mirror from
+    plan = plan_for(body, {})
+    dep = by_kind(plan, "Deployment")["bge-m3-guard"]
+    pod = dep["spec"]["template"]["spec"]
+    (mount,) = pod["containers"][0]["volumeMounts"]
+    served = str(artifact.artifact_id(spec_of(body)))
+    assert mount == {"name": "models", "mountPath": guard.ARTIFACT_MOUNT, "readOnly": True,
+                     "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
+    env = pod["containers"][0]["env"]
+    config = server.Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
+    assert config.replay == f"{guard.ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}"
+    assert config.replay_per_second == pytest.approx(3.0 / 2)  # the budget: a replay costs the pool + the reference
+    assert "HTTPRoute" not in {o["kind"] for o in plan.apply}
+    # With a Gateway it mirrors instead, and mounts nothing.
+    mirrored = by_kind(plan_for(guarded_model(), {}), "Deployment")["bge-m3-guard"]["spec"]["template"]["spec"]
+    assert "volumes" not in mirrored and "volumeMounts" not in mirrored["containers"][0]
+
+
+def test_replayed_bodies_are_rankings_of_at_most_16_texts_and_the_replayer_paces_them(tmp_path: Path) -> None:
+    pairs = tmp_path / "evaluation.jsonl"
+    lines = [{"query": "q1", "text": f"t{i}"} for i in range(40)] + [{"query": "q2", "text": "a"},
+                                                                      {"query": "q2", "text": "b"},
+                                                                      {"query": "q3", "text": "alone"}]
+    pairs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    bodies = server.replay_bodies(str(pairs))
+    assert [(b["query"], len(b["texts"])) for b in bodies] == [("q1", server.REPLAY_MAX_TEXTS), ("q2", 2)]
+    assert set(bodies[0]["texts"]) <= {f"t{i}" for i in range(40)}
+
+    class Counting:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def submit(self, body: Any) -> bool:
+            self.n += 1
+            return True
+
+    sink = Counting()
+    replayer = server.Replayer(sink, bodies, per_second=50.0).start()  # type: ignore[arg-type]
+    time.sleep(0.5)
+    replayer.stop()
+    assert 10 <= sink.n <= 30  # ~25 at 50/s over 0.5 s, paced rather than burst
 
 
 def test_a_guard_that_is_no_longer_wanted_is_deleted_and_the_mirror_goes() -> None:
@@ -449,3 +495,15 @@ def test_argo_cd_shows_progressing_during_a_canary_and_degraded_after_a_rollback
     life.guard_says(quality.PoolQuality(True, 60, 60, spearman=0.9))
     life.settle()
     assert health(life.status)[0] == "Degraded" and "CanaryRolledBack" in health(life.status)[1]
+
+
+def test_without_a_gateway_there_is_no_canary_to_route_to() -> None:
+    life = GuardedLife(model())  # guarded (replaying), no Gateway: no third backend for a canary
+    life.step()
+    life.finish_job()
+    life.settle()
+    life.step(new_recipe(life.body))
+    published_id = life.finish_job()
+    life.settle()
+    assert life.status["artifact"]["id"] == published_id and "canary" not in life.status
+    assert ("Deployment", "bge-m3-guard") in life.world.objects

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantizer_job import contract
 from rerank_operator.core import names
 from rerank_operator.core.builders import pods
 from rerank_operator.core.spec import RerankModelSpec
@@ -66,9 +67,6 @@ def unavailable(spec: RerankModelSpec) -> str | None:
                 "implemented yet)")
     if not spec.quantization.enabled:
         return "quantization is disabled: both pools serve the original weights"
-    if spec.routing.gateway is None:
-        return ("no routing.gateway: the guard receives its copies of live requests through the HTTPRoute's "
-                "RequestMirror filter")
     return None
 
 
@@ -89,23 +87,38 @@ def canary_url(owner: names.Owner) -> str:
     return f"http://{names.canary_name(owner.name)}.{owner.namespace}.svc:{names.SERVICE_PORT}"
 
 
+#: Where the guard of a model without a Gateway finds the served artifact (its evaluation pairs, to replay).
+ARTIFACT_MOUNT = "/artifact"
+
+
+def replays(spec: RerankModelSpec) -> bool:
+    """Without a Gateway there is no mirror: the guard replays the served artifact's evaluation pairs instead."""
+    return spec.routing.gateway is None
+
+
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                  below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
     """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
 
     The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
     it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed. While a new
-    artifact is a canary (``canary``), the guard checks it too, against the same reference."""
+    artifact is a canary (``canary``), the guard checks it too, against the same reference. Without a Gateway
+    (``replays``) it replays the artifact's evaluation pairs as fast as its budget allows."""
     gate = spec.quantization.quality_gate
     key_env = {}
     endpoints = [(CHECKED, CHECKED), (REFERENCE, "reference")] + ([(CHECKED, names.CANARY)] if canary else [])
     for pool, endpoint in endpoints:  # the canary runs the CPU pool's settings, its key included
         if spec.pool(pool).tei.api_key_secret is not None:
             key_env[endpoint] = _key_env(pool)
+    pools = {CHECKED: pool_url(owner, CHECKED), **({names.CANARY: canary_url(owner)} if canary else {})}
+    replay: dict[str, Any] = {}
+    if replays(spec):
+        replay = {"replay": f"{ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}",
+                  "replay_per_second": settings.calls_per_second / (len(pools) + 1)}
     return {
         "namespace": owner.namespace,
         "model": owner.name,
-        "pools": {CHECKED: pool_url(owner, CHECKED), **({names.CANARY: canary_url(owner)} if canary else {})},
+        "pools": pools,
         "reference": pool_url(owner, REFERENCE),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
         "k": gate.topk,
@@ -113,6 +126,7 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
         "calls_per_second": settings.calls_per_second,
         "below_floor": sorted(set(below_floor) & {CHECKED}),
         "api_key_env": key_env,
+        **replay,
     }
 
 
@@ -121,7 +135,9 @@ def _key_env(pool: names.PoolName) -> str:
 
 
 def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
-                           below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
+                           below_floor: Iterable[str], canary: bool = False, *, claim: str = "",
+                           artifact_id: str | None = None) -> dict[str, Any]:
+    """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard replays."""
     config = guard_config(owner, spec, settings, below_floor, canary)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))}]
@@ -142,6 +158,9 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
         "resources": {k: dict(v) for k, v in (settings.resources or DEFAULT_RESOURCES).items()},
         "securityContext": pods.container_security_context(),
     }
+    if replays(spec) and claim and artifact_id:
+        container["volumeMounts"] = [{"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
+                                      "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"}]
     cpu = spec.cpu
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -149,6 +168,8 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
         "securityContext": pods.pod_security_context(),
         "containers": [container],
     }
+    if "volumeMounts" in container:
+        pod_spec["volumes"] = [pods.model_volume(claim, read_only=True)]
     # Where the CPU pool may run, the guard may too (a tenant's nodes, taints and all).
     if cpu.node_selector:
         pod_spec["nodeSelector"] = dict(cpu.node_selector)

@@ -150,11 +150,17 @@ def _canary_message(desired: str, served: Mapping[str, Any], canary: CanaryPolic
             f"promoted after {canary.requests} requests compared within the quality floor ({progress} so far)")
 
 
-def _starts_canary(record: Mapping[str, Any], served: Mapping[str, Any] | None, canary: CanaryPolicy | None) -> bool:
-    """A new artifact goes through a canary when the guard can judge it: a stable artifact serves, and both come
-    from the same weights (the GPU pool, the guard's reference, serves the stable artifact's weights)."""
-    return (canary is not None and canary.percent > 0 and bool(served)
-            and bool(record.get("source")) and (served or {}).get("source") == record.get("source"))
+def _starts_canary(record: Mapping[str, Any], served: Mapping[str, Any] | None) -> bool:
+    """A new artifact goes through a canary (when there is a policy) if the guard can judge it: a stable artifact
+    serves, and both come from the same weights (the GPU pool, the guard's reference, serves the stable one's)."""
+    return bool(served) and bool(record.get("source")) and (served or {}).get("source") == record.get("source")
+
+
+def canary_policy(spec: RerankModelSpec, settings: guard.GuardSettings | None) -> CanaryPolicy | None:
+    """The class's canary, for a guarded model with a Gateway (the canary is the route's third backend)."""
+    if settings is None or settings.canary_percent <= 0 or not guard.applies(spec, settings) or guard.replays(spec):
+        return None
+    return CanaryPolicy(settings.canary_percent, settings.canary_requests)
 
 
 def decide_artifact(
@@ -184,7 +190,7 @@ def decide_artifact(
     name = latest["metadata"]["name"]
     if out.state == "Succeeded" and out.result is not None:
         record = artifact_record(out.result, desired, now, source=spec.model.display)
-        if canary is not None and _starts_canary(record, served, canary):
+        if canary is not None and _starts_canary(record, served):
             assert served is not None
             return ArtifactDecision(desired, served, canary=record, canary_since=now, pending=Pending(
                 desired, name, attempt, "Canary", conditions.REASON_CANARY,
@@ -274,12 +280,8 @@ def compute(
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
     artifacts go through a canary."""
-    # A canary needs the route's third backend: with a Gateway only.
-    judge = (guard.applies(spec, guard_settings) and guard_settings is not None and guard_settings.canary_percent > 0
-             and spec.routing.gateway is not None)
-    canary_policy = (CanaryPolicy(guard_settings.canary_percent, guard_settings.canary_requests)
-                     if judge and guard_settings is not None else None)
-    decision, new_job = decide_artifact(owner, spec, observed, status, now, canary_policy)
+    canary = canary_policy(spec, guard_settings)
+    decision, new_job = decide_artifact(owner, spec, observed, status, now, canary)
     canary_running = decision.pending is not None and decision.pending.state == "Canary" and decision.canary
     canary_id = str((decision.canary or {}).get("id")) if canary_running else None
     claim = storage.claim_name(owner, spec)
@@ -288,7 +290,7 @@ def compute(
     autoscaler = _autoscaler_decision(spec, status)
     below_floor = quality.below_floor_of(status)
     traffic = routing.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler, below_floor)
-    guarded = pools_deployed and guard.applies(spec, guard_settings)
+    guarding = guard_settings if pools_deployed and guard.applies(spec, guard_settings) else None
 
     desired: list[Obj] = []
     pvc = storage.build_pvc(owner, spec)
@@ -306,15 +308,14 @@ def compute(
             desired.append(service.build_pool_service(owner, pool))
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
-    mirror = (guard.mirror_filter(owner, guard_settings)
-              if guarded and guard_settings is not None and not guard.replays(spec) else None)
-    canary_share = canary_policy.percent if canary_id and canary_policy else 0
+    mirror = guard.mirror_filter(owner, guarding) if guarding is not None and not guard.replays(spec) else None
+    canary_share = canary.percent if canary_id and canary else 0
     route = routing.build_httproute(owner, spec, traffic, mirror, canary_share) if pools_deployed else None
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
         desired.extend(o for o in (route, network_policy) if o is not None)
-    if guarded and guard_settings is not None:
-        desired.append(guard.build_guard_deployment(owner, spec, guard_settings, below_floor, canary=bool(canary_id),
+    if guarding is not None:
+        desired.append(guard.build_guard_deployment(owner, spec, guarding, below_floor, canary=bool(canary_id),
                                                     claim=claim, artifact_id=serving))
         desired.append(guard.build_guard_service(owner))
     if canary_id and pools_deployed:
@@ -332,7 +333,7 @@ def compute(
         svc = names.pool_service_name(owner.name, pool_name)
         if svc in observed.services:
             deletes.append(ObjectRef("v1", "Service", owner.namespace, svc))
-    if not guarded:
+    if guarding is None:
         deletes.extend(_leftovers(owner, observed, names.COMPONENT_GUARD, names.guard_name(owner.name)))
     if not canary_id:
         deletes.extend(_leftovers(owner, observed, names.COMPONENT_CANARY, names.canary_name(owner.name)))

@@ -63,6 +63,11 @@ class PoolQuality:
             parts.append(f"broken scores in {100 * self.failure_ratio:.1f}%")
         return ", ".join(parts)
 
+    def why(self) -> str:
+        """The guard's own reason for the pool's state (the figures it decided on, fixed until the next transition,
+        so a message recorded later still says why), else the live figures."""
+        return self.reason or self.summary()
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -124,14 +129,13 @@ def below_floor_of(status: Mapping[str, Any]) -> frozenset[str]:
 
 
 def status_record(verdict: Verdict | None, guard_name: str, why_not: str | None) -> dict[str, Any]:
-    """``status.quality``: the guard, the pools below the floor and each pool's figures. Without a fresh verdict
-    (guard not ready or not answering) the recorded ``belowFloor`` is kept by the caller, never cleared: a pool
-    taken out for quality comes back on the guard's word, not because the guard went away."""
+    """``status.quality`` without ``belowFloor``, which ``assess`` sets: the guard and each pool's figures. Without a
+    fresh verdict (guard not ready or not answering) the recorded pools below the floor are kept, never cleared: a
+    pool taken out for quality comes back on the guard's word, not because the guard went away."""
     if why_not is not None:
-        return {"guard": None, "belowFloor": [], "message": why_not}
+        return {"guard": None, "message": why_not}
     record: dict[str, Any] = {"guard": guard_name, "reference": REFERENCE}
     if verdict is not None and verdict.error is None:
-        record["belowFloor"] = sorted(verdict.below_floor)
         record["pools"] = {p: q.to_status() for p, q in sorted(verdict.pools.items())}
     elif verdict is not None:
         record["message"] = verdict.error
@@ -158,19 +162,15 @@ def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozense
             other = REFERENCE if pool == CHECKED else CHECKED
             where = (f"its traffic goes to the {other.upper()} pool" if other_ready.get(other, 0) > 0
                      else f"it keeps serving: the {other.upper()} pool has no ready replica")
-            # The guard's own reason (the figures it decided on) stays the same until the next transition, so the
-            # recorded message says why even when the status is written later; the live figures are summarized
-            # when the guard gave none.
-            why = verdict.pools[pool].reason or verdict.pools[pool].summary()
-            parts.append(f"{pool} pool below the quality floor vs the {REFERENCE.upper()} pool: {why}; {where}")
+            parts.append(f"{pool} pool below the quality floor vs the {REFERENCE.upper()} pool: "
+                         f"{verdict.pools[pool].why()}; {where}")
         return Condition(QUALITY_VERIFIED, "False", conditions.REASON_BELOW_FLOOR, "; ".join(parts))
-    checked = [p for p in (CHECKED,) if p in verdict.pools]
-    if not checked or all(verdict.pools[p].window_requests == 0 for p in checked):
+    checked = verdict.pools.get(CHECKED)
+    if checked is None or checked.window_requests == 0:
         return Condition(QUALITY_VERIFIED, "Unknown", conditions.REASON_GUARD_PENDING,
                          "the guard has not compared any sampled request yet")
-    return Condition(QUALITY_VERIFIED, "True", conditions.REASON_WITHIN_FLOOR, "; ".join(
-        f"{p} pool within the quality floor vs the {REFERENCE.upper()} pool: {verdict.pools[p].summary()}"
-        for p in checked))
+    return Condition(QUALITY_VERIFIED, "True", conditions.REASON_WITHIN_FLOOR,
+                     f"{CHECKED} pool within the quality floor vs the {REFERENCE.upper()} pool: {checked.summary()}")
 
 
 def events(before: frozenset[str], after: frozenset[str], verdict: Verdict | None) -> list[Event]:
@@ -178,12 +178,12 @@ def events(before: frozenset[str], after: frozenset[str], verdict: Verdict | Non
     found: list[Event] = []
     pools = verdict.pools if verdict is not None else {}
     for pool in sorted(after - before):
-        figures = (pools[pool].reason or pools[pool].summary()) if pool in pools else "no figures"
+        figures = pools[pool].why() if pool in pools else "no figures"
         found.append(Event("Warning", conditions.REASON_BELOW_FLOOR,
                            f"{pool} pool ranks below the quality floor ({figures}): taken out of traffic while the "
                            f"other pool can serve"))
     for pool in sorted(before - after):
-        figures = (pools[pool].reason or pools[pool].summary()) if pool in pools else "no figures"
+        figures = pools[pool].why() if pool in pools else "no figures"
         found.append(Event("Normal", conditions.REASON_QUALITY_RESTORED,
                            f"{pool} pool is back within the quality floor ({figures}): it takes traffic again"))
     return found
@@ -245,10 +245,9 @@ def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | No
     below: frozenset[str] = frozenset()
     if why_not is None:
         below = verdict.below_floor if fresh and verdict is not None else before
-    record = status_record(verdict, guard_name, why_not)
+    record = {**status_record(verdict, guard_name, why_not), "belowFloor": sorted(below)}
     decided = False
     if why_not is None:
-        record["belowFloor"] = sorted(below)
         canary = canary_verdict(status, verdict, canary_requests)
         if canary is not None:
             record["canary"] = canary

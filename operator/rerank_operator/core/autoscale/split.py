@@ -33,6 +33,7 @@ from rerank_operator.core.autoscale.config import AutoscalingSpec
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.load import UTILIZATION, Load, keeping_up
 from rerank_operator.core.autoscale.signals import Signals
+from rerank_operator.core.builders import guard
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
@@ -82,11 +83,10 @@ def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuSta
           history: History, now: float, tuning: Tuning = Tuning()) -> Split:
     policy = effective_policy(spec, signals)
     gpu_ready, cpu_ready = signals.gpu.ready_replicas, signals.cpu.ready_replicas
-    if policy != effective_policy(spec):
-        kept = "GPU" if policy == "gpu-only" else "CPU"
-        return Split(0 if policy == "gpu-only" else 100,
-                     f"the {'CPU' if kept == 'GPU' else 'GPU'} pool ranks below the quality floor: all traffic to "
-                     f"the {kept} pool")
+    if policy != effective_policy(spec):  # the quality guard's exclusion, not the spec's policy
+        if policy == "gpu-only":
+            return Split(0, "the CPU pool ranks below the quality floor: all traffic to the GPU pool")
+        return Split(100, "the GPU pool ranks below the quality floor: all traffic to the CPU pool")
     if policy == "cpu-only":
         return Split(100, "routing policy cpu-only")
     if policy == "gpu-only":
@@ -111,11 +111,10 @@ def effective_policy(spec: AutoscalingSpec, signals: Signals | None = None) -> s
     if not spec.cpu.enabled:
         return "gpu-only"
     if signals is not None:
-        below = signals.below_floor
-        if "cpu" in below and "gpu" not in below and signals.gpu.ready_replicas > 0:
-            return "gpu-only"
-        if "gpu" in below and "cpu" not in below and signals.cpu.ready_replicas > 0:
-            return "cpu-only"
+        ready = {"gpu": signals.gpu.ready_replicas, "cpu": signals.cpu.ready_replicas}
+        out = guard.excluded(signals.below_floor, ready)
+        if out is not None:
+            return "gpu-only" if out == "cpu" else "cpu-only"
     return spec.routing_policy
 
 

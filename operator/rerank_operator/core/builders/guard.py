@@ -14,7 +14,7 @@ It runs from the quantization Job's image (which carries ``quality_guard`` and i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,16 @@ class GuardSettings:
                    canary_requests=int(section.get("canaryRequests", DEFAULT_CANARY_REQUESTS)))
 
 
+def excluded(below_floor: Collection[str], ready: Mapping[str, int]) -> names.PoolName | None:
+    """The pool routing keeps traffic away from: one the guard finds below the floor while the other pool is not and
+    has ready replicas (a worse ranking beats a failed request, so not otherwise). Routing (``routing.split``) and the
+    autoscaler's policy (``split.effective_policy``) both follow it."""
+    for pool, other in ((CHECKED, REFERENCE), (REFERENCE, CHECKED)):
+        if pool in below_floor and other not in below_floor and ready.get(other, 0) > 0:
+            return pool
+    return None
+
+
 def unavailable(spec: RerankModelSpec) -> str | None:
     """Why a guarded class's model cannot be checked (the guard is then not deployed), or None if it can."""
     if not spec.cpu.enabled:
@@ -79,12 +89,9 @@ DEFAULT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "12
 FRACTION_DENOMINATOR = 10000
 
 
-def pool_url(owner: names.Owner, pool: names.PoolName) -> str:
-    return f"http://{names.pool_service_name(owner.name, pool)}.{owner.namespace}.svc:{names.SERVICE_PORT}"
-
-
-def canary_url(owner: names.Owner) -> str:
-    return f"http://{names.canary_name(owner.name)}.{owner.namespace}.svc:{names.SERVICE_PORT}"
+def service_url(owner: names.Owner, service: str) -> str:
+    """A Service of the model, as the guard (in the model's namespace or not) reaches it."""
+    return f"http://{service}.{owner.namespace}.svc:{names.SERVICE_PORT}"
 
 
 #: Where the guard of a model without a Gateway finds the served artifact (its evaluation pairs, to replay).
@@ -110,7 +117,8 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
     for pool, endpoint in endpoints:  # the canary runs the CPU pool's settings, its key included
         if spec.pool(pool).tei.api_key_secret is not None:
             key_env[endpoint] = _key_env(pool)
-    pools = {CHECKED: pool_url(owner, CHECKED), **({names.CANARY: canary_url(owner)} if canary else {})}
+    pools = {CHECKED: service_url(owner, names.pool_service_name(owner.name, CHECKED)),
+             **({names.CANARY: service_url(owner, names.canary_name(owner.name))} if canary else {})}
     replay: dict[str, Any] = {}
     if replays(spec):
         replay = {"replay": f"{ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}",
@@ -119,7 +127,7 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
         "namespace": owner.namespace,
         "model": owner.name,
         "pools": pools,
-        "reference": pool_url(owner, REFERENCE),
+        "reference": service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
         "k": gate.topk,
         "fraction": 1.0,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rerank_operator.core import names
+from rerank_operator.core.builders import guard
 from rerank_operator.core.spec import RerankModelSpec
 
 
@@ -59,9 +60,10 @@ def split(
     """The split for ``spec`` given ready replicas per pool, with autoscaling on the autoscaler's decision, and the
     pools the quality guard finds below the floor."""
     traffic = _policy_split(spec, gpu_ready, decision)
-    if "cpu" in below_floor and "gpu" not in below_floor and traffic.cpu_percent > 0 and gpu_ready > 0:
+    out = guard.excluded(below_floor, {"gpu": gpu_ready, "cpu": cpu_ready})
+    if out == "cpu" and traffic.cpu_percent > 0:
         traffic = Traffic(100, 0, "the CPU pool ranks below the quality floor: all traffic to the GPU pool")
-    elif "gpu" in below_floor and "cpu" not in below_floor and traffic.gpu_percent > 0 and cpu_ready > 0:
+    elif out == "gpu" and traffic.gpu_percent > 0:
         traffic = Traffic(0, 100, "the GPU pool ranks below the quality floor: all traffic to the CPU pool")
     if traffic.gpu_percent > 0 and gpu_ready == 0 and cpu_ready > 0 and spec.cpu.enabled:
         return Traffic(0, 100, "no GPU replica ready: all traffic to the CPU pool")

@@ -3,8 +3,9 @@
 #   - .venv with the operator, the quantizer's ML stack and the test tools (pip's cache keeps reruns quick);
 #   - the control plane's binaries, built from the Go module proxy and cached under ~/.cache/rerank-operator;
 #   - Prometheus from Debian (tests of the prometheus metrics source run a real server);
-#   - the real node's parts from Debian (containerd, runc, CNI plugins, mmdebstrap) and its images: a Debian rootfs
-#     with Python 3.11 (mmdebstrap, cached under ~/.cache/rerank-operator) and the quantizer's code layer.
+#   - the real node's parts from Debian (containerd, runc, CNI plugins, mmdebstrap, buildah) and its images: a Debian
+#     rootfs with Python 3.11 (mmdebstrap) as the base, the operator's and the quantizer's images built from their
+#     Dockerfiles by buildah, all cached under ~/.cache/rerank-operator by content.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -15,10 +16,14 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
-stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+# The quantizer's stack is pinned to the quantizer image's lock (hack/lock_image_requirements.py): the suite tests
+# exactly what the image ships.
+locks="quantizer_job/image-requirements.txt quantizer_job/image-requirements-cuda.txt"
+stamp=".venv/.installed-$(cat pyproject.toml $locks | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   log "installing Python dependencies (first time: torch and friends, several minutes)"
-  .venv/bin/pip install --disable-pip-version-check -q -e ".[operator,quantizer,test]"
+  .venv/bin/pip install --disable-pip-version-check -q -e ".[operator,quantizer,test]" \
+    $(for f in $locks; do printf -- '-c %s ' "$f"; done)
   touch "$stamp"
 fi
 
@@ -35,7 +40,8 @@ apt_install() {  # apt_install PACKAGE... : only what is missing; one apt-get up
 # The real node (tests/cluster/test_real_node.py): containerd 1.6 + runc + CNI plugins run its pods; mmdebstrap
 # makes its images' rootfs. Debian starts containerd as a service; the dev cluster runs its own instance.
 had_containerd="$(command -v containerd || true)"
-apt_install containerd runc containernetworking-plugins mmdebstrap
+# buildah builds the operator's and the quantizer's images from their Dockerfiles (no daemon, no registry).
+apt_install containerd runc containernetworking-plugins mmdebstrap buildah
 if [ -z "$had_containerd" ]; then  # only the service we just installed; a machine's own containerd stays as it was
   $SUDO systemctl disable --now containerd >/dev/null 2>&1 || $SUDO service containerd stop >/dev/null 2>&1 || true
 fi

@@ -56,6 +56,9 @@ def wheel_from_build_context(dockerfile: Path, workdir: Path) -> Wheel:
         for src in srcs:
             if src.is_dir():  # COPY quantizer_job/ quantizer_job/
                 shutil.copytree(src, ctx / dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif len(srcs) == 1 and not dest.endswith(("/", ".")):  # COPY a/b.py a/b.py
+                (ctx / dest).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, ctx / dest)
             else:  # COPY pyproject.toml README.md ./
                 (ctx / dest).mkdir(parents=True, exist_ok=True)
                 shutil.copy(src, ctx / dest / src.name)

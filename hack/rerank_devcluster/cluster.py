@@ -25,6 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ class Cluster:
     processes: Processes = field(init=False)
     keep_workdir: bool = False
     real_node: realnode.RealNode | None = None
+    #: names the real node's bridge and pod subnet (several clusters may share the machine)
+    node_tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def __post_init__(self) -> None:
         self.processes = Processes(logs_dir=self.logs_dir, cwd=self.workdir, error=ClusterError)
@@ -125,6 +128,12 @@ class Cluster:
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def pod_api_endpoint(self) -> tuple[str, int]:
+        """Where a pod on the real node reaches the API server (host, port): the node's bridge address, which the
+        serving certificate names. In-pod clients get it as KUBERNETES_SERVICE_HOST/PORT."""
+        return realnode.gateway(self.node_tag), self.ports["apiserver"]
 
     def env(self) -> dict[str, str]:
         """Environment for child tools (kubectl, helm, the operator) pointing at this cluster."""
@@ -157,7 +166,9 @@ class Cluster:
 
     def _boot(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        certs = pki.create(self.workdir / "pki")
+        # The API server also answers on the real node's bridge, for pods there (the operator's): no kube-proxy
+        # routes the `kubernetes` Service's ClusterIP on this node, so in-pod clients are given this address.
+        certs = pki.create(self.workdir / "pki", extra_ips=[realnode.gateway(self.node_tag)])
         self._write_kubeconfig(certs)
         (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         self.processes.spawn("etcd", [
@@ -172,7 +183,7 @@ class Cluster:
         self.processes.spawn("kube-apiserver", [
             str(self.bins.kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            "--bind-address=0.0.0.0", "--advertise-address=127.0.0.1",
             f"--secure-port={self.ports['apiserver']}",
             f"--tls-cert-file={certs.serving_crt}", f"--tls-private-key-file={certs.serving_key}",
             f"--client-ca-file={certs.ca_crt}",
@@ -232,7 +243,8 @@ class Cluster:
 
     def _add_real_node(self, deadline: float) -> None:
         # Set first: stop() cleans up after a failed start.
-        self.real_node = realnode.RealNode.create(self.processes, workdir=self.workdir, server=self.server,
+        self.real_node = realnode.RealNode.create(self.processes, tag=self.node_tag, workdir=self.workdir,
+                                                  server=self.server,
                                                   kubelet=self.bins.kubelet)
         self.real_node.start(deadline)
         self.processes.wait_for(lambda: self._node_ready(realnode.NAME), deadline,

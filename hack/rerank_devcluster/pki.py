@@ -43,13 +43,15 @@ def client_certificate(directory: Path, name: str, user: str, group: str) -> tup
     return directory / f"{name}.crt", directory / f"{name}.key"
 
 
-def create(directory: Path) -> Pki:
+def create(directory: Path, extra_ips: list[str] | tuple[str, ...] = ()) -> Pki:
+    """The CA and the certificates; ``extra_ips`` are more addresses the API server's certificate is valid for."""
     directory.mkdir(parents=True, exist_ok=True)
+    sans = ",".join(["IP:127.0.0.1", "IP:10.0.0.1", *(f"IP:{ip}" for ip in extra_ips), "DNS:localhost",
+                     "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc"])
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "3650", "-subj", "/CN=rerank-devcluster-ca", cwd=directory)
     _signed(directory, "serving", "/CN=kube-apiserver",
-            "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
+            f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
     _signed(directory, "admin", "/O=system:masters/CN=rerank-devcluster-admin", "extendedKeyUsage=clientAuth\n")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)

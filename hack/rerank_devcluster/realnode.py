@@ -19,7 +19,6 @@ import contextlib
 import functools
 import json
 import subprocess
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,22 @@ def node_selector() -> dict[str, str]:
     return {LABEL: "true"}
 
 
+def subnet(tag: str) -> str:
+    """The node's pod subnet, from its tag (several dev clusters may share the machine)."""
+    return f"10.88.{int(tag, 16) % 250}.0/24"
+
+
+def gateway(tag: str) -> str:
+    """The bridge's own address in :func:`subnet` (host-local's gateway, the first address): the host, seen
+    from the node's pods."""
+    return subnet(tag).replace(".0/24", ".1")
+
+
 class RealNodeError(RuntimeError):
     """The real node could not start; the message says which part and why."""
 
 
-def containerd_config(root: Path, sock: Path, cni_conf_dir: Path, cni_bin_dir: str, base_spec: Path,
-                      sandbox_image: str) -> str:
+def containerd_config(root: Path, sock: Path, cni_conf_dir: Path, cni_bin_dir: str, sandbox_image: str) -> str:
     """containerd 1.6's config (version 2): own root, state and socket, the CRI plugin with runc (cgroupfs)."""
     return f"""version = 2
 root = "{root}/root"
@@ -72,7 +81,6 @@ state = "{root}/state"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      base_runtime_spec = "{base_spec}"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -128,13 +136,6 @@ def kubelet_config(*, root: Path, ca: Path, port: int, healthz_port: int, runtim
     }
 
 
-def base_runtime_spec(runtime_default: dict[str, Any], extra_mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    """containerd's default OCI spec for runc plus the node's extra mounts (the quantizer's ML stack)."""
-    spec: dict[str, Any] = json.loads(json.dumps(runtime_default))
-    spec["mounts"] = [*spec.get("mounts", []), *extra_mounts]
-    return spec
-
-
 @dataclass
 class RealNode:
     """The real node's processes belong to the cluster (its ``processes``, passed in); this object knows its paths.
@@ -158,10 +159,9 @@ class RealNode:
 
     # -- start -----------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, processes: Processes, *, workdir: Path, server: str, kubelet: Path) -> RealNode:
+    def create(cls, processes: Processes, *, tag: str, workdir: Path, server: str, kubelet: Path) -> RealNode:
         """The node's paths and images (built or taken from the cache); nothing runs yet."""
         images = nodeimage.ensure_images()
-        tag = uuid.uuid4().hex[:6]
         return cls(processes=processes, root=workdir / "node", pki_dir=workdir / "pki", server=server,
                    kubelet=kubelet, cgroup_root=f"/rerank-{tag}", bridge=f"rrk{tag}", images=images)
 
@@ -180,23 +180,19 @@ class RealNode:
         if cni_bin is None:
             raise RealNodeError(f"no CNI plugins in {CNI_BIN_DIRS} "
                                 "(Debian: apt-get install containernetworking-plugins)")
-        default_spec = json.loads(subprocess.run(["ctr", "oci", "spec"], capture_output=True, text=True,
-                                                 check=True).stdout)
-        base = self.root / "base-runtime-spec.json"
-        base.write_text(json.dumps(base_runtime_spec(default_spec, [nodeimage.dependency_mount()]), indent=1))
         net_d = self.root / "net.d"
         net_d.mkdir(exist_ok=True)
-        subnet = f"10.88.{int(self.bridge[3:], 16) % 250}.0/24"
-        (net_d / "10-rerank-dev.conflist").write_text(json.dumps(cni_config(self.bridge, subnet, self.root / "ipam")))
+        (net_d / "10-rerank-dev.conflist").write_text(json.dumps(cni_config(self.bridge, subnet(self.bridge[3:]),
+                                                                            self.root / "ipam")))
         config = self.root / "containerd.toml"
-        config.write_text(containerd_config(self.root / "containerd", self.sock, net_d, cni_bin, base,
+        config.write_text(containerd_config(self.root / "containerd", self.sock, net_d, cni_bin,
                                             nodeimage.PAUSE_IMAGE))
         self.processes.spawn("containerd", ["containerd", "--config", str(config)])
         self.processes.wait_for(lambda: self.sock.exists() and self._ctr("version", check=False).returncode == 0,
                                 deadline, "containerd's socket")
 
     def _import_images(self) -> None:
-        for archive in (self.images.pause, self.images.quantizer):
+        for archive in self.images.archives:
             done = self._ctr("images", "import", str(archive), check=False, timeout=300)
             if done.returncode != 0:
                 raise RealNodeError(f"ctr images import {archive}: {done.stderr.strip()}")

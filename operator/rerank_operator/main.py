@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -78,6 +79,13 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         raise SystemExit(f"rerank-operator: error: {exc}") from exc
 
 
+def peer_identity(env: Mapping[str, str], hostname: str, pid: int) -> str:
+    """Who this process is among operators: the pod's name, else host and pid. Never the user name: kopf's own
+    guess asks the password database, which has no entry for the uid a pod runs as (65532 here, a random uid on
+    OpenShift), and crashed the operator at start-up in a real container."""
+    return env.get("POD_NAME") or f"{hostname}/{pid}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args, os.environ)
@@ -88,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rerank_operator.controllers import handlers  # kopf and the API client load only when the operator starts
 
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+    # kopf's documented way to name this process (POD_ID); without it kopf asks the password database.
+    os.environ.setdefault("POD_ID", peer_identity(os.environ, socket.gethostname(), os.getpid()))
     asyncio.run(kopf.operator(
         registry=handlers.install(settings, args.namespaces),
         standalone=True,

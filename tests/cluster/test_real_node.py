@@ -24,11 +24,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from rrm_harness import Env, Identity, Kube, OperatorProcess, _kubectl_apply, cleanup, eventually
+from rrm_harness import Env, Kube, _kubectl_apply, eventually
 
 from quantizer_job import contract, publish
 from rerank_devcluster import realnode
 from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.operator_release import OperatorRelease
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.slow]
 
@@ -103,6 +104,12 @@ def local_pv(name: str, storage_class: str, path: Path, nodes: list[str]) -> dic
 class NodeEnv(Env):
     volume: Path
     image: str  # the quantizer image imported into the real node's containerd
+    release: OperatorRelease  # the operator: the chart's pod on the real node, from operator/Dockerfile's image
+
+    def describe(self) -> str:
+        models = self.cluster.kubectl_run("get", "rerankmodels", "-n", self.namespace, "-o", "yaml",
+                                          check=False).stdout[-5000:]
+        return f"{models}\n--- operator ---\n{self.release.describe()}"
 
     def model_body(self, name: str, quantization: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
@@ -141,7 +148,7 @@ class NodeEnv(Env):
 
 
 @pytest.fixture
-def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealNode, operator_identity: Identity,
+def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealNode, crds_installed: list[str],
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
     ns = f"n-{uuid.uuid4().hex[:8]}"
     cluster.kubectl_run("create", "namespace", ns)
@@ -154,14 +161,19 @@ def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealN
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": ns},
         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": ns, "volumeName": f"pv-{ns}",
                  "resources": {"requests": {"storage": "1Gi"}}}}])
-    operator = OperatorProcess(cluster, operator_identity, [ns]).start()
-    env = NodeEnv(cluster, Kube(cluster, kube), ns, ns, operator)
-    env.volume = volume
-    env.image = real_node.images.quantizer_image
+    # The operator as users run it: helm install of the chart, its pod on the real node (one replica: this node's
+    # two CPUs also run the quantizer), watching this namespace only.
+    release = OperatorRelease(cluster, ns, f"op-{ns}", real_node.images.operator.name, watch_namespaces=[ns],
+                              extra_values={"tenantRoles": {"enabled": False}}, helm_flags=("--skip-crds",))
+    release.install(tmp_path_factory.mktemp("release"))
+    env = NodeEnv(cluster, Kube(cluster, kube), ns, ns, None)  # type: ignore[arg-type]  # no host process here
+    env.volume, env.image, env.release = volume, real_node.images.quantizer_image, release
     try:
         yield env
     finally:
-        cleanup(env, [ns])
+        # Models first, while the operator runs (it removes their finalizers), then the operator.
+        cluster.kubectl_run("delete", "rerankmodels", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
+        release.uninstall()
         cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
         cluster.kubectl_run("delete", "pv", f"pv-{ns}", "--wait=false", check=False)
         shutil.rmtree(volume, ignore_errors=True)

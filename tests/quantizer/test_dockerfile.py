@@ -1,6 +1,6 @@
-"""quantizer_job/Dockerfile cannot be built here (no container daemon): check the base is pinned, the final stage is
-non-root with no build tools, and that the wheel built from exactly the files it COPYs carries a working
-``rerank-quantize`` entry point (run against this venv's ML stack, which stands in for the image's)."""
+"""quantizer_job/Dockerfile, read without building it (the node tier builds it for real with buildah and runs the
+Job from it): the base is pinned, the final stage is non-root with no build tools, and the wheel built from exactly
+the files it COPYs carries a working ``rerank-quantize`` entry point (run against this venv's ML stack)."""
 
 from __future__ import annotations
 

@@ -65,3 +65,9 @@ def test_install_registers_every_handler_with_the_settings_it_was_given() -> Non
     assert sorted(h.id for h in registry._watching.get_all_handlers()) == ["on_class_event", "on_model_event"]
     assert sorted(h.id for h in registry._activities.get_all_handlers()) == ["cleanup", "configure",
                                                                              "login_via_client", "reconciling"]
+
+
+def test_peer_identity_never_needs_a_user_name() -> None:
+    # A pod's uid (65532, or OpenShift's random one) has no passwd entry: kopf's own guess crashed on it.
+    assert main.peer_identity({"POD_NAME": "op-7d9-x2"}, "host", 12) == "op-7d9-x2"
+    assert main.peer_identity({}, "host", 12) == "host/12"

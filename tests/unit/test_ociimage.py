@@ -1,4 +1,4 @@
-"""OCI image archives for the real node: the layout a container runtime imports must hang together."""
+"""OCI image archives for the real node (its pause image): the layout a container runtime imports must hang together."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-import pytest
-
-from rerank_devcluster import nodeimage, ociimage
+from rerank_devcluster import ociimage
 
 
 def _layer(path: Path, files: dict[str, bytes]) -> Path:
@@ -60,31 +58,3 @@ def test_a_layer_shared_twice_is_stored_once(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "img.tar") as tar:
         names = [m.name for m in tar.getmembers()]
     assert len(names) == len(set(names))
-
-
-def test_quantizer_code_layer_runs_debians_python_with_the_checkout_package(tmp_path: Path) -> None:
-    package = tmp_path / "quantizer_job"
-    (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "sub" / "m.py").write_text("X = 1\n")
-    (package / "notes.txt").write_text("not code")
-    nodeimage.code_layer(tmp_path / "layer.tar", package)
-    with tarfile.open(tmp_path / "layer.tar") as tar:
-        members = {m.name: m for m in tar.getmembers()}
-        script = tar.extractfile(members["opt/venv/bin/rerank-quantize"]).read().decode()  # type: ignore[union-attr]
-    assert members["opt/venv/bin/python3"].linkname == "/usr/bin/python3.11"
-    assert script.startswith("#!/opt/venv/bin/python3\n") and "quantizer_job.cli import main" in script
-    assert members["opt/venv/bin/rerank-quantize"].mode & 0o111
-    assert {"opt/rerank/quantizer_job/__init__.py", "opt/rerank/quantizer_job/sub/m.py"} <= set(members)
-    assert "opt/rerank/quantizer_job/notes.txt" not in members
-    assert members[nodeimage.SITE_PACKAGES.lstrip("/")].isdir()  # the runtime's read-only mount point
-
-
-@pytest.mark.parametrize("extra", [[], [{"destination": "/x", "type": "bind", "source": "/y", "options": ["ro"]}]])
-def test_base_runtime_spec_keeps_the_runtime_defaults(extra: list[dict[str, object]]) -> None:
-    from rerank_devcluster import realnode
-
-    default = {"ociVersion": "1.0.2", "process": {"cwd": "/"}, "mounts": [{"destination": "/proc", "type": "proc"}]}
-    spec = realnode.base_runtime_spec(default, extra)
-    assert spec["mounts"] == [*default["mounts"], *extra] and spec["process"] == default["process"]
-    assert default["mounts"] == [{"destination": "/proc", "type": "proc"}]  # not modified in place

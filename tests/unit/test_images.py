@@ -1,0 +1,75 @@
+"""The dev cluster's image builds (hack/rerank_devcluster/images.py): what decides a rebuild, what the build sees.
+
+The builds themselves run in the node tier (tests/cluster/test_real_node.py), whose pods run the images."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rerank_devcluster import images, operator_release, realnode
+from rerank_devcluster.binaries import REPO_ROOT
+
+DOCKERFILE = REPO_ROOT / "quantizer_job" / "Dockerfile"
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    """A copy of the repository's build context (only what .dockerignore keeps), plus files it ignores."""
+    root = tmp_path / "repo"
+    for f in images.context_files():
+        dest = root / f.relative_to(REPO_ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dest)
+    shutil.copy(REPO_ROOT / ".dockerignore", root / ".dockerignore")
+    (root / "docs").mkdir()
+    (root / "docs" / "x.md").write_text("ignored")
+    (root / "quantizer_job" / "__pycache__").mkdir(exist_ok=True)
+    (root / "quantizer_job" / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"ignored")
+    return root
+
+
+def test_context_is_what_the_dockerfiles_copy_and_nothing_of_a_checkouts_clutter() -> None:
+    names = {str(f.relative_to(REPO_ROOT)) for f in images.context_files()}
+    for needed in ("pyproject.toml", "README.md", "operator/rerank_operator/__init__.py", "quantizer_job/cli.py",
+                   "quantizer_job/image-requirements.txt", "quality_guard/server.py"):
+        assert needed in names
+    assert not any(n.startswith((".venv/", "tests/", "docs/", "hack/")) or "__pycache__" in n for n in names)
+
+
+def test_the_key_follows_the_context_and_the_recipe_only(context: Path) -> None:
+    key = images.content_key(DOCKERFILE, "base:1", {"A": "1"}, context)
+    (context / "docs" / "x.md").write_text("changed, but not sent to the build")
+    (context / "quantizer_job" / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"changed too")
+    assert images.content_key(DOCKERFILE, "base:1", {"A": "1"}, context) == key
+    assert images.content_key(DOCKERFILE, "base:2", {"A": "1"}, context) != key
+    assert images.content_key(DOCKERFILE, "base:1", {"A": "2"}, context) != key
+    (context / "quantizer_job" / "cli.py").write_text("# an edit the image must carry\n")
+    assert images.content_key(DOCKERFILE, "base:1", {"A": "1"}, context) != key
+
+
+def test_the_build_uses_this_machines_index_and_trust() -> None:
+    conf = images.build_pip_conf({"index-url": "https://mirror.example/simple", "cert": "/etc/host-ca.pem"})
+    assert "index-url = https://mirror.example/simple" in conf
+    assert f"cert = {images.BUILD_CA}" in conf and "/etc/host-ca.pem" not in conf  # mounted at BUILD_CA
+    assert f"cache-dir = {images.BUILD_PIP_CACHE}" in conf
+    assert "index-url" not in images.build_pip_conf({}) and "cert" not in images.build_pip_conf({})
+    args = images.quantizer_build_args({"index-url": "https://mirror.example/simple"})
+    assert args == {"TORCH_INDEX_URL": "https://mirror.example/simple", "TORCH_CUDA_LIBS": "true"}
+    assert images.quantizer_build_args({})["TORCH_INDEX_URL"] == images.DEFAULT_INDEX
+
+
+def test_operator_release_values_put_the_pod_on_the_real_node_and_point_it_at_the_api_server() -> None:
+    vals = operator_release.values(image="rerank.local/operator:abc123", api_host="10.88.7.1", api_port=6443,
+                                   watch_namespaces=["a"], replicas=1, extra={"tenantRoles": {"enabled": False}})
+    assert vals["image"] == {"repository": "rerank.local/operator", "tag": "abc123", "pullPolicy": "Never"}
+    assert vals["nodeSelector"] == realnode.node_selector() and vals["tolerations"] == [realnode.toleration()]
+    assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.88.7.1"} in vals["extraEnv"]
+    assert {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"} in vals["extraEnv"]
+    assert vals["watchNamespaces"] == ["a"] and vals["tenantRoles"] == {"enabled": False}
+
+
+def test_the_node_gateway_is_in_its_subnet() -> None:
+    assert realnode.subnet("00000a") == "10.88.10.0/24" and realnode.gateway("00000a") == "10.88.10.1"

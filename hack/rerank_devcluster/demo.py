@@ -1,15 +1,15 @@
 """The whole flow on this machine, with nothing but the local control plane: ``./hack/demo``.
 
-1. start the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes);
-2. ``helm install`` the chart (CRDs, RBAC, the operator Deployment, which kwok "runs");
-3. run the real operator as a local process, authenticated as the chart's ServiceAccount (so the chart's RBAC
-   is what it really gets);
-4. put a small cross-encoder (all-MiniLM-L6-v2's encoder + a 1-logit head, shipped on PyPI) on a directory that
-   stands in for the model volume, and apply a RerankModel pointing at it;
-5. kwok runs no containers, so when the operator's quantization Job starts a pod, the demo runs that pod's
-   container command here (``rerank-quantize`` with the volume mapped to the local directory) and reports its
-   exit code and termination message on the pod exactly as the kubelet would;
-6. watch the RerankModel go to Ready and print the artifact's figures.
+1. start the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes) and the real node
+   (kubelet + containerd), whose images are the project's Dockerfiles built by buildah (cached);
+2. ``helm install`` the chart: the operator runs as the chart's pods on the real node, from its image, with the
+   chart's ServiceAccount, RBAC, probes and securityContext;
+3. put a small cross-encoder (all-MiniLM-L6-v2's encoder + a 1-logit head, shipped on PyPI) on a local volume and
+   apply a RerankModel pointing at it;
+4. the operator's quantization Job runs on the real node from the quantizer image (an admission policy of the dev
+   cluster sends quantizer pods there: kwok's nodes run nothing); the demo streams its log;
+5. watch the RerankModel go to Ready and print the artifact's figures. The TEI pools run on kwok nodes (no TEI image
+   here), so they turn Ready without serving.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from quantizer_job import contract
-from rerank_devcluster import binaries
+from rerank_devcluster import binaries, realnode
 from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.operator_release import OperatorRelease, ReleaseError
 from rerank_devcluster.waiting import eventually
 
 REPO = binaries.REPO_ROOT
@@ -35,6 +35,7 @@ CHART = REPO / "charts" / "rerank-operator"
 RELEASE, OPERATOR_NS = "rerank-operator", "rerank-system"
 DEMO_NS, MODEL, CLAIM = "search", "minilm", "models"
 QUANTIZER_SELECTOR = "app.kubernetes.io/component=quantizer"
+REAL_NODE_LABEL = "rerank.io/quantize-on-real-node"
 
 
 def say(msg: str) -> None:
@@ -45,44 +46,20 @@ def kubectl_json(cluster: Cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl_run(*args, "-o", "json").stdout)
 
 
-def install_chart(cluster: Cluster) -> None:
-    helm = str(binaries.ensure("helm"))
-    done = subprocess.run([helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
-                           "--create-namespace", "--wait", "--timeout", "120s"], env=cluster.env(),
-                          capture_output=True, text=True)
-    if done.returncode != 0:  # helm's notes about the chart's symlinks (crds/, files/) are noise otherwise
-        raise SystemExit(f"helm install failed:\n{done.stdout}\n{done.stderr}")
-    say(f"helm: chart {CHART.name} installed in {OPERATOR_NS}; CRD served: "
-        + cluster.kubectl_run("get", "crd", "rerankmodels.rerank.io", "-o", "name").stdout.strip())
-
-
-def operator_kubeconfig(cluster: Cluster, workdir: Path) -> Path:
-    """A kubeconfig holding a token of the chart's ServiceAccount: the local operator gets only the chart's RBAC."""
-    sas = kubectl_json(cluster, "get", "serviceaccounts", "-n", OPERATOR_NS,
-                       "-l", "app.kubernetes.io/name=rerank-operator")["items"]
-    if not sas:
-        raise SystemExit("the chart created no ServiceAccount labelled "
-                         f"app.kubernetes.io/name=rerank-operator in {OPERATOR_NS}")
-    sa = sas[0]["metadata"]["name"]
-    token = cluster.kubectl_run("create", "token", sa, "-n", OPERATOR_NS, "--duration=12h").stdout.strip()
-    config = json.loads(cluster.kubeconfig.read_text())
-    config["users"] = [{"name": sa, "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = sa
-    path = workdir / "operator.kubeconfig"
-    path.write_text(json.dumps(config))
-    path.chmod(0o600)
-    say(f"operator runs here as system:serviceaccount:{OPERATOR_NS}:{sa}")
-    return path
-
-
-def start_operator(cluster: Cluster, kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
-    log = open(workdir / "operator.log", "wb")  # noqa: SIM115 - the operator process holds it open
-    exe = Path(sys.executable).with_name("rerank-operator")
-    env = {**cluster.env(), "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.Popen([str(exe), "--all-namespaces", "--health-port", "0", "--metrics-port", "0"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    say(f"operator started (pid {proc.pid}, log {workdir / 'operator.log'})")
-    return proc
+def install_operator(cluster: Cluster, workdir: Path) -> OperatorRelease:
+    """``helm install`` of the chart, its pods (two: a leader and a standby) on the real node, from the operator
+    image built from operator/Dockerfile."""
+    assert cluster.real_node is not None
+    release = OperatorRelease(cluster, OPERATOR_NS, RELEASE, cluster.real_node.images.operator.name, replicas=2)
+    try:
+        release.install(workdir, timeout=240)
+    except ReleaseError as exc:
+        raise SystemExit(str(exc)) from None
+    pods = release.pods()
+    say(f"helm: chart {CHART.name} installed in {OPERATOR_NS}; operator pods "
+        + ", ".join(f"{p['metadata']['name']} on {p['spec'].get('nodeName')}" for p in pods)
+        + f" ({release.image})")
+    return release
 
 
 def prepare_model(volume: Path) -> str:
@@ -96,22 +73,18 @@ def prepare_model(volume: Path) -> str:
 
 
 def volume_objects(volume: Path) -> list[dict[str, Any]]:
-    """A PersistentVolume whose hostPath is the stand-in directory, and the claim the RerankModel names.
-
-    The dev cluster has no storage provisioner; this is how an admin hands a pre-filled volume to a namespace.
-    """
+    """A local PersistentVolume on this directory and the claim the RerankModel names. The dev cluster has no
+    storage provisioner; this is how an admin hands a pre-filled volume to a namespace."""
+    nodes = [realnode.NAME, "kwok-cpu-0", "kwok-cpu-1", "kwok-gpu-0"]
     return [
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{DEMO_NS}-models"},
-         "spec": {"capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "demo",
-                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(volume)},
-                  "claimRef": {"namespace": DEMO_NS, "name": CLAIM}}},
+        realnode.local_pv(f"{DEMO_NS}-models", "demo", volume, nodes),
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": DEMO_NS},
          "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "demo",
                   "resources": {"requests": {"storage": "20Gi"}}, "volumeName": f"{DEMO_NS}-models"}},
     ]
 
 
-def rerank_model(model_path: str) -> dict[str, Any]:
+def rerank_model(model_path: str, quantizer_image: str) -> dict[str, Any]:
     return {
         "apiVersion": "rerank.io/v1alpha1", "kind": "RerankModel",
         "metadata": {"name": MODEL, "namespace": DEMO_NS},
@@ -119,7 +92,7 @@ def rerank_model(model_path: str) -> dict[str, Any]:
             "model": {"path": model_path},
             # The demo model's head is untrained, so its scores are close together and a little INT8 noise
             # reorders them more than on a trained reranker: the gate is relaxed here, and only here.
-            "quantization": {"timeBudgetSeconds": 300,
+            "quantization": {"image": quantizer_image, "timeBudgetSeconds": 300,
                              "qualityGate": {"minSpearman": 0.98, "minTopKAgreement": 0.85}},
             "storage": {"existingClaim": CLAIM},
             "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4},
@@ -129,27 +102,33 @@ def rerank_model(model_path: str) -> dict[str, Any]:
     }
 
 
-def run_quantizer_pod(cluster: Cluster, pod: dict[str, Any], volume: Path, workdir: Path) -> None:
-    """Do what the kubelet would: run the container's command (volume mapped here) and report how it ended."""
-    container = pod["spec"]["containers"][0]
-    args = [a.replace(contract.VOLUME_MOUNT_PATH, str(volume)) for a in container.get("args", [])]
-    command = container.get("command") or ["rerank-quantize"]
-    exe = Path(sys.executable).with_name(Path(command[0]).name)
-    term = workdir / f"termination-{pod['metadata']['name']}"
-    term.unlink(missing_ok=True)
-    say(f"quantization Job pod {pod['metadata']['name']} started; running its command here:")
-    say("  rerank-quantize " + " ".join(container.get("args", [])))
-    env = {**os.environ, "TERMINATION_MESSAGE_PATH": str(term), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([str(exe), *command[1:], *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(f"    | {_summarize(line.rstrip())}", flush=True)
-    code = proc.wait()
-    # The container sees the volume at /models: report paths the way it would have.
-    message = term.read_text().replace(str(volume), contract.VOLUME_MOUNT_PATH) if term.exists() else ""
-    cluster.finish_pod(pod["metadata"]["namespace"], pod["metadata"]["name"], code, message)
-    say(f"quantizer exited {code}; pod status reported to the API server with its termination message")
+def follow_quantizer(cluster: Cluster, pod: dict[str, Any]) -> threading.Thread:
+    """Print the quantizer container's log as it runs (kubectl logs -f), summarized."""
+    name = pod["metadata"]["name"]
+    image = pod["spec"]["containers"][0]["image"]
+    say(f"quantization Job pod {name} running on {pod['spec'].get('nodeName')} from {image}")
+
+    def follow() -> None:
+        proc = subprocess.Popen([str(cluster.kubectl), "logs", "-f", "-n", DEMO_NS, name, "-c", "quantizer"],
+                                env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"    | {_summarize(line.rstrip())}", flush=True)
+        proc.wait()
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread
+
+
+def report_exit(pod: dict[str, Any]) -> bool:
+    """Say how the quantizer container ended (the kubelet's report), once it has."""
+    for status in pod["status"].get("containerStatuses") or ():
+        term = (status.get("state") or {}).get("terminated")
+        if status["name"] == "quantizer" and term:
+            say(f"quantizer exited {term['exitCode']} ({term.get('reason')}); the kubelet reported its termination "
+                "message to the API server")
+            return True
+    return False
 
 
 def _summarize(line: str) -> str:
@@ -165,17 +144,21 @@ def _summarize(line: str) -> str:
     return f"{head} {json.dumps(rec, separators=(',', ':'))[:200]}"
 
 
-def watch(cluster: Cluster, volume: Path, workdir: Path, timeout: float) -> dict[str, Any]:
-    """Until the RerankModel is Ready: run each quantizer pod as it starts, print each change of its status."""
-    handled: set[str] = set()
+def watch(cluster: Cluster, release: OperatorRelease, timeout: float) -> dict[str, Any]:
+    """Until the RerankModel is Ready: follow each quantizer pod's log, print each change of the model's status."""
+    followed: dict[str, threading.Thread] = {}
+    ended: set[str] = set()
     last = ""
 
     def step() -> dict[str, Any] | None:
         nonlocal last
         for pod in kubectl_json(cluster, "get", "pods", "-n", DEMO_NS, "-l", QUANTIZER_SELECTOR)["items"]:
-            if pod["metadata"]["name"] not in handled and pod["status"].get("phase") == "Running":
-                handled.add(pod["metadata"]["name"])
-                run_quantizer_pod(cluster, pod, volume, workdir)
+            name = pod["metadata"]["name"]
+            if name not in followed and pod["status"].get("phase") in ("Running", "Succeeded", "Failed"):
+                followed[name] = follow_quantizer(cluster, pod)
+            if name in followed and name not in ended and report_exit(pod):
+                followed[name].join(timeout=10)
+                ended.add(name)
         obj: dict[str, Any] = kubectl_json(cluster, "get", "rerankmodel", MODEL, "-n", DEMO_NS)
         status = obj.get("status", {})
         conds = {c["type"]: c for c in status.get("conditions", [])}
@@ -192,8 +175,11 @@ def watch(cluster: Cluster, volume: Path, workdir: Path, timeout: float) -> dict
             raise SystemExit(f"RerankModel {DEMO_NS}/{MODEL} failed: {ready.get('reason')}: {ready.get('message')}")
         return None
 
-    result: dict[str, Any] = eventually(step, timeout, f"RerankModel {DEMO_NS}/{MODEL} to become Ready "
-                                        f"(see {workdir}/operator.log)", every=1, error=SystemExit)
+    try:
+        result: dict[str, Any] = eventually(step, timeout, f"RerankModel {DEMO_NS}/{MODEL} to become Ready",
+                                            every=1, error=SystemExit)
+    except SystemExit as exc:
+        raise SystemExit(f"{exc}\n--- operator ---\n{release.describe()}") from None
     return result
 
 
@@ -210,21 +196,26 @@ def main(argv: list[str] | None = None) -> int:
     volume.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
-    say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)")
-    cluster = Cluster.start(workdir / "cluster")
+    say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok) and the real "
+        "node (kubelet, containerd; the images are built from the Dockerfiles the first time: minutes)")
+    cluster = Cluster.start(workdir / "cluster", real_node=True, timeout=900)
     cluster.keep_workdir = True
-    operator = None
     try:
         say(f"control plane up at {cluster.server}; KUBECONFIG={cluster.kubeconfig}")
-        install_chart(cluster)
-        operator = start_operator(cluster, operator_kubeconfig(cluster, workdir), workdir)
-        say("preparing the demo model (all-MiniLM-L6-v2 encoder + 1-logit head) on the stand-in volume")
+        assert cluster.real_node is not None
+        # First, so that the API server has loaded it when the quantizer's pod is created.
+        cluster.kubectl_run("apply", "-f", "-", input="\n---\n".join(
+            json.dumps(o) for o in realnode.quantizer_placement_policy(REAL_NODE_LABEL)))
+        release = install_operator(cluster, workdir)
+        say("preparing the demo model (all-MiniLM-L6-v2 encoder + 1-logit head) on the local volume")
         model_path = prepare_model(volume)
         cluster.kubectl_run("create", "namespace", DEMO_NS, check=False)
+        cluster.kubectl_run("label", "namespace", DEMO_NS, f"{REAL_NODE_LABEL}=true", "--overwrite")
         cluster.kubectl_run("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in volume_objects(volume)))
-        cluster.kubectl_run("apply", "-f", "-", input=json.dumps(rerank_model(model_path)))
+        model = rerank_model(model_path, cluster.real_node.images.quantizer_image)
+        cluster.kubectl_run("apply", "-f", "-", input=json.dumps(model))
         say(f"applied RerankModel {DEMO_NS}/{MODEL} (model.path={model_path})")
-        obj = watch(cluster, volume, workdir, args.timeout)
+        obj = watch(cluster, release, args.timeout)
         print(cluster.kubectl_run("get", "rerankmodels", "-A").stdout)
         art = obj["status"].get("artifact", {})
         say(f"Ready in {time.monotonic() - started:.0f}s. Artifact {art.get('id')} at {art.get('path')}")
@@ -232,15 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  quality vs FP32: {json.dumps(art.get('quality', {}))}")
         say(f"  speed: {json.dumps(art.get('speed', {}))}")
         print(cluster.kubectl_run("get", "deployments,services,jobs,pvc", "-n", DEMO_NS).stdout)
+        print(cluster.kubectl_run("get", "pods", "-n", OPERATOR_NS, "-o", "wide").stdout)
         if args.keep:
             say(f"kept running: export KUBECONFIG={cluster.kubeconfig}; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
-                operator.wait()
+                while True:
+                    time.sleep(3600)
         return 0
     finally:
-        if operator and operator.poll() is None:
-            operator.terminate()
-            operator.wait(timeout=30)
         cluster.stop()
         say("control plane stopped")
 

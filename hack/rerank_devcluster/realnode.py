@@ -55,6 +55,52 @@ def gateway(tag: str) -> str:
     return subnet(tag).replace(".0/24", ".1")
 
 
+def quantizer_placement_policy(namespace_label: str) -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy (and binding): quantizer pods in namespaces labelled ``namespace_label=true`` get
+    the real node's nodeSelector and toleration at admission, so the operator's pod spec stays its own while the
+    TEI pools stay on kwok nodes (there is no TEI image here)."""
+    name = "rerank-quantizer-on-real-node"
+    selector = json.dumps(node_selector())
+    tol = json.dumps(toleration())
+    # JSONPatch, not ApplyConfiguration: nodeSelector and tolerations are atomic, which apply may not mutate.
+    expression = (
+        f"[JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {selector}}}, "
+        f"has(object.spec.tolerations) ? JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: {tol}}} "
+        f": JSONPatch{{op: 'add', path: '/spec/tolerations', value: [{tol}]}}]"
+    )
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {
+             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                     "operations": ["CREATE"], "resources": ["pods"]}]},
+             "matchConditions": [{"name": "quantizer", "expression":
+                                  "has(object.metadata.labels) && "
+                                  "object.metadata.labels[?'app.kubernetes.io/component'].orValue('') == 'quantizer'"}],
+             "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+         }},
+        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicyBinding",
+         "metadata": {"name": name},
+         "spec": {"policyName": name,
+                  "matchResources": {"namespaceSelector": {"matchLabels": {namespace_label: "true"}}}}},
+    ]
+
+
+def local_pv(name: str, storage_class: str, path: Path, nodes: list[str]) -> dict[str, Any]:
+    """A local PersistentVolume. Every node of the dev cluster is this machine, so the directory is on all of
+    them: the real node mounts it for the quantizer (the kubelet applies the pod's fsGroup to it), kwok's pools
+    "mount" it too."""
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+        "spec": {"capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                 "storageClassName": storage_class, "persistentVolumeReclaimPolicy": "Retain",
+                 "volumeMode": "Filesystem", "local": {"path": str(path)},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                     {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}},
+    }
+
+
 class RealNodeError(RuntimeError):
     """The real node could not start; the message says which part and why."""
 

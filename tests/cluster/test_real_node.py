@@ -14,7 +14,6 @@ Select with ``-m node``; the tier runs in the default suite (./hack/test).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
@@ -39,41 +38,11 @@ RUN_AS = 65532
 CLAIM = "models"
 
 
-def quantizer_placement_policy() -> list[dict[str, Any]]:
-    """Quantizer pods in labelled namespaces get the real node's nodeSelector and toleration at admission."""
-    name = "rerank-quantizer-on-real-node"
-    selector = json.dumps(realnode.node_selector())
-    toleration = json.dumps(realnode.toleration())
-    # JSONPatch, not ApplyConfiguration: nodeSelector and tolerations are atomic, which apply may not mutate.
-    expression = (
-        f"[JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {selector}}}, "
-        f"has(object.spec.tolerations) ? JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: {toleration}}} "
-        f": JSONPatch{{op: 'add', path: '/spec/tolerations', value: [{toleration}]}}]"
-    )
-    return [
-        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
-         "metadata": {"name": name},
-         "spec": {
-             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                     "operations": ["CREATE"], "resources": ["pods"]}]},
-             "matchConditions": [{"name": "quantizer", "expression":
-                                  "has(object.metadata.labels) && "
-                                  "object.metadata.labels[?'app.kubernetes.io/component'].orValue('') == 'quantizer'"}],
-             "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
-         }},
-        {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicyBinding",
-         "metadata": {"name": name},
-         "spec": {"policyName": name,
-                  "matchResources": {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: "true"}}}}},
-    ]
-
-
 @pytest.fixture(scope="session")
 def real_node(cluster: Cluster) -> realnode.RealNode:
     """The real node, Ready, and the policy that sends quantizer pods of labelled namespaces to it."""
     node = cluster.add_real_node()
-    _kubectl_apply(cluster, quantizer_placement_policy())
+    _kubectl_apply(cluster, realnode.quantizer_placement_policy(NAMESPACE_LABEL))
     return node
 
 
@@ -86,19 +55,6 @@ def prepared_volume(root: Path) -> Path:
     root.chmod(0o755)
     devmodels.bert_cross_encoder(root / MODEL_DIR, seed=1)
     return root
-
-
-def local_pv(name: str, storage_class: str, path: Path, nodes: list[str]) -> dict[str, Any]:
-    """A local PersistentVolume. Every node of the dev cluster is this machine, so the directory is on all of
-    them: the real node mounts it for the quantizer, kwok's pools "mount" it too."""
-    return {
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-        "spec": {"capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
-                 "storageClassName": storage_class, "persistentVolumeReclaimPolicy": "Retain",
-                 "volumeMode": "Filesystem", "local": {"path": str(path)},
-                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                     {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}},
-    }
 
 
 class NodeEnv(Env):
@@ -157,7 +113,7 @@ def node_env(cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealN
                what="the namespace's default ServiceAccount")
     volume = prepared_volume(tmp_path_factory.mktemp("node-volume") / "v")
     nodes = [realnode.NAME, *(n for n in ("kwok-cpu-0", "kwok-cpu-1", "kwok-gpu-0"))]
-    _kubectl_apply(cluster, [local_pv(f"pv-{ns}", ns, volume, nodes), {
+    _kubectl_apply(cluster, [realnode.local_pv(f"pv-{ns}", ns, volume, nodes), {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": ns},
         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": ns, "volumeName": f"pv-{ns}",
                  "resources": {"requests": {"storage": "1Gi"}}}}])

@@ -9,16 +9,19 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.quantizer]
+from rerank_devcluster import realnode
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.node]
 
 
 def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "rerank_devcluster.demo", "--workdir", str(tmp_path),
-                           "--timeout", "600"],
-                          capture_output=True, text=True, timeout=900)
+                           "--timeout", "900"],
+                          capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "Ready=True(Serving)" in done.stdout
     assert "quantizer exited 0" in done.stdout
+    assert f"on {realnode.NAME}" in done.stdout  # the operator and the quantizer ran as pods on the real node
 
     artifacts = [p for p in (tmp_path / "volume" / "artifacts").iterdir() if not p.name.startswith(".")
                  and p.is_dir()]

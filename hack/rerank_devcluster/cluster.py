@@ -152,10 +152,12 @@ class Cluster:
             cluster._boot(timeout)
             if real_node:
                 cluster._add_real_node(time.monotonic() + timeout)
-        except BaseException:
+        except BaseException as exc:
             tails = cluster.log_tails()
             cluster.stop()
-            raise ClusterError(f"control plane failed to start in {wd}\n{tails}") from None
+            # The cause first: the components' log tails that follow are long (a failed image import said why only
+            # in the exception, which this message used to drop).
+            raise ClusterError(f"control plane failed to start in {wd}: {type(exc).__name__}: {exc}\n{tails}") from None
         return cluster
 
     def __enter__(self) -> Cluster:

@@ -160,10 +160,19 @@ def build(dockerfile: Path, repo: str, *, base: str, build_args: dict[str, str] 
     tmp.unlink(missing_ok=True)
     _buildah("push", "--quiet", "--disable-compression", name, f"oci-archive:{tmp}:{name}")
     tmp.rename(archive)
+    clear_store()
     for old in out_dir.glob(f"{repo.rsplit('/', 1)[-1]}-*.oci.tar"):  # one archive per image kept
         if old != archive:
             old.unlink(missing_ok=True)
     return Image(name, archive)
+
+
+def clear_store() -> None:
+    """Empty buildah's storage once an archive is written: its layers (the build stage's venv, the final stage's
+    copy, their caches) reach tens of GB after a few builds, and a CI disk is not that large. The next build starts
+    from the base (re-imported in seconds) and downloads its wheels again."""
+    _buildah("rm", "--all")
+    _buildah("rmi", "--all", "--force")
 
 
 def quantizer_build_args(settings: dict[str, str] | None = None) -> dict[str, str]:

@@ -260,6 +260,8 @@ class Cluster:
         self.processes.stop_all()
         if self.real_node is not None:
             self.real_node.teardown()
+            if not self.keep_workdir:
+                self.real_node.remove()
             self.real_node = None
         if not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

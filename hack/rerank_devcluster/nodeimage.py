@@ -8,12 +8,17 @@
 - ``rerank.local/operator`` and ``rerank.local/quantizer``: ``operator/Dockerfile`` and ``quantizer_job/Dockerfile``
   built by buildah on that base (:mod:`rerank_devcluster.images`): the ML stack lives inside the quantizer image,
   nothing of this checkout is mounted into a container.
+- ``rerank.local/tei`` (benchmarks only, :func:`tei_image`): the rootfs plus a TEI router binary someone built and
+  ONNX Runtime's shared library: a stand-in for ``ghcr.io/huggingface/text-embeddings-inference:cpu-1.9``, which
+  no registry here serves and which CI cannot build (TEI's source is not on crates.io).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +35,9 @@ PAUSE_IMAGE = "rerank.local/pause:1"
 BASE_REPO = "rerank.local/python"
 OPERATOR_REPO = "rerank.local/operator"
 QUANTIZER_REPO = "rerank.local/quantizer"
+TEI_REPO = "rerank.local/tei"
+TEI_BIN = "/usr/local/bin/text-embeddings-router"
+TEI_LIB_DIR = "/usr/local/lib/onnxruntime"
 OPERATOR_DOCKERFILE = binaries.REPO_ROOT / "operator" / "Dockerfile"
 QUANTIZER_DOCKERFILE = binaries.REPO_ROOT / "quantizer_job" / "Dockerfile"
 
@@ -86,10 +94,54 @@ def ensure_images() -> NodeImages:
     if not pause.is_file():
         ociimage.write_archive(pause, PAUSE_IMAGE, [rootfs],
                                ociimage.ImageConfig(entrypoint=("/bin/busybox", "sleep", "2147483647")))
-    base = base_image()
+    # base_image() before each build: a build that writes its archive empties buildah's store (images.clear_store),
+    # base included, so the next build needs it imported again (seconds).
     return NodeImages(
         pause=pause,
-        quantizer=images.build(QUANTIZER_DOCKERFILE, QUANTIZER_REPO, base=base,
+        quantizer=images.build(QUANTIZER_DOCKERFILE, QUANTIZER_REPO, base=base_image(),
                                build_args=images.quantizer_build_args()),
-        operator=images.build(OPERATOR_DOCKERFILE, OPERATOR_REPO, base=base),
+        operator=images.build(OPERATOR_DOCKERFILE, OPERATOR_REPO, base=base_image()),
     )
+
+
+def _add_file(tar: tarfile.TarFile, src: Path, arcname: str, mode: int = 0o755) -> None:
+    info = tar.gettarinfo(str(src), arcname=arcname.lstrip("/"))
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mode = mode
+    with src.open("rb") as f:
+        tar.addfile(info, f)
+
+
+def _add_link(tar: tarfile.TarFile, arcname: str, target: str) -> None:
+    info = tarfile.TarInfo(arcname.lstrip("/"))
+    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    tar.addfile(info, io.BytesIO(b""))
+
+
+def tei_image(router: Path, ort_library: Path) -> tuple[Path, str]:
+    """An OCI archive (and its image name) of TEI's router on the node's rootfs, for benchmarks with a real TEI.
+
+    ``router``: a ``text-embeddings-router`` built with the ORT backend (``../shared/tei-contract.md`` says how; it is
+    never built by this project); ``ort_library``: the ``libonnxruntime.so.1.x.y`` it links (onnxruntime's wheel
+    ships it). The router's entrypoint and ``LD_LIBRARY_PATH`` are the image's; the pod's ``args`` are the
+    operator's, as with TEI's own image. Cached by the two files' digests."""
+    key = hashlib.sha256((ociimage.file_digest(router) + ociimage.file_digest(ort_library)).encode()).hexdigest()[:12]
+    name = f"{TEI_REPO}:{key}"
+    rootfs = ensure_rootfs()
+    out = rootfs.parent / f"tei-{key}.oci.tar"
+    if out.is_file():
+        return out, name
+    layer = rootfs.parent / f"tei-{key}.layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        _add_file(tar, router, TEI_BIN)
+        _add_file(tar, ort_library, f"{TEI_LIB_DIR}/{ort_library.name}")
+        for link in ("libonnxruntime.so.1", "libonnxruntime.so"):
+            if link != ort_library.name:
+                _add_link(tar, f"{TEI_LIB_DIR}/{link}", ort_library.name)
+    ociimage.write_archive(out, name, [rootfs, layer], ociimage.ImageConfig(
+        entrypoint=(TEI_BIN,),
+        env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"LD_LIBRARY_PATH={TEI_LIB_DIR}"),
+        labels={"org.opencontainers.image.title": "text-embeddings-router (ORT backend), benchmarks only"}))
+    layer.unlink()
+    return out, name

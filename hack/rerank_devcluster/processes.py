@@ -8,6 +8,7 @@ the wait running out its timeout.
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -19,12 +20,38 @@ from typing import Any
 
 from rerank_devcluster.waiting import eventually
 
+#: the lowest port a listener of ours takes: below it, well-known and registered services
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def ephemeral_floor(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The lowest port the kernel gives outgoing connections (32768 by default)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on now, below the kernel's ephemeral range. Not the kernel's own pick: that comes
+    from the range outgoing connections draw their source ports from, and on a busy machine (a second dev cluster,
+    the operator's pods) a connection took a port between this call and the listener's bind ("address already in
+    use", seen in CI). Ports below the range are only ever taken by listeners."""
+    top = ephemeral_floor()
+    for _ in range(200):
+        port = random.randrange(LOWEST_PORT, top)
+        if port in _handed_out:
+            continue
+        try:
+            for host in ("127.0.0.1", "0.0.0.0"):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free TCP port found between {LOWEST_PORT} and {top}")
 
 
 @dataclass
@@ -48,7 +75,10 @@ class Processes:
         def alive_and_done() -> Any:
             for name, proc in self.running.items():
                 if proc.poll() is not None:
-                    raise self.error(f"{name} exited with {proc.returncode} while waiting for {what}")
+                    log = self.logs_dir / f"{name}.log"
+                    tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                    raise self.error(f"{name} exited with {proc.returncode} while waiting for {what}; its log ends:\n"
+                                     + "\n".join(tail))
             return check()
 
         eventually(alive_and_done, max(0.0, deadline - time.monotonic()), what, error=self.error)

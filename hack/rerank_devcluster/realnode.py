@@ -7,7 +7,8 @@ by the kubelet, memory limits enforced by the kernel (``OOMKilled``), ``activeDe
 The node is tainted ``rerank.io/real-node=true:NoSchedule`` and labelled ``rerank.io/real-node=true``: ordinary
 test pods keep landing on kwok nodes; a test asks for the real node with a toleration and a nodeSelector.
 
-Everything lives under ``<cluster workdir>/node`` (containerd's root and state, the kubelet's root dir, pod logs);
+Everything lives under ``/tmp/rerank-node-<tag>`` (containerd's root and state, the kubelet's root dir, pod logs;
+linked from ``<cluster workdir>/node``: unix sockets need a short path, :func:`node_root`);
 each component logs to ``<cluster workdir>/logs/{containerd,kubelet}.log``. Stopping kills what still runs in the
 node's containerd, unmounts what the kubelet and containerd mounted there and removes the node's cgroups and
 bridge, so nothing outlives the cluster.
@@ -100,6 +101,14 @@ def local_pv(name: str, storage_class: str, path: Path, nodes: list[str]) -> dic
                  "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                      {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}},
     }
+
+
+def node_root(tag: str, tmp: Path = Path("/tmp")) -> Path:
+    """The node's own directory: short and fixed by its tag, whatever the cluster's work directory is. The kubelet
+    and containerd listen on unix sockets under it (``kubelet/pod-resources/<n>``, ``containerd.sock``) and a
+    socket's path must fit in 107 bytes: under pytest's ``/tmp/pytest-of-root/pytest-NNN/<test name>/cluster`` it did
+    not once pytest's counter reached three digits ("bind: invalid argument")."""
+    return tmp / f"rerank-node-{tag}"
 
 
 class RealNodeError(RuntimeError):
@@ -209,13 +218,17 @@ class RealNode:
     def create(cls, processes: Processes, *, tag: str, workdir: Path, server: str, kubelet: Path) -> RealNode:
         """The node's paths and images (built or taken from the cache); nothing runs yet."""
         images = nodeimage.ensure_images()
-        return cls(processes=processes, root=workdir / "node", pki_dir=workdir / "pki", server=server,
+        root = node_root(tag)
+        link = workdir / "node"  # where the cluster's other files are: a link to the short root
+        link.unlink(missing_ok=True)
+        link.symlink_to(root, target_is_directory=True)
+        return cls(processes=processes, root=root, pki_dir=workdir / "pki", server=server,
                    kubelet=kubelet, cgroup_root=f"/rerank-{tag}", bridge=f"rrk{tag}", images=images)
 
     def start(self, deadline: float) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self._start_containerd(deadline)
-        self._import_images()
+        self.import_images(self.images.archives)
         self._start_kubelet(free_port(), free_port())
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -238,8 +251,9 @@ class RealNode:
         self.processes.wait_for(lambda: self.sock.exists() and self._ctr("version", check=False).returncode == 0,
                                 deadline, "containerd's socket")
 
-    def _import_images(self) -> None:
-        for archive in self.images.archives:
+    def import_images(self, archives: tuple[Path, ...]) -> None:
+        """``ctr images import`` of OCI archives into the node's containerd (pods name them, pullPolicy Never)."""
+        for archive in archives:
             done = self._ctr("images", "import", str(archive), check=False, timeout=300)
             if done.returncode != 0:
                 raise RealNodeError(f"ctr images import {archive}: {done.stderr.strip()}")
@@ -304,6 +318,10 @@ class RealNode:
         # containerd's images, unpacked (~8 GB with the quantizer's): worthless once it has stopped, even where the
         # cluster's work directory is kept (the demo keeps its logs).
         shutil.rmtree(self.root / "containerd", ignore_errors=True)
+
+    def remove(self) -> None:
+        """After :meth:`teardown`, when the cluster's work directory goes too: the node's directory."""
+        shutil.rmtree(self.root, ignore_errors=True)
         for controller in _cgroup_controllers():
             top = CGROUP_V1 / controller / self.cgroup_root.lstrip("/")
             for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):

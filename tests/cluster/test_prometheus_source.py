@@ -10,7 +10,6 @@ The CPU pod's server is stopped, so the CPU pool must read as missing (an error)
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from rerank_devcluster.processes import free_port
 from rerank_devcluster.prometheus_server import PrometheusServer
 from rerank_operator.adapters.prometheus_api import ModelPods, PrometheusSource
 from rerank_operator.core.autoscale.signals import Signals
@@ -69,12 +69,6 @@ class FakeTei:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape_config(targets: dict[str, tuple[str, int]]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
                            "--timeout", "900"],
                           capture_output=True, text=True, timeout=1800)
     # The stderr's head carries the cause (a failed start says why before the components' log tails).
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[:3000] + "\n...\n" + done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[:8000] + "\n...\n" + done.stderr[-2000:]
     assert "Ready=True(Serving)" in done.stdout
     assert "quantizer exited 0" in done.stdout
     assert f"on {realnode.NAME}" in done.stdout  # the operator and the quantizer ran as pods on the real node

@@ -73,3 +73,12 @@ def test_operator_release_values_put_the_pod_on_the_real_node_and_point_it_at_th
 
 def test_the_node_gateway_is_in_its_subnet() -> None:
     assert realnode.subnet("00000a") == "10.88.10.0/24" and realnode.gateway("00000a") == "10.88.10.1"
+
+
+def test_the_real_nodes_sockets_fit_a_unix_socket_path_whatever_the_cluster_workdir() -> None:
+    """The kubelet listens on ``<root-dir>/pod-resources/<10 digits>``; sun_path holds 107 bytes. Under pytest's
+    ``pytest-NNN`` work directories the old root (``<workdir>/node``) passed 107 and the kubelet exited."""
+    root = realnode.node_root("abcdef")
+    deepest = root / "kubelet" / "pod-resources" / "3733841421"
+    assert len(str(deepest).encode()) <= 107
+    assert realnode.node_root("abcdef") == root and realnode.node_root("123456") != root

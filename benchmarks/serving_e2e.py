@@ -108,7 +108,6 @@ def rerank_model(quantizer_image: str, tei_image: str, scale_down_seconds: int) 
             "model": {"path": "sources/minilm-ce"},
             "quantization": {"image": quantizer_image, "timeBudgetSeconds": 300,
                              "evaluationData": {"path": "data/eval.jsonl"},
-                             "calibrationData": {"path": "data/calib.jsonl"},
                              "qualityGate": {"minSpearman": 0.98, "minTopKAgreement": 0.85}},
             "storage": {"existingClaim": CLAIM},
             "routing": {"policy": "cpu-only"},
@@ -335,7 +334,8 @@ class Client:
 
     def close(self) -> None:
         self.stop.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if hasattr(self, "pool"):
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _r(x: float | None, digits: int = 1) -> float | None:
@@ -492,8 +492,7 @@ def main() -> int:
     volume = workdir / "volume"
     shutil.copytree(fixture["model_dir"], volume / "sources" / "minilm-ce")
     (volume / "data").mkdir(parents=True)
-    for key, name in (("eval_jsonl", "eval.jsonl"), ("calib_jsonl", "calib.jsonl")):
-        shutil.copy(fixture[key], volume / "data" / name)
+    shutil.copy(fixture["eval_jsonl"], volume / "data" / "eval.jsonl")
     groups = load_groups(volume / "data" / "eval.jsonl")
     result: dict[str, Any] = {"tei_image": tei, "router": str(args.router), "ort_library": ort.name,
                               "model": "trained_fixture minilm-ce", "texts_per_request": TEXTS_PER_REQUEST}
@@ -506,10 +505,10 @@ def main() -> int:
         cluster.real_node.import_images((archive,))
         result["cluster_start_s"] = round(time.monotonic() - started, 1)
         cluster.apply(realnode.quantizer_placement_policy(REAL_NODE_LABEL))
+        cluster.apply(volume_objects(volume))  # the namespace first: the chart's Roles go into it
         release = OperatorRelease(cluster, OPERATOR_NS, RELEASE, cluster.real_node.images.operator.name,
                                   watch_namespaces=[NS])
         release.install(workdir, timeout=240)
-        cluster.apply(volume_objects(volume))
         applied = time.monotonic()
         cluster.apply([rerank_model(cluster.real_node.images.quantizer_image, tei, args.scale_down_seconds)])
         obj = wait_ready(cluster, 1200)

@@ -61,6 +61,11 @@ def test_probes_ports_and_rollout() -> None:
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": port["name"]}
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    startup = c["startupProbe"]
+    # A large model may load for 15 minutes; a loaded one joins the Service within 2 s (serving_e2e: TEI served 0.9 s
+    # after its container started, and a 10 s period made the pod Ready at 11 s).
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 900
+    assert startup["periodSeconds"] <= 2
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
 

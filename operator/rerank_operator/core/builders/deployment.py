@@ -25,6 +25,8 @@ from rerank_operator.core.spec import Pool, RerankModelSpec
 CONTAINER = "tei"
 MODEL_MOUNT = "/model"
 DATA_MOUNT = "/data"  # TEI's hub cache (HUGGINGFACE_HUB_CACHE) when serving from the hub
+STARTUP_PROBE_PERIOD = 2  # seconds: how late a pod that has loaded its model can turn Ready
+STARTUP_PROBE_WINDOW = 900  # seconds a pod may take to load its model before the kubelet restarts it
 
 
 def artifact_subdir(pool: Pool, artifact_id: str) -> str:
@@ -120,8 +122,10 @@ def build_deployment(
         "args": tei_args(spec, pool, artifact_id),
         "ports": [{"name": "http", "containerPort": names.TEI_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
-        # Loading a large model (GPU, cold volume) can take minutes: the startup probe covers 15 of them.
-        "startupProbe": _probe("/health", period=10, failures=90),
+        # Loading a large model (GPU, cold volume) can take minutes: the startup probe covers 15 of them. Every 2 s:
+        # a CPU pod's TEI serves ~1 s after it starts (benchmarks/serving_e2e.py), and a 10 s period kept a new
+        # replica out of the Service ~10 s longer, on each scale-up under load.
+        "startupProbe": _probe("/health", period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_WINDOW // 2),
         "readinessProbe": _probe("/health", period=10, failures=3),
         "livenessProbe": _probe("/health", period=20, failures=6),
         "securityContext": pods.container_security_context(),

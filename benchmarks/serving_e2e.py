@@ -25,7 +25,9 @@ What it does:
    source computes from the same pods over the same interval (``rerank_operator.adapters.tei_scrape.ScrapePool``,
    the operator's own code: request rate, success rate, te_queue_size, p95 from te_request_duration), with the
    Deployment's replicas and the operator's last decision; (d) the autoscaler scaling the pool 1 -> 2 under the
-   overload and back to 1 after it.
+   overload and back to 1 while traffic still flows (40% of one replica), with the requests that failed in each
+   phase (``failed_requests``: a scale-down must lose none; the client, like a proxy, learns of a removed pod only
+   at its next refresh, up to one tick late).
 """
 
 from __future__ import annotations
@@ -328,7 +330,7 @@ class Client:
         latencies = [(r.done - r.sent) * 1e3 for r in done if r.ok and r.done is not None]
         in_flight = [r for r in reqs if r.sent <= end and (r.done is None or r.done > end)]
         return {"arrival_rps": round(len(sent) / span, 3), "completion_rps": round(len(done) / span, 3),
-                "ok_rps": round(sum(r.ok for r in done) / span, 3),
+                "ok_rps": round(sum(r.ok for r in done) / span, 3), "failed": sum(not r.ok for r in done),
                 "p50_ms": _r(percentile(latencies, 50)), "p95_ms": _r(percentile(latencies, 95)),
                 "in_flight": len(in_flight), "in_flight_pairs": len(in_flight) * TEXTS_PER_REQUEST}
 
@@ -462,6 +464,14 @@ def scale_events(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return events
 
 
+def failures(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Requests that failed, by the phase in which they completed (a scale-down must lose none)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["phase"]] = out.get(r["phase"], 0) + r["client"]["failed"]
+    return out
+
+
 def load_groups(eval_jsonl: Path) -> list[tuple[str, list[str]]]:
     groups = []
     for line in eval_jsonl.read_text().splitlines():
@@ -536,12 +546,16 @@ def main() -> int:
         scaled_up = ramp.hold("overload", 180, until=lambda r: (r["operator"]["ready_replicas"] or 0) >= 2)
         if scaled_up:
             ramp.hold("two-ready", args.step_seconds)
+        # Scale down while traffic still flows (one replica's 40%): the removed pod must finish what it was sent.
+        client.rate = capacity * 0.4
+        scaled_down = ramp.hold("drain", 120 + 4 * args.scale_down_seconds,
+                                until=lambda r: r["operator"]["replicas"] == 1)
+        ramp.hold("after-drain", 4 * args.tick)
         client.rate = 0.0
-        scaled_down = ramp.hold("idle", 120 + 4 * args.scale_down_seconds,
-                                until=lambda r: r["operator"]["replicas"] == 1 and r["client"]["in_flight"] == 0)
-        result.update({"scaled_up_to_2": scaled_up, "scaled_back_to_1": scaled_down,
-                       "scale_events": scale_events(ramp.rows), "agreement": agreement(ramp.rows),
-                       "ticks": ramp.rows})
+        ramp.hold("idle", 300, until=lambda r: r["client"]["in_flight"] == 0)
+        result.update({"scaled_up_to_2": scaled_up, "scaled_back_to_1_under_load": scaled_down,
+                       "failed_requests": failures(ramp.rows), "scale_events": scale_events(ramp.rows),
+                       "agreement": agreement(ramp.rows), "ticks": ramp.rows})
     finally:
         client.close()
         cluster.stop()

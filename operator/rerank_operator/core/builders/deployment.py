@@ -27,6 +27,12 @@ MODEL_MOUNT = "/model"
 DATA_MOUNT = "/data"  # TEI's hub cache (HUGGINGFACE_HUB_CACHE) when serving from the hub
 STARTUP_PROBE_PERIOD = 2  # seconds: how late a pod that has loaded its model can turn Ready
 STARTUP_PROBE_WINDOW = 900  # seconds a pod may take to load its model before the kubelet restarts it
+#: Seconds a pod that is being removed keeps serving before TEI gets SIGTERM: its endpoint's removal must first reach
+#: every kube-proxy, gateway and client that routes to it (seconds; more behind some ingress controllers).
+PRESTOP_DELAY = 10
+#: The pod's whole grace period: the delay above, then TEI's own graceful shutdown (it stops accepting and finishes
+#: the requests it holds; a CPU replica's queue drains in seconds, a GPU replica's batch in less).
+TERMINATION_GRACE = PRESTOP_DELAY + 50
 
 
 def artifact_subdir(pool: Pool, artifact_id: str) -> str:
@@ -128,6 +134,11 @@ def build_deployment(
         "startupProbe": _probe("/health", period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_WINDOW // 2),
         "readinessProbe": _probe("/health", period=10, failures=3),
         "livenessProbe": _probe("/health", period=20, failures=6),
+        # A scale-down or roll deletes a pod while clients still send to it: without the delay, TEI closed its
+        # listener at once and requests already routed to the pod hung until they timed out (serving_e2e: ~20 lost
+        # on one 2 -> 1 scale-down). An exec sleep works on every supported Kubernetes (the sleep action is GA
+        # only from 1.34) and in TEI's images; an image without `sleep` only loses the delay (an event says so).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY)]}}},
         "securityContext": pods.container_security_context(),
     }
     if env:
@@ -139,6 +150,7 @@ def build_deployment(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pods.pod_security_context(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE,
         "containers": [container],
         "volumes": volumes,
     }

@@ -5,7 +5,8 @@ answers; without a gateway, ``Replayer`` offers it the artifact's evaluation pai
 ``POST /rerank`` answers 202 at once and leaves the work to one worker thread through a bounded queue (full: the
 copy is dropped and counted). For a sampled request (the model's fraction, within its budget of extra calls/s:
 :mod:`.budget`) the worker POSTs the same body to the reference and to every pool,
-compares each pool's scores with the reference's (:mod:`.compare`), feeds that pool's :class:`.detector.Detector`
+compares each pool's scores with the reference's (:mod:`.compare`; the reference is a TEI endpoint, or FP32 scores
+this process computes from the original weights: :mod:`.reference`), feeds that pool's :class:`.detector.Detector`
 and updates the metrics served on ``GET /metrics`` (Prometheus text format):
 
 - ``rerank_guard_spearman`` (over the window's pairs pooled, as the Job's gate computes it) and
@@ -49,7 +50,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import budget, compare, detector
+from . import budget, compare, detector, reference
 
 #: POST a /rerank body to a base URL, return the scores in ``texts`` order.
 Post = Callable[[str, Mapping[str, Any]], list[float]]
@@ -83,6 +84,13 @@ class Config:
     #: replayed as requests, ``replay_per_second`` of them (still within the budget).
     replay: str | None = None
     replay_per_second: float = 0.0
+    #: With ``reference`` = ``"local"`` (:data:`.reference.LOCAL`): the directory of the original weights (the
+    #: artifact's ``original/``) whose FP32 scores this process computes as the reference (:mod:`.reference`).
+    reference_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reference == reference.LOCAL and not self.reference_model:
+            raise ValueError("a local reference needs reference_model: the directory of the original weights")
 
     @property
     def calls_per_sample(self) -> int:
@@ -143,7 +151,12 @@ class Guard:
     def __init__(self, config: Config, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
                  registry: CollectorRegistry | None = None) -> None:
         self.config, self.clock = config, clock
-        self.post = post or http_post(config.timeout_seconds, api_keys(config))
+        remote = post or http_post(config.timeout_seconds, api_keys(config))
+        self.local = (reference.LocalReference(config.reference_model)
+                      if config.reference == reference.LOCAL and config.reference_model else None)
+        local = self.local
+        self.post: Post = remote if local is None else (
+            lambda base, body: local(body) if base == reference.LOCAL else remote(base, body))
         self.sampler = budget.sampler(config.fraction, config.calls_per_second, config.calls_per_sample,
                                       seed=config.seed)
         self.detectors = {p: detector.Detector(config.floor, config.settings, state="below_floor",
@@ -389,6 +402,16 @@ class Running:
         self.thread.join(timeout=10)
 
 
+def _load_reference(local: reference.LocalReference) -> None:
+    """Load the FP32 reference beside the HTTP server (a large model takes a while; /healthz answers meanwhile)."""
+    try:
+        local.load()
+        print(f"quality guard: FP32 reference loaded from {local.model_dir}", file=sys.stderr, flush=True)
+    except Exception as exc:  # every sampled request now counts a reference_error; the metrics say so
+        print(f"quality guard: the FP32 reference could not be loaded from {local.model_dir}: {exc}",
+              file=sys.stderr, flush=True)
+
+
 def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0) -> Running:
     """Start the HTTP server and the worker (and, configured so, the replay) in background threads."""
     worker = Worker(guard).start()
@@ -396,6 +419,8 @@ def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0) -> Running:
     t = threading.Thread(target=server.serve_forever, name="guard-http", daemon=True)
     t.start()
     cfg = guard.config
+    if guard.local is not None:
+        threading.Thread(target=_load_reference, args=(guard.local,), name="guard-reference", daemon=True).start()
     replayer = None
     if cfg.replay and cfg.replay_per_second > 0:
         try:

@@ -5,6 +5,7 @@ tests (its answers are computed, never canned). Same request and answer as TEI: 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -67,7 +68,9 @@ class ScoringServer:
 def tiny_pools(tmp: Path) -> dict[str, ScoringServer]:
     """Three pools over a tiny random cross-encoder made by the Job's own export and quantization: ``reference``
     (FP32, TEI's batches), ``cpu`` (the same FP32 graph, one pair per batch: float differences only) and
-    ``truncated`` (its INT8 truncating at 12 tokens: a pool whose max input length is wrong). Close them after use."""
+    ``truncated`` (its INT8 truncating at 12 tokens: a pool whose max input length is wrong). Close them after use.
+    ``tmp / "original"`` gets the model as the Job publishes it for the GPU pool (weights, TEI's config.json, the
+    tokenizer): what the guard's own FP32 reference loads."""
     from quantizer_job import export, isa, layout
     from quantizer_job import quantize as Q
     from rerank_devcluster import devmodels
@@ -83,6 +86,12 @@ def tiny_pools(tmp: Path) -> dict[str, ScoringServer]:
     int8 = Q.build_int8(fp32, tmp / "int8" / "model.onnx", recipe, tmp, int(cfg["num_attention_heads"]),
                         int(cfg["hidden_size"]))
     pad = layout.pad_token_id(cfg, tok)
+    original = tmp / "original"
+    original.mkdir()
+    for name in layout.weight_files(src):
+        shutil.copyfile(src / name, original / name)
+    layout.write_json(original / "config.json", layout.tei_config(cfg, tok))
+    layout.copy_tokenizer([tok.parent, src], original)
     return {"reference": ScoringServer(fp32, tok, pad, max_len),
             "cpu": ScoringServer(fp32, tok, pad, max_len, batch=1),
             "truncated": ScoringServer(int8, tok, pad, 12)}

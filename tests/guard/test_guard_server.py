@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from scoring_server import ScoringServer, tiny_pools
 
-from quality_guard import detector, server
+from quality_guard import detector, reference, server
 from quantizer_job import evaldata
 
 pytestmark = [pytest.mark.quantizer, pytest.mark.slow]
@@ -31,8 +31,13 @@ def requests() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScoringServer]]:
-    servers = tiny_pools(tmp_path_factory.mktemp("guard"))
+def pools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("guard")
+
+
+@pytest.fixture(scope="module")
+def pools(pools_dir: Path) -> Iterator[dict[str, ScoringServer]]:
+    servers = tiny_pools(pools_dir)
     yield servers
     for s in servers.values():
         s.close()
@@ -136,3 +141,56 @@ def test_without_mirrored_traffic_the_guard_replays_the_artifacts_evaluation_pai
     assert guard.detectors["cpu"].state == "healthy" and guard.detectors["cpu"].samples >= 10
     # The replay is paced and within the budget like mirrored copies: every one was sampled and checked.
     assert guard.detectors["cpu"].samples == guard.detectors["truncated"].samples
+
+
+# --- a model without a GPU pool: the guard's own FP32 reference --------------------------------------------------
+
+def test_the_local_reference_scores_the_original_weights_as_the_fp32_export_does(
+        pools: dict[str, ScoringServer], pools_dir: Path) -> None:
+    """PyTorch on the published original/ vs ONNX Runtime on the Job's FP32 export of the same weights: the same
+    function, so the same scores up to float noise, in TEI's sigmoid form and raw."""
+    local = reference.LocalReference(pools_dir / "original", threads=1)
+    post = server.http_post(10.0)
+    for body in requests():
+        for raw in (False, True):
+            b = {**body, "raw_scores": raw}
+            ours, exported = local(b), post(pools["reference"].url, b)
+            assert len(ours) == len(b["texts"])
+            assert max(abs(x - y) for x, y in zip(ours, exported, strict=True)) < 1e-4, (b["query"], ours, exported)
+
+
+def test_with_a_local_reference_the_guard_tells_the_broken_pool_from_the_healthy_one(
+        pools: dict[str, ScoringServer], pools_dir: Path) -> None:
+    calls = pools["reference"].calls
+    guard = server.Guard(server.Config(namespace="team-a", model="cpu-only", reference=reference.LOCAL,
+                                       reference_model=str(pools_dir / "original"), fraction=1.0,
+                                       calls_per_second=1e6,
+                                       pools={"cpu": pools["cpu"].url, "truncated": pools["truncated"].url}))
+    assert guard.local is not None
+    rng = random.Random(1)
+    reqs = requests()
+    for _ in range(200):
+        body = rng.choice(reqs)
+        assert guard.offer(body)
+        assert set(guard.check(body)) == {"cpu", "truncated"}
+    assert guard.detectors["truncated"].state == "below_floor"
+    assert guard.detectors["cpu"].state == "healthy"
+    cpu = guard.detectors["cpu"].status().figures
+    assert cpu.spearman.mean > 0.999 and cpu.topk.mean == 1.0 and cpu.failures == 0
+    assert pools["reference"].calls == calls  # no TEI reference was asked
+
+
+def test_a_local_reference_that_cannot_load_is_a_reference_error_not_a_verdict(
+        pools: dict[str, ScoringServer], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="reference_model"):
+        server.Config(namespace="n", model="m", reference=reference.LOCAL, pools={"cpu": pools["cpu"].url})
+    guard = server.Guard(server.Config(namespace="n", model="m", reference=reference.LOCAL,
+                                       reference_model=str(tmp_path / "missing"), fraction=1.0,
+                                       calls_per_second=1e6, pools={"cpu": pools["cpu"].url}))
+    body = requests()[0]
+    for _ in range(2):
+        assert guard.offer(body)
+        assert guard.check(body) == {}
+    assert guard.detectors["cpu"].samples == 0
+    text = guard.metrics().decode()
+    assert 'rerank_guard_requests_total{namespace="n",outcome="reference_error",rerankmodel="m"} 2.0' in text

@@ -246,6 +246,7 @@ class ModelAutoscaler:
         self.pricing: cost.Pricing | None = None  # the model's RerankClass's prices (set with the parsed spec)
         self.guard: guard.GuardSettings | None = None  # the class's quality guard, when it turns it on
         self.guard_why_not: str | None = None  # why this model cannot be checked although its class guards it
+        self.guard_reference: str = guard.REFERENCE  # what its guard compares with (status.quality.reference)
         self.class_name = ""
         self.metered_at: float | None = None
         self.primed_at: float | None = None  # when the direct source's first scrape was taken (rates need a second)
@@ -315,6 +316,7 @@ class ModelAutoscaler:
         try:
             parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
             self.guard_why_not = guard.unavailable(parsed)
+            self.guard_reference = guard.reference_of(parsed)
             server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
             auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
         except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
@@ -336,7 +338,7 @@ class ModelAutoscaler:
             return None
         return quality.assess(body.get("status") or {}, verdict, self.guard_why_not,
                               {pool: view.ready(pool) for pool in config.POOLS}, names.guard_name(self.name),
-                              self.guard.canary_requests)
+                              self.guard.canary_requests, self.guard_reference)
 
     def _check_quality_only(self, owner: names.Owner, body: Mapping[str, Any], view: PoolsView) -> None:
         """With autoscaling off: the quality guard's verdict alone (routing acts on it in the reconcile loop)."""

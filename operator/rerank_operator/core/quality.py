@@ -128,13 +128,19 @@ def below_floor_of(status: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(str(p) for p in recorded if p in names.POOLS)
 
 
-def status_record(verdict: Verdict | None, guard_name: str, why_not: str | None) -> dict[str, Any]:
+def against(reference: str) -> str:
+    """How a message names the reference: a pool, or the FP32 scores the guard computes (no GPU pool)."""
+    return f"the {reference.upper()} pool" if reference in names.POOLS else "FP32 of the original weights"
+
+
+def status_record(verdict: Verdict | None, guard_name: str, why_not: str | None,
+                  reference: str = REFERENCE) -> dict[str, Any]:
     """``status.quality`` without ``belowFloor``, which ``assess`` sets: the guard and each pool's figures. Without a
     fresh verdict (guard not ready or not answering) the recorded pools below the floor are kept, never cleared: a
     pool taken out for quality comes back on the guard's word, not because the guard went away."""
     if why_not is not None:
         return {"guard": None, "message": why_not}
-    record: dict[str, Any] = {"guard": guard_name, "reference": REFERENCE}
+    record: dict[str, Any] = {"guard": guard_name, "reference": reference}
     if verdict is not None and verdict.error is None:
         record["pools"] = {p: q.to_status() for p, q in sorted(verdict.pools.items())}
     elif verdict is not None:
@@ -143,7 +149,7 @@ def status_record(verdict: Verdict | None, guard_name: str, why_not: str | None)
 
 
 def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozenset[str],
-              other_ready: Mapping[str, int]) -> Condition:
+              other_ready: Mapping[str, int], reference: str = REFERENCE) -> Condition:
     """``QualityVerified``: True while every checked pool is within the floor, False while one is below it (with
     its figures and where its traffic went), Unknown while there is no verdict."""
     if why_not is not None:
@@ -161,8 +167,9 @@ def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozense
         for pool in sorted(below):
             other = REFERENCE if pool == CHECKED else CHECKED
             where = (f"its traffic goes to the {other.upper()} pool" if other_ready.get(other, 0) > 0
-                     else f"it keeps serving: the {other.upper()} pool has no ready replica")
-            parts.append(f"{pool} pool below the quality floor vs the {REFERENCE.upper()} pool: "
+                     else f"it keeps serving: the {other.upper()} pool has no ready replica"
+                     if reference in names.POOLS else "it keeps serving: the model has no other pool")
+            parts.append(f"{pool} pool below the quality floor vs {against(reference)}: "
                          f"{verdict.pools[pool].why()}; {where}")
         return Condition(QUALITY_VERIFIED, "False", conditions.REASON_BELOW_FLOOR, "; ".join(parts))
     checked = verdict.pools.get(CHECKED)
@@ -170,7 +177,7 @@ def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozense
         return Condition(QUALITY_VERIFIED, "Unknown", conditions.REASON_GUARD_PENDING,
                          "the guard has not compared any sampled request yet")
     return Condition(QUALITY_VERIFIED, "True", conditions.REASON_WITHIN_FLOOR,
-                     f"{CHECKED} pool within the quality floor vs the {REFERENCE.upper()} pool: {checked.summary()}")
+                     f"{CHECKED} pool within the quality floor vs {against(reference)}: {checked.summary()}")
 
 
 def events(before: frozenset[str], after: frozenset[str], verdict: Verdict | None) -> list[Event]:
@@ -236,16 +243,18 @@ def canary_verdict(status: Mapping[str, Any], verdict: Verdict | None,
 
 
 def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | None,
-           ready: Mapping[str, int], guard_name: str, canary_requests: int = 0) -> Assessment:
+           ready: Mapping[str, int], guard_name: str, canary_requests: int = 0,
+           reference: str = REFERENCE) -> Assessment:
     """From the model's recorded status and this look's verdict from its guard ``guard_name`` (None: no ready guard pod;
     ``why_not``: the model cannot be checked). Without a fresh verdict, the recorded pools below the floor stay so
-    (``status_record``). ``canary_requests``: what a canary must show before it is promoted."""
+    (``status_record``). ``canary_requests``: what a canary must show before it is promoted. ``reference``: what the
+    guard compares with (``builders.guard.reference_of``)."""
     before = below_floor_of(status)
     fresh = verdict is not None and verdict.error is None
     below: frozenset[str] = frozenset()
     if why_not is None:
         below = verdict.below_floor if fresh and verdict is not None else before
-    record = {**status_record(verdict, guard_name, why_not), "belowFloor": sorted(below)}
+    record = {**status_record(verdict, guard_name, why_not, reference), "belowFloor": sorted(below)}
     decided = False
     if why_not is None:
         canary = canary_verdict(status, verdict, canary_requests)
@@ -254,5 +263,5 @@ def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | No
             previous = (status.get("quality") or {}).get("canary") or {}
             decided = canary["verdict"] != "running" and (previous.get("id"), previous.get("verdict")) != (
                 canary["id"], canary["verdict"])
-    return Assessment(record, condition(verdict, why_not, below, ready), below,
+    return Assessment(record, condition(verdict, why_not, below, ready, reference), below,
                       tuple(events(before, below, verdict)), decided)

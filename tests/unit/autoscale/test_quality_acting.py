@@ -60,7 +60,6 @@ def test_the_class_turns_the_guard_on_with_its_budget() -> None:
 
 
 @pytest.mark.parametrize("mods,why", [
-    ((set_("pools.gpu.enabled", False),), "no GPU pool"),
     ((set_("pools.cpu.enabled", False),), "no CPU pool"),
     ((set_("quantization.enabled", False),), "quantization is disabled"),
 ])
@@ -70,6 +69,34 @@ def test_a_model_that_cannot_be_checked_gets_no_guard_and_says_why(mods: tuple[A
     assert reason is not None and why in reason
     assert guard.unavailable(spec_of(guarded_model())) is None
     assert guard.unavailable(spec_of(model())) is None  # without a Gateway: the guard replays (below)
+    assert guard.unavailable(spec_of(guarded_model(set_("pools.gpu.enabled", False)))) is None  # FP32 in the guard
+
+
+@pytest.mark.parametrize("gateway", [True, False], ids=["mirrored", "replayed"])
+def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_original_weights(gateway: bool) -> None:
+    body = (guarded_model if gateway else model)(set_("pools.gpu.enabled", False))
+    plan = plan_for(body, {})
+    pod = by_kind(plan, "Deployment")["bge-m3-guard"]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    config = server.Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
+    served = str(artifact.artifact_id(spec_of(body)))
+    (mount,) = c["volumeMounts"]
+    assert mount == {"name": "models", "mountPath": guard.ARTIFACT_MOUNT, "readOnly": True,
+                     "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
+    # What the guard process makes of it: the FP32 reference over the mounted original/, and no GPU Service asked.
+    assert config.reference == guard.LOCAL and config.reference_model == (
+        f"{guard.ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}")
+    assert server.Guard(config).local is not None
+    assert config.pools == {"cpu": "http://bge-m3-cpu.search.svc:80"} and "reference" not in config.api_key_env
+    assert config.calls_per_sample == 2  # the budget counts the FP32 scoring as a call
+    assert (config.replay is None) == gateway
+    # The guard holds the weights: room for them, unless the class says otherwise.
+    assert c["resources"] == {k: dict(v) for k, v in guard.LOCAL_REFERENCE_RESOURCES.items()}
+    assert SETTINGS is not None
+    sized = guard.GuardSettings(resources={"limits": {"memory": "20Gi"}})
+    own = guard.build_guard_deployment(owner_of(body), spec_of(body), sized, (), claim="c", artifact_id=served)
+    assert own["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"memory": "20Gi"}}
 
 
 def test_the_guard_deployment_runs_the_guard_with_the_models_floor_and_budget() -> None:
@@ -263,8 +290,20 @@ def test_assess_flips_the_condition_posts_events_and_keeps_the_verdict_when_the_
     back = quality.assess(status, below(), None, ready, "bge-m3-guard")
     assert back.below_floor == frozenset() and back.condition.status == "True"
     assert [(e.type, e.reason) for e in back.events] == [("Normal", conditions.REASON_QUALITY_RESTORED)]
-    gone = quality.assess(status, None, "no GPU pool", ready, "bge-m3-guard")
+    gone = quality.assess(status, None, "no CPU pool", ready, "bge-m3-guard")
     assert gone.below_floor == frozenset() and gone.condition.reason == conditions.REASON_GUARD_NOT_APPLICABLE
+
+
+def test_a_model_checked_against_fp32_in_the_guard_says_so() -> None:
+    ref = guard.reference_of(spec_of(model(set_("pools.gpu.enabled", False))))
+    assert ref == guard.REFERENCE_FP32 and guard.reference_of(spec_of(model())) == guard.REFERENCE
+    out = quality.assess({}, below("cpu"), None, {"cpu": 1, "gpu": 0}, "bge-m3-guard", reference=ref)
+    assert out.record["reference"] == "fp32" and "FP32 of the original weights" in out.condition.message
+    assert "vs the GPU pool" not in out.condition.message
+    # Nothing else can serve: the CPU pool keeps its traffic, and the condition says so.
+    assert "it keeps serving: the model has no other pool" in out.condition.message
+    back = quality.assess({"quality": out.record}, below(), None, {"cpu": 1}, "bge-m3-guard", reference=ref)
+    assert back.condition.status == "True" and "vs FP32 of the original weights" in back.condition.message
 
 
 def test_routing_keeps_traffic_away_from_a_pool_below_the_floor_only_while_the_other_can_serve() -> None:

@@ -3,7 +3,9 @@ RerankClass turns the guard on (``spec.qualityGuard``) and the model can be chec
 
 The guard (``python -m quality_guard.server``) receives a sampled copy of the model's live ``/rerank`` requests from
 the HTTPRoute's RequestMirror filter (``routing.build_httproute``), asks the CPU pool's and the GPU pool's Services
-the same request, and exports per pool whether the CPU pool ranks below the model's quality floor. It is never in
+the same request, and exports per pool whether the CPU pool ranks below the model's quality floor. A model without a
+GPU pool is checked against FP32 scores the guard computes itself from the artifact's original weights
+(``local_reference``; ``quality_guard/reference.py``), at the same budget. It is never in
 the serving path: the gateway drops the mirror's answers, and the guard answers 202 at once. Its configuration
 travels in an environment variable, so a change (the floor, the budget, the verdict it must start from) rolls it.
 
@@ -71,10 +73,7 @@ def excluded(below_floor: Collection[str], ready: Mapping[str, int]) -> names.Po
 def unavailable(spec: RerankModelSpec) -> str | None:
     """Why a guarded class's model cannot be checked (the guard is then not deployed), or None if it can."""
     if not spec.cpu.enabled:
-        return "the model has no CPU pool: the guard checks the INT8 pool against the GPU pool"
-    if not spec.gpu.enabled:
-        return ("the model has no GPU pool to serve as the reference (FP32 scoring inside the guard is not "
-                "implemented yet)")
+        return "the model has no CPU pool: the guard checks the INT8 pool against the original weights"
     if not spec.quantization.enabled:
         return "quantization is disabled: both pools serve the original weights"
     return None
@@ -85,6 +84,12 @@ CONTAINER = "guard"
 #: What a guard needs: one worker thread, small JSON bodies, numpy. Its requests are the class's to change.
 DEFAULT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"},
                                         "limits": {"cpu": "500m", "memory": "512Mi"}}
+#: A guard that scores FP32 itself holds the original weights in memory (bge-reranker-v2-m3: 2.3 GB) and runs
+#: PyTorch on them: room for a model of that size. A larger model needs the class's ``qualityGuard.resources``.
+LOCAL_REFERENCE_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "500m", "memory": "3Gi"},
+                                                "limits": {"cpu": "2", "memory": "6Gi"}}
+#: ``reference`` in the guard's configuration for "score FP32 in the guard" (``quality_guard.reference.LOCAL``).
+LOCAL = "local"
 #: The mirrored fraction's resolution (the Gateway API's Fraction: numerator / denominator).
 FRACTION_DENOMINATOR = 10000
 
@@ -103,6 +108,26 @@ def replays(spec: RerankModelSpec) -> bool:
     return spec.routing.gateway is None
 
 
+def local_reference(spec: RerankModelSpec) -> bool:
+    """Without a GPU pool nothing serves the original weights: the guard scores them in FP32 itself, from the served
+    artifact's ``original/`` (the Job always publishes it)."""
+    return not spec.gpu.enabled
+
+
+#: ``status.quality.reference`` when the guard scores FP32 itself (otherwise the reference pool's name).
+REFERENCE_FP32 = "fp32"
+
+
+def reference_of(spec: RerankModelSpec) -> str:
+    """What the checked pool is compared with: the GPU pool, or FP32 of the original weights in the guard."""
+    return REFERENCE_FP32 if local_reference(spec) else REFERENCE
+
+
+def mounts_artifact(spec: RerankModelSpec) -> bool:
+    """The guard reads the served artifact: its evaluation pairs to replay, or its original weights to score."""
+    return replays(spec) or local_reference(spec)
+
+
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                  below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
     """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
@@ -110,10 +135,14 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
     The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
     it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed. While a new
     artifact is a canary (``canary``), the guard checks it too, against the same reference. Without a Gateway
-    (``replays``) it replays the artifact's evaluation pairs as fast as its budget allows."""
+    (``replays``) it replays the artifact's evaluation pairs as fast as its budget allows. Without a GPU pool
+    (``local_reference``) the reference is FP32 of the artifact's original weights, scored in the guard; the budget
+    counts it as one call per sampled request, like a TEI reference, which bounds that compute too."""
     gate = spec.quantization.quality_gate
+    local = local_reference(spec)
     key_env = {}
-    endpoints = [(CHECKED, CHECKED), (REFERENCE, "reference")] + ([(CHECKED, names.CANARY)] if canary else [])
+    endpoints = ([(CHECKED, CHECKED)] + ([] if local else [(REFERENCE, "reference")])
+                 + ([(CHECKED, names.CANARY)] if canary else []))
     for pool, endpoint in endpoints:  # the canary runs the CPU pool's settings, its key included
         if spec.pool(pool).tei.api_key_secret is not None:
             key_env[endpoint] = _key_env(pool)
@@ -127,7 +156,8 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
         "namespace": owner.namespace,
         "model": owner.name,
         "pools": pools,
-        "reference": service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
+        "reference": LOCAL if local else service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
+        **({"reference_model": f"{ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}"} if local else {}),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
         "k": gate.topk,
         "fraction": 1.0,
@@ -145,7 +175,8 @@ def _key_env(pool: names.PoolName) -> str:
 def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                            below_floor: Iterable[str], canary: bool = False, *, claim: str = "",
                            artifact_id: str | None = None) -> dict[str, Any]:
-    """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard replays."""
+    """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard reads it
+    (``mounts_artifact``)."""
     config = guard_config(owner, spec, settings, below_floor, canary)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))}]
@@ -163,10 +194,11 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
         "ports": [{"name": "http", "containerPort": names.GUARD_PORT, "protocol": "TCP"}],
         "readinessProbe": {**probe, "failureThreshold": 3},
         "livenessProbe": {**probe, "failureThreshold": 6},
-        "resources": {k: dict(v) for k, v in (settings.resources or DEFAULT_RESOURCES).items()},
+        "resources": {k: dict(v) for k, v in (settings.resources or (
+            LOCAL_REFERENCE_RESOURCES if local_reference(spec) else DEFAULT_RESOURCES)).items()},
         "securityContext": pods.container_security_context(),
     }
-    if replays(spec) and claim and artifact_id:
+    if mounts_artifact(spec) and claim and artifact_id:
         container["volumeMounts"] = [{"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
                                       "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"}]
     cpu = spec.cpu

@@ -1,0 +1,101 @@
+"""The guard's own FP32 reference: the artifact's original weights scored in the guard's process, for a model that
+has no GPU pool to compare with.
+
+Why here and not a TEI endpoint: a CPU-only tenant has nothing else that scores the original weights, and the guard
+already runs from the quantizer image (PyTorch and transformers inside). The cost is bounded twice: the guard's
+budget counts this reference as one call of every sampled request (``budget.py``, so at most
+``callsPerSecond / (pools + 1)`` requests a second), and its one worker thread scores one request at a time, on the
+threads its CPU limit gives it.
+
+Scores are what TEI's ``/rerank`` answers for the same body: the single logit of each (query, text) pair tokenized as
+TEI does (``quantizer_job.textenc``: the model's ``tokenizer.json``, longest-first truncation at TEI's max input
+length, batches of at most 8 pairs), through a sigmoid unless the request asks for ``raw_scores``.
+torch and transformers are imported only by a guard configured with this reference (``Config.reference == LOCAL``),
+which loads the model as it starts; a guard with a TEI reference never imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantizer_job import isa, layout, textenc, verify
+
+from .compare import sigmoid
+
+#: ``Config.reference`` meaning "score FP32 in this process" (``Config.reference_model`` says from which directory).
+LOCAL = "local"
+
+
+class LocalReference:
+    """FP32 scores of a transformers cross-encoder directory (config.json, *.safetensors, tokenizer.json)."""
+
+    def __init__(self, model_dir: str | Path, threads: int | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._model: Any = None
+        self._tok: Any = None
+        self._pad_id = 0
+        self._token_types = True
+        self._error: Exception | None = None
+
+    def load(self) -> None:
+        """Load the model once (the guard does it as it starts); a failure is kept and raised on every call, so
+        each sampled request counts a ``reference_error`` instead of retrying a load that cannot succeed."""
+        with self._lock:
+            self._load_locked()
+
+    def _load_locked(self) -> None:
+        if self._model is not None:
+            return
+        if self._error is not None:
+            raise self._error
+        try:
+            self._load()
+        except Exception as exc:
+            self._error = exc
+            raise
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        cfg = json.loads((self.model_dir / "config.json").read_text(encoding="utf-8"))
+        tok_json = self.model_dir / "tokenizer.json"
+        torch.set_num_threads(self.threads or isa.cpu_budget())
+        model = AutoModelForSequenceClassification.from_pretrained(str(self.model_dir), dtype=torch.float32)
+        model.eval()
+        if int(model.config.num_labels) != 1:
+            raise ValueError(f"{self.model_dir}: {model.config.num_labels} labels; a reranker has exactly one")
+        self._tok = textenc.load_tokenizer(str(tok_json), textenc.max_input_length(cfg))
+        self._pad_id = layout.pad_token_id(cfg, tok_json)
+        self._token_types = cfg.get("model_type") not in layout.NO_TOKEN_TYPES  # TEI feeds them none
+        self._model = model
+
+    def logits(self, query: str, texts: list[str]) -> np.ndarray:
+        """The model's logit for each (query, text), in ``texts`` order."""
+        import torch
+
+        with self._lock:
+            self._load_locked()
+            out: list[np.ndarray] = []
+            for i in range(0, len(texts), verify.TEI_MAX_BATCH):
+                feed = textenc.encode_pairs(self._tok, [(query, t) for t in texts[i : i + verify.TEI_MAX_BATCH]],
+                                            self._pad_id)
+                names = ("input_ids", "attention_mask", "token_type_ids") if self._token_types else (
+                    "input_ids", "attention_mask")
+                with torch.inference_mode():
+                    got = self._model(**{n: torch.from_numpy(feed[n]) for n in names}).logits
+                out.append(got[:, 0].double().numpy())
+        return np.concatenate(out)
+
+    def __call__(self, body: Mapping[str, Any]) -> list[float]:
+        """TEI's ``/rerank`` scores for ``body`` (``{query, texts, raw_scores}``), in ``texts`` order."""
+        logits = self.logits(str(body["query"]), [str(t) for t in body["texts"]])
+        return [float(s) for s in (logits if body.get("raw_scores") else sigmoid(logits))]

@@ -46,7 +46,7 @@ for extra in (ROOT, ROOT / "tests" / "guard"):  # quality_guard (not in the edit
 
 from scoring_server import ScoringServer, tiny_pools  # noqa: E402
 
-from quality_guard import detector, server  # noqa: E402
+from quality_guard import detector, reference, server  # noqa: E402
 from quantizer_job import evaldata  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.slow]
@@ -71,13 +71,15 @@ class Scorers:
     reference: ScoringServer  # FP32, TEI's batches (the GPU pool)
     healthy: ScoringServer    # the same FP32 graph, one pair per batch: float differences only
     broken: ScoringServer     # INT8, truncating at 12 tokens
+    original: Path            # the model as the Job publishes it for the GPU pool: what a guard scores FP32 from
 
 
 @pytest.fixture(scope="module")
 def scorers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scorers]:
     """tests/guard's pools: a tiny cross-encoder through the Job's own export and quantization."""
-    pools = tiny_pools(tmp_path_factory.mktemp("guard-model"))
-    found = Scorers(pools["reference"], pools["cpu"], pools["truncated"])
+    tmp = tmp_path_factory.mktemp("guard-model")
+    pools = tiny_pools(tmp)
+    found = Scorers(pools["reference"], pools["cpu"], pools["truncated"], tmp / "original")
     yield found
     for s in (found.reference, found.healthy, found.broken):
         s.close()
@@ -456,6 +458,72 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         assert (reasons.count("BelowFloor"), reasons.count("QualityRestored")) == (2, 1), events(env)
         assert "Traceback" not in env.operator.log.read_text(), operator_log(env, 80)
         print(f"GUARD OFF after {time.monotonic() - started:.0f}s")
+    finally:
+        fleet.stop()
+        proc.stop()
+        switch.close()
+
+
+def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
+        stack: Stack, scorers: Scorers, tmp_path: Path) -> None:
+    """A CPU-only model without a Gateway: the guard mounts the served artifact, replays its evaluation pairs and
+    scores the original weights in FP32 itself (quality_guard/reference.py, PyTorch on the published original/)."""
+    env, ns = stack.env, stack.env.namespace
+    env.kube.create_model(env.model(className=stack.class_name, pools={"cpu": POOLS["cpu"], "gpu": {"enabled": False}},
+                                    autoscaling=AUTOSCALING, quantization={"qualityGate": GATE}))
+    env.finish_quantizer(ok=True)
+    env.kube.wait_condition(ns, NAME, "Ready", "True", "Serving")
+    dep = wait(env, lambda: env.kube.deployment(ns, GUARD), 30, "the guard's Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    (mount,) = container["volumeMounts"]
+    artifact_id = status(env)["artifact"]["id"]
+    assert (mount["mountPath"], mount["readOnly"], mount["subPath"]) == ("/artifact", True, f"artifacts/{artifact_id}")
+    assert pod["volumes"][0]["persistentVolumeClaim"]["readOnly"] is True
+    assert container["resources"]["requests"]["memory"] == "3Gi", container["resources"]  # room for the weights
+    op_config = server.Config.from_dict(guard_config(env))
+    assert op_config.reference == reference.LOCAL and op_config.reference_model == "/artifact/original"
+    assert op_config.replay == "/artifact/evaluation.jsonl"
+    assert dict(op_config.pools) == {"cpu": f"http://{NAME}-cpu.{ns}.svc:80"}
+    assert op_config.replay_per_second == QUALITY_GUARD["callsPerSecond"] / 2  # the pool + the FP32 scoring
+
+    # The guard pod's process with the artifact's files where the pod mounts them: the original weights and the
+    # evaluation pairs the Job verified on. It replays them by itself (nothing is mirrored); its budget is the
+    # class's.
+    pairs = tmp_path / "evaluation.jsonl"
+    pairs.write_text("".join(json.dumps({"query": p.query, "text": p.text}) + "\n" for p in evaldata.builtin_pairs()))
+    switch = Switch(scorers.healthy.url)
+    reference_calls = scorers.reference.calls
+    proc = GuardProcess.start(dataclasses.replace(op_config, pools={"cpu": switch.url},
+                                                  reference_model=str(scorers.original), replay=str(pairs),
+                                                  settings=SMALL))
+    fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=2.0)
+    try:
+        fleet.point_at(proc)
+        cond = quality_condition(env, "True", "WithinFloor", timeout=60)
+        assert "cpu pool within the quality floor vs FP32 of the original weights" in cond["message"], cond
+        quality = status(env)["quality"]
+        assert quality["reference"] == "fp32" and quality["pools"]["cpu"]["spearman"] > 0.999, quality
+        selector = env.kube.core.read_namespaced_service(NAME, ns).spec.selector
+
+        # The CPU pool breaks: below the floor, said and evented, but it keeps serving (nothing else can).
+        switch.target = scorers.broken.url
+        cond = quality_condition(env, "False", "BelowFloor", timeout=60)
+        message = cond["message"]
+        assert "cpu pool below the quality floor vs FP32 of the original weights" in message, message
+        assert "it keeps serving: the model has no other pool" in message, message
+        assert status(env)["quality"]["belowFloor"] == ["cpu"]
+        assert env.kube.core.read_namespaced_service(NAME, ns).spec.selector == selector
+        assert [t for t, r, _ in events(env) if r == "BelowFloor"] == ["Warning"]
+
+        # Repaired: back within the floor after the recovery window.
+        switch.target = scorers.healthy.url
+        quality_condition(env, "True", "WithinFloor", timeout=90)
+        assert [t for t, r, _ in events(env) if r == "QualityRestored"] == ["Normal"]
+        # Every comparison was against the guard's own FP32 scores: no TEI reference was asked.
+        assert scorers.reference.calls == reference_calls
+        assert proc.guard.detectors["cpu"].samples >= SMALL.recovery_window
+        assert "Traceback" not in env.operator.log.read_text(), operator_log(env, 80)
     finally:
         fleet.stop()
         proc.stop()

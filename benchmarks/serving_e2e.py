@@ -26,8 +26,8 @@ What it does:
    the operator's own code: request rate, success rate, te_queue_size, p95 from te_request_duration), with the
    Deployment's replicas and the operator's last decision; (d) the autoscaler scaling the pool 1 -> 2 under the
    overload and back to 1 while traffic still flows (40% of one replica), with the requests that failed in each
-   phase (``failed_requests``: a scale-down must lose none; the client, like a proxy, learns of a removed pod only
-   at its next refresh, up to one tick late).
+   phase (``failed_requests``, and ``unfinished_requests`` still unanswered at the end: a scale-down must lose
+   none; the client, like a proxy, learns of a removed pod only at its next refresh, up to one tick late).
 """
 
 from __future__ import annotations
@@ -553,8 +553,11 @@ def main() -> int:
         ramp.hold("after-drain", 4 * args.tick)
         client.rate = 0.0
         ramp.hold("idle", 300, until=lambda r: r["client"]["in_flight"] == 0)
+        # A request still unanswered here hung (e.g. sent to a pod that was gone): as lost as a failed one.
+        unfinished = ramp.rows[-1]["client"]["in_flight"]
         result.update({"scaled_up_to_2": scaled_up, "scaled_back_to_1_under_load": scaled_down,
-                       "failed_requests": failures(ramp.rows), "scale_events": scale_events(ramp.rows),
+                       "failed_requests": failures(ramp.rows), "unfinished_requests": unfinished,
+                       "scale_events": scale_events(ramp.rows),
                        "agreement": agreement(ramp.rows), "ticks": ramp.rows})
     finally:
         client.close()

@@ -7,11 +7,13 @@ budget counts this reference as one call of every sampled request (``budget.py``
 ``callsPerSecond / (pools + 1)`` requests a second), and its one worker thread scores one request at a time, on the
 threads its CPU limit gives it.
 
-Scores are what TEI's ``/rerank`` answers for the same body: the single logit of each (query, text) pair tokenized as
-TEI does (``quantizer_job.textenc``: the model's ``tokenizer.json``, longest-first truncation at TEI's max input
-length, batches of at most 8 pairs), through a sigmoid unless the request asks for ``raw_scores``.
-torch and transformers are imported only by a guard configured with this reference (``Config.reference == LOCAL``),
-which loads the model as it starts; a guard with a TEI reference never imports them.
+Scores are what TEI's ``/rerank`` answers for the same body, so that a difference is the pool's, never the
+reference's: the single logit of each (query, text) pair, tokenized with the model's ``tokenizer.json`` the way
+TEI's router does (``tei_max_input_length``: its max input length, not the Job's 512-token cap; longest-first
+truncation in the request's ``truncation_direction`` when the request or the pool truncates, else a pair over the
+limit is refused as TEI refuses it), in batches of at most 8 pairs, through a sigmoid unless the request asks for
+``raw_scores``. torch and transformers are imported only by a guard configured with this reference
+(``Config.reference == LOCAL``), which loads the model as it starts; a guard with a TEI reference never imports them.
 """
 
 from __future__ import annotations
@@ -30,14 +32,42 @@ from .compare import sigmoid
 
 #: ``Config.reference`` meaning "score FP32 in this process" (``Config.reference_model`` says from which directory).
 LOCAL = "local"
+#: The Sentence Transformers configs TEI reads ``max_seq_length`` from, in its order (TEI's core/src/download.rs).
+ST_CONFIG_NAMES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                   "sentence_camembert_config.json", "sentence_albert_config.json",
+                   "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
+#: Model types whose position ids start after the padding index (TEI's position offset: pad_token_id + 1).
+POSITION_OFFSET_TYPES = ("xlm-roberta", "camembert", "roberta")
+
+
+def tei_max_input_length(model_dir: Path, config: Mapping[str, Any], max_batch_tokens: int | None = None) -> int:
+    """Tokens per (query, text) pair that TEI's router accepts for this directory (its router/src/lib.rs): a Sentence
+    Transformers config's ``max_seq_length``, else ``max_position_embeddings`` less the position offset, and with
+    ``--auto-truncate`` no more than ``--max-batch-tokens``."""
+    for name in ST_CONFIG_NAMES:
+        path = model_dir / name
+        if path.is_file():
+            base = int(json.loads(path.read_text(encoding="utf-8"))["max_seq_length"])
+            break
+    else:
+        offset = int(config.get("pad_token_id") or 0) + 1 if config.get("model_type") in POSITION_OFFSET_TYPES else 0
+        base = int(config["max_position_embeddings"]) - offset
+    return min(base, max_batch_tokens) if max_batch_tokens else base
 
 
 class LocalReference:
-    """FP32 scores of a transformers cross-encoder directory (config.json, *.safetensors, tokenizer.json)."""
+    """FP32 scores of a transformers cross-encoder directory (config.json, *.safetensors, tokenizer.json).
 
-    def __init__(self, model_dir: str | Path, threads: int | None = None) -> None:
+    ``max_batch_tokens`` and ``auto_truncate``: the checked pool's TEI flags, which set its max input length and
+    whether a request that does not say ``truncate`` is truncated."""
+
+    def __init__(self, model_dir: str | Path, threads: int | None = None, *, max_batch_tokens: int | None = None,
+                 auto_truncate: bool = True) -> None:
         self.model_dir = Path(model_dir)
         self.threads = threads
+        self.max_batch_tokens = max_batch_tokens
+        self.auto_truncate = auto_truncate
+        self.max_length = 0
         self._lock = threading.Lock()
         self._model: Any = None
         self._tok: Any = None
@@ -63,6 +93,7 @@ class LocalReference:
             raise
 
     def _load(self) -> None:
+        import tokenizers
         import torch
         from transformers import AutoModelForSequenceClassification
 
@@ -73,29 +104,49 @@ class LocalReference:
         model.eval()
         if int(model.config.num_labels) != 1:
             raise ValueError(f"{self.model_dir}: {model.config.num_labels} labels; a reranker has exactly one")
-        self._tok = textenc.load_tokenizer(str(tok_json), textenc.max_input_length(cfg))
+        self._tok = tokenizers.Tokenizer.from_file(str(tok_json))
+        self._tok.no_padding()
+        self.max_length = tei_max_input_length(self.model_dir, cfg, self.max_batch_tokens)
         self._pad_id = layout.pad_token_id(cfg, tok_json)
         self._token_types = cfg.get("model_type") not in layout.NO_TOKEN_TYPES  # TEI feeds them none
         self._model = model
 
-    def logits(self, query: str, texts: list[str]) -> np.ndarray:
-        """The model's logit for each (query, text), in ``texts`` order."""
+    def _truncation(self, truncate: bool, direction: str) -> None:
+        if truncate:
+            self._tok.enable_truncation(max_length=self.max_length, strategy="longest_first",
+                                        direction="left" if direction.lower() == "left" else "right")
+        else:
+            self._tok.no_truncation()
+
+    def logits(self, query: str, texts: list[str], *, truncate: bool | None = None,
+               direction: str = "right") -> np.ndarray:
+        """The model's logit for each (query, text), in ``texts`` order. ``truncate``: the request's (None: the
+        pool's ``--auto-truncate``); without it a pair over TEI's max input length is refused, as TEI does."""
         import torch
 
         with self._lock:
             self._load_locked()
+            self._truncation(self.auto_truncate if truncate is None else truncate, direction)
+            pairs = [(query, t) for t in texts]
+            longest = max(textenc.token_lengths(self._tok, pairs))
+            if longest > self.max_length:
+                raise ValueError(f"a pair has {longest} tokens, over TEI's max input length {self.max_length}: "
+                                 "TEI refuses the request")
+            names = ("input_ids", "attention_mask", "token_type_ids") if self._token_types else (
+                "input_ids", "attention_mask")
             out: list[np.ndarray] = []
-            for i in range(0, len(texts), verify.TEI_MAX_BATCH):
-                feed = textenc.encode_pairs(self._tok, [(query, t) for t in texts[i : i + verify.TEI_MAX_BATCH]],
-                                            self._pad_id)
-                names = ("input_ids", "attention_mask", "token_type_ids") if self._token_types else (
-                    "input_ids", "attention_mask")
+            for i in range(0, len(pairs), verify.TEI_MAX_BATCH):
+                feed = textenc.encode_pairs(self._tok, pairs[i : i + verify.TEI_MAX_BATCH], self._pad_id)
                 with torch.inference_mode():
                     got = self._model(**{n: torch.from_numpy(feed[n]) for n in names}).logits
                 out.append(got[:, 0].double().numpy())
         return np.concatenate(out)
 
     def __call__(self, body: Mapping[str, Any]) -> list[float]:
-        """TEI's ``/rerank`` scores for ``body`` (``{query, texts, raw_scores}``), in ``texts`` order."""
-        logits = self.logits(str(body["query"]), [str(t) for t in body["texts"]])
+        """TEI's ``/rerank`` scores for ``body`` (``{query, texts, raw_scores, truncate, truncation_direction}``),
+        in ``texts`` order."""
+        truncate = body.get("truncate")
+        logits = self.logits(str(body["query"]), [str(t) for t in body["texts"]],
+                             truncate=None if truncate is None else bool(truncate),
+                             direction=str(body.get("truncation_direction") or "right"))
         return [float(s) for s in (logits if body.get("raw_scores") else sigmoid(logits))]

@@ -87,6 +87,10 @@ class Config:
     #: With ``reference`` = ``"local"`` (:data:`.reference.LOCAL`): the directory of the original weights (the
     #: artifact's ``original/``) whose FP32 scores this process computes as the reference (:mod:`.reference`).
     reference_model: str | None = None
+    #: The checked pool's TEI ``--max-batch-tokens`` and ``--auto-truncate``: a local reference truncates (or refuses)
+    #: a long pair as that pool does.
+    reference_max_batch_tokens: int | None = None
+    reference_auto_truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.reference == reference.LOCAL and not self.reference_model:
@@ -152,7 +156,9 @@ class Guard:
                  registry: CollectorRegistry | None = None) -> None:
         self.config, self.clock = config, clock
         remote = post or http_post(config.timeout_seconds, api_keys(config))
-        self.local = (reference.LocalReference(config.reference_model)
+        self.local = (reference.LocalReference(config.reference_model,
+                                               max_batch_tokens=config.reference_max_batch_tokens,
+                                               auto_truncate=config.reference_auto_truncate)
                       if config.reference == reference.LOCAL and config.reference_model else None)
         local = self.local
         self.post: Post = remote if local is None else (
@@ -402,25 +408,32 @@ class Running:
         self.thread.join(timeout=10)
 
 
-def _load_reference(local: reference.LocalReference) -> None:
-    """Load the FP32 reference beside the HTTP server (a large model takes a while; /healthz answers meanwhile)."""
+def _load_reference(local: reference.LocalReference, exit_on_failure: bool) -> None:
+    """Load the FP32 reference beside the HTTP server (a large model takes a while; /healthz answers meanwhile).
+    ``exit_on_failure`` (the guard's process): a guard without its reference can judge nothing, so it exits and its
+    pod shows CrashLoopBackOff, rather than stay Ready counting reference errors."""
     try:
         local.load()
-        print(f"quality guard: FP32 reference loaded from {local.model_dir}", file=sys.stderr, flush=True)
-    except Exception as exc:  # every sampled request now counts a reference_error; the metrics say so
-        print(f"quality guard: the FP32 reference could not be loaded from {local.model_dir}: {exc}",
+        print(f"quality guard: FP32 reference loaded from {local.model_dir} (max input length "
+              f"{local.max_length} tokens)", file=sys.stderr, flush=True)
+    except Exception as exc:  # in-process (tests): every sampled request counts a reference_error
+        print(f"quality guard: the FP32 reference could not be loaded from {local.model_dir}: {exc!r}",
               file=sys.stderr, flush=True)
+        if exit_on_failure:
+            os._exit(3)
 
 
-def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0) -> Running:
-    """Start the HTTP server and the worker (and, configured so, the replay) in background threads."""
+def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0, *, exit_on_reference_failure: bool = False) -> Running:
+    """Start the HTTP server and the worker (and, configured so, the replay and the FP32 reference's load) in
+    background threads."""
     worker = Worker(guard).start()
     server = ThreadingHTTPServer((host, port), handler(worker))
     t = threading.Thread(target=server.serve_forever, name="guard-http", daemon=True)
     t.start()
     cfg = guard.config
     if guard.local is not None:
-        threading.Thread(target=_load_reference, args=(guard.local,), name="guard-reference", daemon=True).start()
+        threading.Thread(target=_load_reference, args=(guard.local, exit_on_reference_failure),
+                         name="guard-reference", daemon=True).start()
     replayer = None
     if cfg.replay and cfg.replay_per_second > 0:
         try:
@@ -451,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         with open(a.config, encoding="utf-8") as f:
             config = Config.from_dict(json.load(f))
-    running = serve(Guard(config), a.host, a.port)
+    running = serve(Guard(config), a.host, a.port, exit_on_reference_failure=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with contextlib.suppress(KeyboardInterrupt):

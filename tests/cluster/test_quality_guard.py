@@ -476,10 +476,11 @@ def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
     dep = wait(env, lambda: env.kube.deployment(ns, GUARD), 30, "the guard's Deployment")
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    (mount,) = container["volumeMounts"]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/artifact")
     artifact_id = status(env)["artifact"]["id"]
-    assert (mount["mountPath"], mount["readOnly"], mount["subPath"]) == ("/artifact", True, f"artifacts/{artifact_id}")
-    assert pod["volumes"][0]["persistentVolumeClaim"]["readOnly"] is True
+    assert (mount["readOnly"], mount["subPath"]) == (True, f"artifacts/{artifact_id}")
+    claim = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert claim["persistentVolumeClaim"]["readOnly"] is True
     assert container["resources"]["requests"]["memory"] == "3Gi", container["resources"]  # room for the weights
     op_config = server.Config.from_dict(guard_config(env))
     assert op_config.reference == reference.LOCAL and op_config.reference_model == "/artifact/original"

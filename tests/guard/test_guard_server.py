@@ -6,8 +6,11 @@ that model served with a truncation at 12 tokens, as a pool whose max input leng
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -194,3 +197,51 @@ def test_a_local_reference_that_cannot_load_is_a_reference_error_not_a_verdict(
     assert guard.detectors["cpu"].samples == 0
     text = guard.metrics().decode()
     assert 'rerank_guard_requests_total{namespace="n",outcome="reference_error",rerankmodel="m"} 2.0' in text
+
+
+def test_the_local_reference_takes_teis_max_input_length_not_the_jobs_cap(tmp_path: Path) -> None:
+    """TEI's router: a Sentence Transformers config's max_seq_length, else max_position_embeddings less the position
+    offset (pad_token_id + 1 for the RoBERTa family); with --auto-truncate, at most --max-batch-tokens."""
+    xlmr = {"model_type": "xlm-roberta", "max_position_embeddings": 8194, "pad_token_id": 1}
+    assert reference.tei_max_input_length(tmp_path, xlmr) == 8192  # bge-reranker-v2-m3: not the Job's 512
+    assert reference.tei_max_input_length(tmp_path, xlmr, max_batch_tokens=4096) == 4096
+    assert reference.tei_max_input_length(tmp_path, {"model_type": "bert", "max_position_embeddings": 512}) == 512
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    assert reference.tei_max_input_length(tmp_path, xlmr) == 256
+
+
+def test_the_local_reference_truncates_long_pairs_as_the_pool_does_or_refuses_them(
+        pools: dict[str, ScoringServer], pools_dir: Path) -> None:
+    """A passage far over the tiny BERT's 512 tokens: truncated (the request's direction, longest-first) to the same
+    scores the FP32 export gives truncated at 512; refused, as TEI refuses it, when neither the request nor the pool
+    truncates."""
+    # ~1,000 tokens: different text at each end, so left and right truncation keep different halves.
+    long_text = ("the cat sat on the mat and purred. " + " ".join(str(i) for i in range(700))
+                 + " stock markets fell sharply on monday.")
+    body = {"query": "where did the cat sit", "texts": [long_text, "stocks fell on monday"]}
+    local = reference.LocalReference(pools_dir / "original", threads=1)
+    ours, exported = local(body), server.http_post(10.0)(pools["reference"].url, body)
+    assert local.max_length == 512
+    assert max(abs(x - y) for x, y in zip(ours, exported, strict=True)) < 1e-4
+    left = local({**body, "truncation_direction": "Left"})
+    assert abs(left[0] - ours[0]) > 1e-6 and abs(left[1] - ours[1]) < 1e-6  # only the long pair loses its other end
+    with pytest.raises(ValueError, match="over TEI's max input length 512"):
+        local({**body, "truncate": False})
+    strict = reference.LocalReference(pools_dir / "original", threads=1, auto_truncate=False)
+    with pytest.raises(ValueError, match="TEI refuses"):
+        strict(body)
+    assert strict({**body, "truncate": True}) == pytest.approx(ours, abs=1e-6)
+
+
+def test_a_guard_process_whose_reference_cannot_load_exits(tmp_path: Path) -> None:
+    """In its pod the guard exits (CrashLoopBackOff, no verdict) rather than stay Ready and judge nothing."""
+    config = {"namespace": "n", "model": "m", "pools": {"cpu": "http://127.0.0.1:9"}, "reference": reference.LOCAL,
+              "reference_model": str(tmp_path / "missing")}
+    path = tmp_path / "guard.json"
+    path.write_text(json.dumps(config))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "quality_guard.server", "--config", str(path), "--port", "0",
+                           "--host", "127.0.0.1"], cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "the FP32 reference could not be loaded" in proc.stderr and "missing" in proc.stderr

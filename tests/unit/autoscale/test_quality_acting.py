@@ -80,13 +80,22 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     c = pod["containers"][0]
     config = server.Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
     served = str(artifact.artifact_id(spec_of(body)))
-    (mount,) = c["volumeMounts"]
-    assert mount == {"name": "models", "mountPath": guard.ARTIFACT_MOUNT, "readOnly": True,
-                     "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
-    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts[guard.ARTIFACT_MOUNT] == {"name": "models", "mountPath": guard.ARTIFACT_MOUNT, "readOnly": True,
+                                            "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
+    # PyTorch needs a writable temporary directory under the read-only root filesystem (it creates one at import).
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]] and not mounts["/tmp"].get("readOnly")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HOME"] == "/tmp" and env["HF_HUB_OFFLINE"] == "1"
     # What the guard process makes of it: the FP32 reference over the mounted original/, and no GPU Service asked.
     assert config.reference == guard.LOCAL and config.reference_model == (
         f"{guard.ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}")
+    cpu_tei = spec_of(body).cpu.tei  # it truncates long pairs as the checked pool does
+    assert (config.reference_max_batch_tokens, config.reference_auto_truncate) == (cpu_tei.max_batch_tokens,
+                                                                                   cpu_tei.auto_truncate)
     assert server.Guard(config).local is not None
     assert config.pools == {"cpu": "http://bge-m3-cpu.search.svc:80"} and "reference" not in config.api_key_env
     assert config.calls_per_sample == 2  # the budget counts the FP32 scoring as a call
@@ -97,6 +106,17 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     sized = guard.GuardSettings(resources={"limits": {"memory": "20Gi"}})
     own = guard.build_guard_deployment(owner_of(body), spec_of(body), sized, (), claim="c", artifact_id=served)
     assert own["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"memory": "20Gi"}}
+
+
+def test_a_guard_gets_the_api_keys_of_the_pools_it_calls_only() -> None:
+    key = {"apiKeySecretRef": {"name": "tei-key", "key": "k"}}
+    old = {"apiKeySecretRef": {"name": "old", "key": "k"}}
+    body = guarded_model(set_("pools.cpu.tei", key), set_("pools.gpu.tei", old), set_("pools.gpu.enabled", False))
+    assert SETTINGS is not None
+    c = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS, ())["spec"]["template"]["spec"][
+        "containers"][0]
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
+    assert secrets == {"tei-key"}  # the disabled GPU pool's Secret may be gone: it must not block the guard pod
 
 
 def test_the_guard_deployment_runs_the_guard_with_the_models_floor_and_budget() -> None:

@@ -157,7 +157,9 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
         "model": owner.name,
         "pools": pools,
         "reference": LOCAL if local else service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
-        **({"reference_model": f"{ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}"} if local else {}),
+        **({"reference_model": f"{ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}",
+            "reference_max_batch_tokens": spec.cpu.tei.max_batch_tokens,
+            "reference_auto_truncate": spec.cpu.tei.auto_truncate} if local else {}),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
         "k": gate.topk,
         "fraction": 1.0,
@@ -180,10 +182,14 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
     config = guard_config(owner, spec, settings, below_floor, canary)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))}]
-    for pool in names.POOLS:
-        secret = spec.pool(pool).tei.api_key_secret
+    local = local_reference(spec)
+    for pool in (CHECKED,) if local else (CHECKED, REFERENCE):  # only the pools it calls: a disabled pool's Secret
+        secret = spec.pool(pool).tei.api_key_secret             # may be gone
         if secret is not None:
             env.append(pods.secret_env(_key_env(pool), secret.name, secret.key))
+    if local:  # PyTorch writes under the temporary directory as it imports; never reach the hub from here
+        env += [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/hf"},
+                {"name": "HF_HUB_OFFLINE", "value": "1"}]
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3}
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -195,12 +201,20 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
         "readinessProbe": {**probe, "failureThreshold": 3},
         "livenessProbe": {**probe, "failureThreshold": 6},
         "resources": {k: dict(v) for k, v in (settings.resources or (
-            LOCAL_REFERENCE_RESOURCES if local_reference(spec) else DEFAULT_RESOURCES)).items()},
+            LOCAL_REFERENCE_RESOURCES if local else DEFAULT_RESOURCES)).items()},
         "securityContext": pods.container_security_context(),
     }
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
     if mounts_artifact(spec) and claim and artifact_id:
-        container["volumeMounts"] = [{"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
-                                      "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"}]
+        mounts.append({"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
+                       "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"})
+        volumes.append(pods.model_volume(claim, read_only=True))
+    if local:  # the root filesystem is read-only; torch needs a writable temporary directory (os.makedirs at import)
+        mounts.append({"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"})
+        volumes.append(pods.scratch_volume())
+    if mounts:
+        container["volumeMounts"] = mounts
     cpu = spec.cpu
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -208,8 +222,8 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
         "securityContext": pods.pod_security_context(),
         "containers": [container],
     }
-    if "volumeMounts" in container:
-        pod_spec["volumes"] = [pods.model_volume(claim, read_only=True)]
+    if volumes:
+        pod_spec["volumes"] = volumes
     # Where the CPU pool may run, the guard may too (a tenant's nodes, taints and all).
     if cpu.node_selector:
         pod_spec["nodeSelector"] = dict(cpu.node_selector)

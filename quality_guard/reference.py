@@ -9,7 +9,7 @@ threads its CPU limit gives it.
 
 Scores are what TEI's ``/rerank`` answers for the same body, so that a difference is the pool's, never the
 reference's: the single logit of each (query, text) pair, tokenized with the model's ``tokenizer.json`` the way
-TEI's router does (``tei_max_input_length``: its max input length, not the Job's 512-token cap; longest-first
+TEI's router does (``textenc.tei_max_input_length``: its max input length, not the Job's 512-token cap; longest-first
 truncation in the request's ``truncation_direction`` when the request or the pool truncates, else a pair over the
 limit is refused as TEI refuses it), in batches of at most 8 pairs, through a sigmoid unless the request asks for
 ``raw_scores``. torch and transformers are imported only by a guard configured with this reference
@@ -32,29 +32,6 @@ from .compare import sigmoid
 
 #: ``Config.reference`` meaning "score FP32 in this process" (``Config.reference_model`` says from which directory).
 LOCAL = "local"
-#: The Sentence Transformers configs TEI reads ``max_seq_length`` from, in its order (TEI's core/src/download.rs).
-ST_CONFIG_NAMES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
-                   "sentence_camembert_config.json", "sentence_albert_config.json",
-                   "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
-#: Model types whose position ids start after the padding index (TEI's position offset: pad_token_id + 1).
-POSITION_OFFSET_TYPES = ("xlm-roberta", "camembert", "roberta")
-
-
-def tei_max_input_length(model_dir: Path, config: Mapping[str, Any], max_batch_tokens: int | None = None) -> int:
-    """Tokens per (query, text) pair that TEI's router accepts for this directory (its router/src/lib.rs): a Sentence
-    Transformers config's ``max_seq_length``, else ``max_position_embeddings`` less the position offset, and with
-    ``--auto-truncate`` no more than ``--max-batch-tokens``."""
-    for name in ST_CONFIG_NAMES:
-        path = model_dir / name
-        if path.is_file():
-            base = int(json.loads(path.read_text(encoding="utf-8"))["max_seq_length"])
-            break
-    else:
-        offset = int(config.get("pad_token_id") or 0) + 1 if config.get("model_type") in POSITION_OFFSET_TYPES else 0
-        base = int(config["max_position_embeddings"]) - offset
-    return min(base, max_batch_tokens) if max_batch_tokens else base
-
-
 class LocalReference:
     """FP32 scores of a transformers cross-encoder directory (config.json, *.safetensors, tokenizer.json).
 
@@ -106,7 +83,7 @@ class LocalReference:
             raise ValueError(f"{self.model_dir}: {model.config.num_labels} labels; a reranker has exactly one")
         self._tok = tokenizers.Tokenizer.from_file(str(tok_json))
         self._tok.no_padding()
-        self.max_length = tei_max_input_length(self.model_dir, cfg, self.max_batch_tokens)
+        self.max_length = textenc.tei_max_input_length(self.model_dir, cfg, self.max_batch_tokens)
         self._pad_id = layout.pad_token_id(cfg, tok_json)
         self._token_types = cfg.get("model_type") not in layout.NO_TOKEN_TYPES  # TEI feeds them none
         self._model = model
@@ -127,16 +104,16 @@ class LocalReference:
         with self._lock:
             self._load_locked()
             self._truncation(self.auto_truncate if truncate is None else truncate, direction)
-            pairs = [(query, t) for t in texts]
-            longest = max(textenc.token_lengths(self._tok, pairs))
+            encs = self._tok.encode_batch([(query, t) for t in texts])  # once: checked, then batched
+            longest = max(len(e.ids) for e in encs)
             if longest > self.max_length:
                 raise ValueError(f"a pair has {longest} tokens, over TEI's max input length {self.max_length}: "
                                  "TEI refuses the request")
             names = ("input_ids", "attention_mask", "token_type_ids") if self._token_types else (
                 "input_ids", "attention_mask")
             out: list[np.ndarray] = []
-            for i in range(0, len(pairs), verify.TEI_MAX_BATCH):
-                feed = textenc.encode_pairs(self._tok, pairs[i : i + verify.TEI_MAX_BATCH], self._pad_id)
+            for i in range(0, len(encs), verify.TEI_MAX_BATCH):
+                feed = textenc.pad_encodings(encs[i : i + verify.TEI_MAX_BATCH], self._pad_id)
                 with torch.inference_mode():
                     got = self._model(**{n: torch.from_numpy(feed[n]) for n in names}).logits
                 out.append(got[:, 0].double().numpy())

@@ -6,7 +6,9 @@ TEI's ONNX Runtime backend pads each batch to its longest sequence and feeds int
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +20,36 @@ ROBERTA_FAMILY = ("xlm-roberta", "roberta", "camembert", "xlm-roberta-xl")
 
 
 def max_input_length(config: dict[str, Any], cap: int = 512) -> int:
-    """TEI's max input length: ``max_position_embeddings``, minus ``pad_token_id + 1`` for RoBERTa-family models."""
+    """The Job's max input length (its export, verification and timing): ``max_position_embeddings``, minus
+    ``pad_token_id + 1`` for RoBERTa-family models, capped at ``cap``. TEI's own limit, which has no such cap, is
+    ``tei_max_input_length``."""
     mpe = int(config.get("max_position_embeddings") or cap)
     if config.get("model_type") in ROBERTA_FAMILY:
         mpe -= int(config.get("pad_token_id") or 1) + 1
     return max(8, min(cap, mpe))
+
+
+#: The Sentence Transformers configs TEI reads ``max_seq_length`` from, in its order (TEI's core/src/download.rs).
+ST_CONFIG_NAMES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                   "sentence_camembert_config.json", "sentence_albert_config.json",
+                   "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
+#: Model types whose position ids start after the padding index (TEI's position offset: pad_token_id + 1).
+POSITION_OFFSET_TYPES = ("xlm-roberta", "camembert", "roberta")
+
+
+def tei_max_input_length(model_dir: Path, config: Mapping[str, Any], max_batch_tokens: int | None = None) -> int:
+    """Tokens per (query, text) pair that TEI's router accepts for this directory (its router/src/lib.rs): a Sentence
+    Transformers config's ``max_seq_length``, else ``max_position_embeddings`` less the position offset, and with
+    ``--auto-truncate`` no more than ``--max-batch-tokens``."""
+    for name in ST_CONFIG_NAMES:
+        path = model_dir / name
+        if path.is_file():
+            base = int(json.loads(path.read_text(encoding="utf-8"))["max_seq_length"])
+            break
+    else:
+        offset = int(config.get("pad_token_id") or 0) + 1 if config.get("model_type") in POSITION_OFFSET_TYPES else 0
+        base = int(config["max_position_embeddings"]) - offset
+    return min(base, max_batch_tokens) if max_batch_tokens else base
 
 
 def load_tokenizer(path: str, max_length: int) -> Tokenizer:
@@ -36,7 +63,11 @@ def load_tokenizer(path: str, max_length: int) -> Tokenizer:
 
 def encode_pairs(tok: Tokenizer, pairs: Sequence[tuple[str, str]], pad_id: int) -> dict[str, np.ndarray]:
     """One batch: int64 arrays [batch, longest] for input_ids, attention_mask, token_type_ids."""
-    encs = tok.encode_batch([(q, t) for q, t in pairs])
+    return pad_encodings(tok.encode_batch([(q, t) for q, t in pairs]), pad_id)
+
+
+def pad_encodings(encs: Sequence[Any], pad_id: int) -> dict[str, np.ndarray]:
+    """Encodings already made (``tokenizers.Encoding``) as one batch padded to its longest, as ``encode_pairs``."""
     n = max(len(e.ids) for e in encs)
     b = len(encs)
     ids = np.full((b, n), pad_id, dtype=np.int64)

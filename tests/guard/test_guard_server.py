@@ -21,7 +21,7 @@ import pytest
 from scoring_server import ScoringServer, tiny_pools
 
 from quality_guard import detector, reference, server
-from quantizer_job import evaldata
+from quantizer_job import evaldata, textenc
 
 pytestmark = [pytest.mark.quantizer, pytest.mark.slow]
 
@@ -203,11 +203,11 @@ def test_the_local_reference_takes_teis_max_input_length_not_the_jobs_cap(tmp_pa
     """TEI's router: a Sentence Transformers config's max_seq_length, else max_position_embeddings less the position
     offset (pad_token_id + 1 for the RoBERTa family); with --auto-truncate, at most --max-batch-tokens."""
     xlmr = {"model_type": "xlm-roberta", "max_position_embeddings": 8194, "pad_token_id": 1}
-    assert reference.tei_max_input_length(tmp_path, xlmr) == 8192  # bge-reranker-v2-m3: not the Job's 512
-    assert reference.tei_max_input_length(tmp_path, xlmr, max_batch_tokens=4096) == 4096
-    assert reference.tei_max_input_length(tmp_path, {"model_type": "bert", "max_position_embeddings": 512}) == 512
+    assert textenc.tei_max_input_length(tmp_path, xlmr) == 8192  # bge-reranker-v2-m3: not the Job's 512
+    assert textenc.tei_max_input_length(tmp_path, xlmr, max_batch_tokens=4096) == 4096
+    assert textenc.tei_max_input_length(tmp_path, {"model_type": "bert", "max_position_embeddings": 512}) == 512
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
-    assert reference.tei_max_input_length(tmp_path, xlmr) == 256
+    assert textenc.tei_max_input_length(tmp_path, xlmr) == 256
 
 
 def test_the_local_reference_truncates_long_pairs_as_the_pool_does_or_refuses_them(

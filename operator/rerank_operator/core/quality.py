@@ -166,9 +166,12 @@ def condition(verdict: Verdict | None, why_not: str | None, kept_below: frozense
         parts = []
         for pool in sorted(below):
             other = REFERENCE if pool == CHECKED else CHECKED
-            where = (f"its traffic goes to the {other.upper()} pool" if other_ready.get(other, 0) > 0
-                     else f"it keeps serving: the {other.upper()} pool has no ready replica"
-                     if reference in names.POOLS else "it keeps serving: the model has no other pool")
+            if other_ready.get(other, 0) > 0:
+                where = f"its traffic goes to the {other.upper()} pool"
+            elif reference in names.POOLS:
+                where = f"it keeps serving: the {other.upper()} pool has no ready replica"
+            else:
+                where = "it keeps serving: the model has no other pool"
             parts.append(f"{pool} pool below the quality floor vs {against(reference)}: "
                          f"{verdict.pools[pool].why()}; {where}")
         return Condition(QUALITY_VERIFIED, "False", conditions.REASON_BELOW_FLOOR, "; ".join(parts))

@@ -25,7 +25,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +102,7 @@ class Cluster:
     keep_workdir: bool = False
     real_node: realnode.RealNode | None = None
     #: names the real node's bridge and pod subnet (several clusters may share the machine)
-    node_tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    node_tag: str = field(default_factory=realnode.new_tag)
 
     def __post_init__(self) -> None:
         self.processes = Processes(logs_dir=self.logs_dir, cwd=self.workdir, error=ClusterError)

@@ -107,4 +107,9 @@ class OperatorRelease:
                                         check=False).stdout
         events = self.cluster.kubectl_run("get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp",
                                           check=False).stdout[-3000:]
-        return f"{pods}\n{events}\n{self.logs(60)[-4000:]}"
+        # A pod on the real node that its probes cannot reach: how this machine routes its address (a CI run
+        # once saw "no route to host" to every operator pod there).
+        network = "\n".join(realnode.network_report(ip) for pod in self.pods()
+                              if (ip := pod.get("status", {}).get("podIP"))
+                              and pod["spec"].get("nodeName") == realnode.NAME)
+        return f"{pods}\n{events}\n{network}\n{self.logs(60)[-4000:]}"

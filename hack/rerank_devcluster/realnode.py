@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import json
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ LABEL = "rerank.io/real-node"
 TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 CGROUP_V1 = Path("/sys/fs/cgroup")
+ROUTE_TYPES = frozenset({"unicast", "blackhole", "unreachable", "prohibit", "throw", "local", "broadcast",
+                         "multicast", "nat", "anycast"})
 
 
 def toleration() -> dict[str, str]:
@@ -49,6 +53,52 @@ def node_selector() -> dict[str, str]:
 def subnet(tag: str) -> str:
     """The node's pod subnet, from its tag (several dev clusters may share the machine)."""
     return f"10.88.{int(tag, 16) % 250}.0/24"
+
+
+def routed_networks() -> list[ipaddress.IPv4Network]:
+    """The IPv4 destinations this machine already routes (``ip -4 route``; ``default`` left out)."""
+    done = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, check=False)
+    return parse_routes(done.stdout)
+
+
+def parse_routes(text: str) -> list[ipaddress.IPv4Network]:
+    """The destinations in ``ip -4 route`` output."""
+    nets = []
+    for line in text.splitlines():
+        words = line.split()
+        # "10.88.7.0/24 dev ...", or a route type first: "blackhole 10.0.0.0/8", "unreachable 10.1.2.0/24"
+        dest = words[1] if words and words[0] in ROUTE_TYPES and len(words) > 1 else (words or ["default"])[0]
+        with contextlib.suppress(ValueError):
+            if dest != "default":
+                nets.append(ipaddress.IPv4Network(dest, strict=False))
+    return nets
+
+
+def subnet_is_free(tag: str, routed: list[ipaddress.IPv4Network]) -> bool:
+    """Whether no route as specific as the node's /24 (or more) already covers any of it. A bridge left by a killed
+    cluster, or another cluster's, with the same /24 takes the node's traffic (the kernel routes by the older
+    entry): the kubelet's probes then fail with "no route to host" and the pods cannot reach the API server."""
+    mine = ipaddress.IPv4Network(subnet(tag))
+    return not any(net.overlaps(mine) and net.prefixlen >= mine.prefixlen for net in routed)
+
+
+def new_tag(routed: list[ipaddress.IPv4Network] | None = None) -> str:
+    """A fresh node tag (bridge name, node directory, pod subnet) whose subnet this machine does not route yet."""
+    taken = routed_networks() if routed is None else routed
+    start = secrets.randbelow(0xFFFF00)  # random, so clusters started together rarely collide; + k stays 6 digits
+    for k in range(250):  # (start + k) % 250 visits every subnet once
+        tag = f"{start + k:06x}"
+        if subnet_is_free(tag, taken):
+            return tag
+    raise RealNodeError(f"every pod subnet in 10.88.0.0/16 is routed on this machine already: {taken}")
+
+
+def network_report(address: str) -> str:
+    """How this machine routes a pod's address, and its bridges: what a probe's "no route to host" needs."""
+    route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=False)
+    bridges = subprocess.run(["ip", "-br", "addr", "show", "type", "bridge"], capture_output=True, text=True,
+                             check=False)
+    return f"ip route get {address}: {(route.stdout or route.stderr).strip()}\nbridges:\n{bridges.stdout.strip()}"
 
 
 def gateway(tag: str) -> str:

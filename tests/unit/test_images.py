@@ -4,6 +4,7 @@ The builds themselves run in the node tier (tests/cluster/test_real_node.py), wh
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 from pathlib import Path
 
@@ -73,6 +74,23 @@ def test_operator_release_values_put_the_pod_on_the_real_node_and_point_it_at_th
 
 def test_the_node_gateway_is_in_its_subnet() -> None:
     assert realnode.subnet("00000a") == "10.88.10.0/24" and realnode.gateway("00000a") == "10.88.10.1"
+
+
+def test_a_node_subnet_already_routed_here_is_not_taken_again() -> None:
+    """A bridge left by a killed cluster with the node's /24 would take its traffic ("no route to host")."""
+    routed = realnode.parse_routes(
+        "default via 192.0.2.1 dev eth0\n"
+        "10.88.10.0/24 dev rrk00000a proto kernel scope link src 10.88.10.1 linkdown\n"
+        "blackhole 10.88.11.0/24\n"
+        "10.0.0.0/8 via 192.0.2.1 dev eth0\n")
+    assert [str(n) for n in routed] == ["10.88.10.0/24", "10.88.11.0/24", "10.0.0.0/8"]
+    assert not realnode.subnet_is_free("00000a", routed) and not realnode.subnet_is_free("00000b", routed)
+    # A broader route (the host's 10/8) does not stop the bridge's /24: the more specific route wins.
+    assert realnode.subnet_is_free("00000c", routed)
+    taken = [ipaddress.IPv4Network(f"10.88.{i}.0/24") for i in range(250) if i != 42]
+    assert realnode.subnet(realnode.new_tag(taken)) == "10.88.42.0/24"
+    with pytest.raises(realnode.RealNodeError, match="every pod subnet"):
+        realnode.new_tag([*taken, ipaddress.IPv4Network("10.88.42.0/25")])  # a narrower route claims it too
 
 
 def test_the_real_nodes_sockets_fit_a_unix_socket_path_whatever_the_cluster_workdir() -> None:

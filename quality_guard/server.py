@@ -18,7 +18,9 @@ and updates the metrics served on ``GET /metrics`` (Prometheus text format):
   pool's ``state`` and the ``reason`` it entered it as labels), all labelled
   ``namespace``, ``rerankmodel``, ``pool`` as the operator's own metrics are;
 - counters: ``rerank_guard_transitions_total`` (per pool), ``rerank_guard_requests_total`` by ``outcome``
-  (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``.
+  (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``;
+- with the tenant's consent (``Config.live_sample``), ``rerank_guard_live_sample_pairs``: the pairs of mirrored live
+  traffic kept on the model's volume for a re-quantization on drift (:mod:`.sample`).
 
 A pool that does not answer is an error, not a ranking: it is counted and not fed to the detector (availability is
 the autoscaler's business). One process serves one model (``Config``); the operator runs one per guarded model
@@ -50,7 +52,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import budget, compare, detector, reference
+from . import budget, compare, detector, reference, sample
 
 #: POST a /rerank body to a base URL, return the scores in ``texts`` order.
 Post = Callable[[str, Mapping[str, Any]], list[float]]
@@ -91,6 +93,8 @@ class Config:
     #: a long pair as that pool does.
     reference_max_batch_tokens: int | None = None
     reference_auto_truncate: bool = True
+    #: With the tenant's consent: where and how much of the mirrored traffic to keep (:mod:`.sample`).
+    live_sample: sample.Settings | None = None
 
     def __post_init__(self) -> None:
         if self.reference == reference.LOCAL and not self.reference_model:
@@ -107,6 +111,8 @@ class Config:
         rest = {k: v for k, v in d.items() if k not in ("floor", "settings")}
         if "below_floor" in rest:
             rest["below_floor"] = tuple(rest["below_floor"])
+        if rest.get("live_sample") is not None:
+            rest["live_sample"] = sample.Settings.from_dict(rest["live_sample"])
         return cls(floor=floor, settings=settings, **rest)
 
 
@@ -199,6 +205,27 @@ class Guard:
         self._state_labels: dict[str, tuple[str, str]] = {}
         for p in config.pools:
             self._export(p)
+        self.sample = sample.LiveSample(config.live_sample) if config.live_sample is not None else None
+        self.sample_pairs = Gauge("rerank_guard_live_sample_pairs", "Query-passage pairs in the live sample on the "
+                                  "volume (with the tenant's consent: quantization.requantizeOnDrift).",
+                                  ["namespace", "rerankmodel"], registry=self.registry)
+
+    def remember(self, body: Any) -> None:
+        """Keep a mirrored request in the live sample (with consent; see :mod:`.sample`)."""
+        if self.sample is not None:
+            self.sample.add(body)
+
+    def write_sample(self) -> None:
+        """Write the live sample if it changed, and export how many pairs the file holds."""
+        if self.sample is None:
+            return
+        try:
+            pairs = self.sample.write()
+        except OSError as exc:  # a full or read-only volume: the checks go on, the file is tried again
+            print(f"quality guard: the live sample could not be written to {self.sample.settings.path}: {exc}",
+                  file=sys.stderr, flush=True)
+            pairs = self.sample.written_pairs
+        self.sample_pairs.labels(self.config.namespace, self.config.model).set(pairs)
 
     def _gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(f"rerank_guard_{name}", doc, LABELS, registry=self.registry)
@@ -339,6 +366,7 @@ def handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(self.rfile.read(length) or b"null")
             except ValueError:
                 body = None
+            worker.guard.remember(body)  # mirrored live traffic only: the Replayer does not come through here
             sampled = worker.submit(body)
             self._send(202, json.dumps({"sampled": sampled}).encode())
 
@@ -387,12 +415,35 @@ class Replayer:
         self.thread.join(timeout=10)
 
 
+class SampleWriter:
+    """Writes the live sample every ``every`` seconds (if it changed), and once more when it stops."""
+
+    def __init__(self, guard: Guard, every: float = sample.WRITE_SECONDS) -> None:
+        self.guard, self.every = guard, every
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="guard-sample", daemon=True)
+
+    def start(self) -> SampleWriter:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.guard.write_sample()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        self.guard.write_sample()
+
+
 @dataclass
 class Running:
     server: ThreadingHTTPServer
     worker: Worker
     thread: threading.Thread
     replayer: Replayer | None = None
+    writer: SampleWriter | None = None
 
     @property
     def url(self) -> str:
@@ -403,6 +454,8 @@ class Running:
         if self.replayer is not None:
             self.replayer.stop()
         self.server.shutdown()
+        if self.writer is not None:
+            self.writer.stop()
         self.server.server_close()
         self.worker.stop()
         self.thread.join(timeout=10)
@@ -423,9 +476,19 @@ def _load_reference(local: reference.LocalReference, exit_on_failure: bool) -> N
             os._exit(3)
 
 
-def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0, *, exit_on_reference_failure: bool = False) -> Running:
-    """Start the HTTP server and the worker (and, configured so, the replay and the FP32 reference's load) in
-    background threads."""
+def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0, *, exit_on_reference_failure: bool = False,
+          sample_every: float = sample.WRITE_SECONDS) -> Running:
+    """Start the HTTP server and the worker (and, configured so, the replay, the live sample's writer and the FP32
+    reference's load) in background threads."""
+    writer = None
+    if guard.sample is not None:
+        try:
+            guard.sample.load()
+        except OSError as exc:
+            print(f"quality guard: the live sample at {guard.sample.settings.path} could not be read: {exc}",
+                  file=sys.stderr, flush=True)
+        guard.write_sample()
+        writer = SampleWriter(guard, sample_every).start()
     worker = Worker(guard).start()
     server = ThreadingHTTPServer((host, port), handler(worker))
     t = threading.Thread(target=server.serve_forever, name="guard-http", daemon=True)
@@ -444,7 +507,7 @@ def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0, *, exit_on_refer
             bodies = []
         if bodies:
             replayer = Replayer(worker, bodies, cfg.replay_per_second, cfg.seed).start()
-    return Running(server, worker, t, replayer)
+    return Running(server, worker, t, replayer, writer)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

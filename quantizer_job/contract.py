@@ -33,6 +33,11 @@ MANIFEST_FILE = "manifest.json"
 #: The evaluation pairs the artifact was verified on (JSONL of {"query", "text"}), beside its TEI directories: what
 #: the quality guard replays for a model without a Gateway to mirror live requests from.
 EVALUATION_FILE = "evaluation.jsonl"
+#: With the tenant's consent (``quantization.requantizeOnDrift``) the quality guard keeps a sample of a model's live
+#: requests at ``samples/<model>/live.jsonl`` (JSONL of {"query", "texts", "t"}): a re-quantization's evaluation and
+#: calibration data.
+SAMPLES_DIR = "samples"
+LIVE_SAMPLE_FILE = "live.jsonl"
 #: Kubernetes keeps at most 4096 bytes of a termination message.
 MAX_MESSAGE_BYTES = 4096
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"

@@ -112,6 +112,11 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "no quantization, cpu pool, path model": (spec(model={"path": "m"}, storage={"existingClaim": "c"},
                                                    quantization={"enabled": False}),
                                               "with quantization disabled the CPU pool serves the model as it is"),
+    "re-quantize on drift without a gateway": (spec(quantization={"requantizeOnDrift": {"enabled": True}}),
+                                               "quantization.requantizeOnDrift samples live traffic through the "
+                                               "route's mirror: set routing.gateway"),
+    "a live sample too small to judge on": (spec(quantization={"requantizeOnDrift": {"maxPairs": 50}}),
+                                            "spec.quantization.requantizeOnDrift.maxPairs"),
     "name too long": (name("r" * 51), "metadata.name must be at most 50 characters"),
     "name with a dot": (name("bge.m3"), "metadata.name bge.m3 must start with a letter"),
     "name starting with a digit": (name("3bge"), "metadata.name 3bge must start with a letter"),
@@ -131,6 +136,14 @@ def create(api: client.ApiClient, ns: str, body: dict[str, Any]) -> str | None:
 
 def test_the_issue_example_is_accepted(kube: client.ApiClient, namespace: str, crds_installed: list[str]) -> None:
     assert create(kube, namespace, VALID) is None
+
+
+def test_consent_to_re_quantize_on_drift_with_a_gateway_is_accepted(kube: client.ApiClient, namespace: str,
+                                                                     crds_installed: list[str]) -> None:
+    body = copy.deepcopy(VALID)
+    spec(routing={"gateway": {"parentRefs": [{"name": "edge", "namespace": "infra"}]}},
+         quantization={"requantizeOnDrift": {"enabled": True, "maxPairs": 500}})(body)
+    assert create(kube, namespace, body) is None
 
 
 def test_at_least_twenty_cases() -> None:

@@ -46,7 +46,7 @@ for extra in (ROOT, ROOT / "tests" / "guard"):  # quality_guard (not in the edit
 
 from scoring_server import ScoringServer, tiny_pools  # noqa: E402
 
-from quality_guard import detector, reference, server  # noqa: E402
+from quality_guard import detector, reference, sample, server  # noqa: E402
 from quantizer_job import evaldata  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.slow]
@@ -140,9 +140,9 @@ class GuardProcess:
     posted: int = 0
 
     @classmethod
-    def start(cls, config: server.Config) -> GuardProcess:
+    def start(cls, config: server.Config, sample_every: float = 0.2) -> GuardProcess:
         guard = WatchedGuard(config)
-        return cls(guard, server.serve(guard))
+        return cls(guard, server.serve(guard, sample_every=sample_every))
 
     @property
     def address(self) -> str:
@@ -529,3 +529,71 @@ def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
         fleet.stop()
         proc.stop()
         switch.close()
+
+
+def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_serves_as_a_canary(
+        stack: Stack, scorers: Scorers, tmp_path: Path) -> None:
+    """With the tenant's consent (quantization.requantizeOnDrift) the guard keeps the mirrored requests in its
+    directory of the volume; when the stable CPU pool ranks below the floor on them the operator starts a round: a
+    Job evaluated on that sample, whose artifact then serves as a canary beside the stable one."""
+    env, ns = stack.env, stack.env.namespace
+    consent = {"enabled": True, "maxPairs": 400, "maxAgeHours": 24, "minIntervalHours": 1}
+    env.kube.create_model(env.model(className=stack.class_name, pools=POOLS, autoscaling=AUTOSCALING,
+                                    routing=GATEWAY, quantization={"qualityGate": GATE, "requantizeOnDrift": consent}))
+    stable = env.finish_quantizer(ok=True)["metadata"]["labels"]["rerank.io/artifact"]
+    env.kube.wait_condition(ns, NAME, "Ready", "True", "Serving")
+    dep = wait(env, lambda: env.kube.deployment(ns, GUARD), 30, "the guard's Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["subPath"] == f"samples/{NAME}")
+    assert not mount.get("readOnly") and not next(
+        v for v in pod["volumes"] if v["name"] == mount["name"])["persistentVolumeClaim"].get("readOnly")
+    op_config = server.Config.from_dict(guard_config(env))
+    assert op_config.live_sample == sample.Settings(f"{mount['mountPath']}/live.jsonl", 400, 24 * 3600.0)
+
+    # The guard pod's process, its sample where the mount puts it on the volume; the CPU pool has drifted.
+    live = tmp_path / "volume" / "samples" / NAME / "live.jsonl"
+    assert op_config.live_sample is not None
+    switch = Switch(scorers.broken.url)
+    proc = GuardProcess.start(dataclasses.replace(
+        op_config, pools={"cpu": switch.url}, reference=scorers.reference.url, settings=SMALL, calls_per_second=1e6,
+        live_sample=dataclasses.replace(op_config.live_sample, path=str(live))))
+    fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=2.0)
+    try:
+        fleet.point_at(proc)
+        proc.mirror(mirrored_requests(50, seed=5))
+        quality_condition(env, "False", "BelowFloor")
+        found = wait(env, lambda: (status(env).get("quality") or {}).get("requantization"), 60,
+                     "a re-quantization round in status.quality")
+        assert found["count"] == 1 and found["fromArtifact"] == stable, found
+        kept = evaldata.load_jsonl(str(live))  # the Job's own reader, on what the guard wrote
+        assert found["samplePairs"] == len(kept) >= 200, (found, len(kept))
+        assert [(t, r) for t, r, _ in events(env) if r == "RequantizingOnDrift"] == [("Normal", "RequantizingOnDrift")]
+
+        # One Job for the round, evaluated on the live sample (mode dynamic: no calibration data).
+        def round_job() -> Any:
+            jobs = env.kube.batch.list_namespaced_job(ns, label_selector="app.kubernetes.io/component=quantizer").items
+            return next((j for j in jobs if j.metadata.labels["rerank.io/artifact"] != stable), None)
+        job = wait(env, round_job, 60, "the round's quantization Job")
+        args = job.spec.template.spec.containers[0].args
+        assert args[args.index("--eval-pairs") + 1] == f"/models/samples/{NAME}/live.jsonl", args
+        assert "--calibration-pairs" not in args
+        new = job.metadata.labels["rerank.io/artifact"]
+
+        # Its artifact comes from the same weights: a canary first, the stable artifact keeps serving.
+        env.finish_quantizer(ok=True, artifact_id=new)
+        wait(env, lambda: (status(env).get("canary") or {}).get("state") == "Running"
+             and status(env)["canary"]["artifact"]["id"] == new, 60, "the round's artifact as a canary")
+        assert status(env)["artifact"]["id"] == stable
+        assert wait(env, lambda: env.kube.deployment(ns, f"{NAME}-canary"), 30, "the canary's Deployment")
+        # Still below the floor on the stable pool, but within the interval: no second round, no second Job.
+        seen = proc.guard.scrapes
+        wait(env, lambda: proc.guard.scrapes >= seen + 2, 30, "two more reads of the guard")
+        assert status(env)["quality"]["requantization"]["count"] == 1
+        assert len(env.kube.batch.list_namespaced_job(
+            ns, label_selector="app.kubernetes.io/component=quantizer").items) == 2
+        assert "Traceback" not in env.operator.log.read_text(), operator_log(env, 80)
+    finally:
+        fleet.stop()
+        proc.stop()
+        switch.close()
+

@@ -247,6 +247,7 @@ class ModelAutoscaler:
         self.guard: guard.GuardSettings | None = None  # the class's quality guard, when it turns it on
         self.guard_why_not: str | None = None  # why this model cannot be checked although its class guards it
         self.guard_reference: str = guard.REFERENCE  # what its guard compares with (status.quality.reference)
+        self.requantize_policy = specs.RequantizeOnDrift()  # the model's consent to re-quantize on drift
         self.class_name = ""
         self.metered_at: float | None = None
         self.primed_at: float | None = None  # when the direct source's first scrape was taken (rates need a second)
@@ -317,6 +318,7 @@ class ModelAutoscaler:
             parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
             self.guard_why_not = guard.unavailable(parsed)
             self.guard_reference = guard.reference_of(parsed)
+            self.requantize_policy = parsed.quantization.requantize_on_drift
             server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
             auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
         except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
@@ -338,7 +340,8 @@ class ModelAutoscaler:
             return None
         return quality.assess(body.get("status") or {}, verdict, self.guard_why_not,
                               {pool: view.ready(pool) for pool in config.POOLS}, names.guard_name(self.name),
-                              self.guard.canary_requests, self.guard_reference)
+                              self.guard.canary_requests, self.guard_reference,
+                              drift=(self.requantize_policy, _parse_iso(self.now_iso())))
 
     def _check_quality_only(self, owner: names.Owner, body: Mapping[str, Any], view: PoolsView) -> None:
         """With autoscaling off: the quality guard's verdict alone (routing acts on it in the reconcile loop)."""
@@ -591,3 +594,8 @@ class FleetAutoscaler:
         except Exception:
             log.exception("autoscaler %s/%s failed", state.namespace, state.name)
             return IDLE_POLL_SECONDS
+
+
+def _parse_iso(value: str) -> datetime:
+    """``now_iso``'s timestamp (RFC 3339, ``Z``) as an aware datetime."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))

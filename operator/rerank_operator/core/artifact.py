@@ -54,6 +54,9 @@ def inputs(spec: RerankModelSpec) -> dict[str, Any]:
         },
         "evaluationData": _data(q.evaluation_data),
         "calibrationData": _data(q.calibration_data),
+        # A re-quantization on drift reads the same sample file as the last one did, refreshed: its round tells them
+        # apart (absent before the first, so the ids of models that never drifted stay as they were).
+        **({"liveRound": q.live_round} if q.live_round else {}),
     }
 
 

@@ -76,6 +76,7 @@ REASON_BELOW_FLOOR = "BelowFloor"
 REASON_GUARD_PENDING = "GuardPending"
 REASON_GUARD_NOT_APPLICABLE = "GuardNotApplicable"
 REASON_QUALITY_RESTORED = "QualityRestored"
+REASON_REQUANTIZING = "RequantizingOnDrift"  # an Event: a re-quantization on live traffic started (requantize.py)
 # Ready / ModelReady (and Degraded after a rollback) while a new artifact is a canary
 REASON_CANARY = "Canary"
 REASON_CANARY_ROLLED_BACK = "CanaryRolledBack"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from quantizer_job import contract
-from rerank_operator.core import artifact, conditions, drift, names, quality
+from rerank_operator.core import artifact, conditions, drift, names, quality, requantize
 from rerank_operator.core.builders import deployment, guard, job, routing, service, storage
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.spec import RerankModelSpec
@@ -281,7 +281,9 @@ def compute(
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
     artifacts go through a canary."""
     canary = canary_policy(spec, guard_settings)
-    decision, new_job = decide_artifact(owner, spec, observed, status, now, canary)
+    # After a re-quantization round on drift, the artifact is planned on the live sample (requantize.py).
+    decision, new_job = decide_artifact(owner, requantize.effective(spec, status, owner.name), observed, status, now,
+                                        canary)
     canary_running = decision.pending is not None and decision.pending.state == "Canary" and decision.canary
     canary_id = str((decision.canary or {}).get("id")) if canary_running else None
     claim = storage.claim_name(owner, spec)

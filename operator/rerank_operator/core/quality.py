@@ -19,13 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from rerank_operator.core import conditions, names
+from rerank_operator.core import conditions, names, requantize
 from rerank_operator.core.autoscale import exposition
 from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
 from rerank_operator.core.events import Event
+from rerank_operator.core.spec import RequantizeOnDrift
 
 QUALITY_VERIFIED = conditions.QUALITY_VERIFIED
 CHECKED, REFERENCE = guard.CHECKED, guard.REFERENCE
@@ -75,6 +77,8 @@ class Verdict:
 
     pools: Mapping[str, PoolQuality] = field(default_factory=dict)
     error: str | None = None
+    #: Pairs in the guard's live sample on the volume (``quantization.requantizeOnDrift``; 0 without consent).
+    live_pairs: int = 0
 
     @property
     def below_floor(self) -> frozenset[str]:
@@ -82,6 +86,7 @@ class Verdict:
         return frozenset(p for p, q in self.pools.items() if q.below_floor and p in names.POOLS)
 
 
+LIVE_PAIRS_METRIC = "rerank_guard_live_sample_pairs"
 _FIGURES = {"rerank_guard_below_floor": "below_floor", "rerank_guard_window_requests": "window_requests",
             "rerank_guard_compared_requests": "compared_requests",
             "rerank_guard_spearman": "spearman", "rerank_guard_spearman_ci95_low": "spearman_low",
@@ -98,11 +103,14 @@ def parse_metrics(text: str, namespace: str, model: str) -> Verdict:
         return Verdict(error=f"the guard's /metrics is not Prometheus text: {exc}")
     found: dict[str, dict[str, float]] = {}
     reasons: dict[str, str] = {}
+    live_pairs = 0
     for sample in samples:
         key = _FIGURES.get(sample.name)
         labels = sample.labels
         if labels.get("namespace") != namespace or labels.get("rerankmodel") != model:
             continue
+        if sample.name == LIVE_PAIRS_METRIC and math.isfinite(sample.value):
+            live_pairs = max(0, int(sample.value))
         if sample.name == "rerank_guard_state_info" and sample.value >= 0.5:
             reasons[labels.get("pool", "")] = labels.get("reason", "")
         if key is None:
@@ -118,8 +126,8 @@ def parse_metrics(text: str, namespace: str, model: str) -> Verdict:
             **{k: _finite(values.get(k)) for k in ("spearman", "spearman_low", "topk_agreement", "topk_low",
                                                    "failure_ratio")})
     if not pools:
-        return Verdict(error="the guard exports no figures for this model yet")
-    return Verdict(pools)
+        return Verdict(error="the guard exports no figures for this model yet", live_pairs=live_pairs)
+    return Verdict(pools, live_pairs=live_pairs)
 
 
 def below_floor_of(status: Mapping[str, Any]) -> frozenset[str]:
@@ -247,11 +255,12 @@ def canary_verdict(status: Mapping[str, Any], verdict: Verdict | None,
 
 def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | None,
            ready: Mapping[str, int], guard_name: str, canary_requests: int = 0,
-           reference: str = REFERENCE) -> Assessment:
+           reference: str = REFERENCE, drift: tuple[RequantizeOnDrift, datetime] | None = None) -> Assessment:
     """From the model's recorded status and this look's verdict from its guard ``guard_name`` (None: no ready guard pod;
     ``why_not``: the model cannot be checked). Without a fresh verdict, the recorded pools below the floor stay so
     (``status_record``). ``canary_requests``: what a canary must show before it is promoted. ``reference``: what the
-    guard compares with (``builders.guard.reference_of``)."""
+    guard compares with (``builders.guard.reference_of``). ``drift``: the model's ``requantizeOnDrift`` and the time
+    now, to decide a re-quantization round (``requantize.decide``); its record is kept from look to look."""
     before = below_floor_of(status)
     fresh = verdict is not None and verdict.error is None
     below: frozenset[str] = frozenset()
@@ -266,5 +275,20 @@ def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | No
             previous = (status.get("quality") or {}).get("canary") or {}
             decided = canary["verdict"] != "running" and (previous.get("id"), previous.get("verdict")) != (
                 canary["id"], canary["verdict"])
-    return Assessment(record, condition(verdict, why_not, below, ready, reference), below,
-                      tuple(events(before, below, verdict)), decided)
+    found = list(events(before, below, verdict))
+    previous_round = requantize.recorded(status)
+    if previous_round:
+        record["requantization"] = dict(previous_round)
+    if fresh and verdict is not None and why_not is None:
+        if verdict.live_pairs:
+            record["livePairs"] = verdict.live_pairs
+        if drift is not None:
+            look = requantize.Look(below_floor=below, sample_pairs=verdict.live_pairs,
+                                   canary_running=(status.get("canary") or {}).get("state") == "Running",
+                                   served=(status.get("artifact") or {}).get("id"))
+            new_round, event = requantize.decide(drift[0], previous_round, look, drift[1])
+            if new_round is not None:
+                record["requantization"] = new_round
+            if event is not None:  # posted, it also wakes the reconcile loop, which plans the round's Job
+                found.append(event)
+    return Assessment(record, condition(verdict, why_not, below, ready, reference), below, tuple(found), decided)

@@ -89,6 +89,17 @@ class QualityGate:
 
 
 @dataclass(frozen=True)
+class RequantizeOnDrift:
+    """``quantization.requantizeOnDrift``: the tenant's consent to keep a sample of live queries (bounded, expiring)
+    and to re-quantize on it when the guard finds the CPU pool drifting below the floor (``core/requantize.py``)."""
+
+    enabled: bool = False
+    max_pairs: int = 1000
+    max_age_hours: int = 168
+    min_interval_hours: int = 24
+
+
+@dataclass(frozen=True)
 class Quantization:
     enabled: bool = True
     mode: Literal["dynamic", "static"] = "dynamic"
@@ -106,6 +117,10 @@ class Quantization:
     active_deadline_seconds: int = 3600
     backoff_limit: int = 2
     time_budget_seconds: int = 900
+    requantize_on_drift: RequantizeOnDrift = field(default_factory=RequantizeOnDrift)
+    #: Not a spec field: the re-quantization round on live traffic this spec is effective for (0: none), set by
+    #: ``requantize.effective`` from the model's status. Part of the artifact's identity.
+    live_round: int = 0
 
 
 @dataclass(frozen=True)
@@ -266,6 +281,9 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
         raise SpecError("no pool is enabled")
     if parsed.model.path is not None and parsed.storage.existing_claim is None:
         raise SpecError(f"model.path {parsed.model.path!r} needs storage.existingClaim (the volume holding it)")
+    if parsed.quantization.requantize_on_drift.enabled and parsed.routing.gateway is None:
+        raise SpecError("quantization.requantizeOnDrift samples live traffic through the route's mirror: "
+                        "set routing.gateway, or turn it off")
     return parsed
 
 
@@ -484,6 +502,7 @@ def _quantization(section: Mapping[str, Any]) -> Quantization:
                                      d.active_deadline_seconds, 1),
         backoff_limit=_int(section, "backoffLimit", "quantization.backoffLimit", d.backoff_limit, 0),
         time_budget_seconds=d.time_budget_seconds,
+        requantize_on_drift=_requantize_on_drift(_obj(section, "requantizeOnDrift", "quantization.requantizeOnDrift")),
     )
     # Unset: the built-in budget, shrunk to fit a deadline the tenant shortened.
     budget = default_time_budget(q.active_deadline_seconds, d.time_budget_seconds)
@@ -492,6 +511,16 @@ def _quantization(section: Mapping[str, Any]) -> Quantization:
         raise SpecError(f"quantization.timeBudgetSeconds {q.time_budget_seconds} must be below "
                         f"quantization.activeDeadlineSeconds {q.active_deadline_seconds}")
     return q
+
+
+def _requantize_on_drift(section: Mapping[str, Any]) -> RequantizeOnDrift:
+    d, path = RequantizeOnDrift(), "quantization.requantizeOnDrift"
+    return RequantizeOnDrift(
+        enabled=_bool(section, "enabled", f"{path}.enabled", d.enabled),
+        max_pairs=_int(section, "maxPairs", f"{path}.maxPairs", d.max_pairs, 200, 20000),
+        max_age_hours=_int(section, "maxAgeHours", f"{path}.maxAgeHours", d.max_age_hours, 1, 2160),
+        min_interval_hours=_int(section, "minIntervalHours", f"{path}.minIntervalHours", d.min_interval_hours, 1,
+                                8760))
 
 
 def default_time_budget(active_deadline_seconds: int, built_in: int) -> int:

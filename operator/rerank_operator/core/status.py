@@ -304,4 +304,5 @@ def _autoscaler_material(status: Mapping[str, Any]) -> tuple[Any, ...]:
             tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
             tuple(sorted(conds, key=lambda c: str(c[0]))),
             quality.get("guard"), tuple(quality.get("belowFloor") or ()),
-            tuple((quality.get("canary") or {}).get(k) for k in ("id", "verdict")))
+            tuple((quality.get("canary") or {}).get(k) for k in ("id", "verdict")),
+            (quality.get("requantization") or {}).get("count"))

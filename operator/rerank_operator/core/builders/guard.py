@@ -128,6 +128,16 @@ def mounts_artifact(spec: RerankModelSpec) -> bool:
     return replays(spec) or local_reference(spec)
 
 
+#: Where the guard keeps the model's live sample (the volume's ``samples/<model>``, with the tenant's consent).
+SAMPLE_MOUNT = "/var/lib/rerank-guard/samples"
+
+
+def samples_live(spec: RerankModelSpec) -> bool:
+    """With the tenant's consent (``quantization.requantizeOnDrift``) the guard keeps a sample of the mirrored
+    requests on the model's volume, the data a re-quantization on drift runs on (``core/requantize.py``)."""
+    return spec.quantization.requantize_on_drift.enabled and not replays(spec)
+
+
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                  below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
     """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
@@ -149,6 +159,10 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
     pools = {CHECKED: service_url(owner, names.pool_service_name(owner.name, CHECKED)),
              **({names.CANARY: service_url(owner, names.canary_name(owner.name))} if canary else {})}
     replay: dict[str, Any] = {}
+    if samples_live(spec):
+        policy = spec.quantization.requantize_on_drift
+        replay["live_sample"] = {"path": f"{SAMPLE_MOUNT}/{contract.LIVE_SAMPLE_FILE}", "max_pairs": policy.max_pairs,
+                                 "max_age_seconds": policy.max_age_hours * 3600}
     if replays(spec):
         replay = {"replay": f"{ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}",
                   "replay_per_second": settings.calls_per_second / (len(pools) + 1)}
@@ -178,7 +192,7 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
                            below_floor: Iterable[str], canary: bool = False, *, claim: str = "",
                            artifact_id: str | None = None) -> dict[str, Any]:
     """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard reads it
-    (``mounts_artifact``)."""
+    (``mounts_artifact``); with the tenant's consent (``samples_live``) the model's ``samples/<model>`` read-write."""
     config = guard_config(owner, spec, settings, below_floor, canary)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))}]
@@ -206,10 +220,16 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
     }
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
-    if mounts_artifact(spec) and claim and artifact_id:
+    reads = mounts_artifact(spec) and bool(claim and artifact_id)
+    writes = samples_live(spec) and bool(claim)
+    if reads:
         mounts.append({"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
                        "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"})
-        volumes.append(pods.model_volume(claim, read_only=True))
+    if writes:  # its own directory only: the artifacts stay read-only to it
+        mounts.append({"name": pods.MODEL_VOLUME, "mountPath": SAMPLE_MOUNT,
+                       "subPath": f"{contract.SAMPLES_DIR}/{owner.name}"})
+    if reads or writes:
+        volumes.append(pods.model_volume(claim, read_only=not writes))
     if local:  # the root filesystem is read-only; torch needs a writable temporary directory (os.makedirs at import)
         mounts.append({"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"})
         volumes.append(pods.scratch_volume())

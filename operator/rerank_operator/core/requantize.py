@@ -1,0 +1,105 @@
+"""Opt-in self-healing: re-quantize on the model's own live traffic when the guard finds the CPU pool drifting. Pure.
+
+With the tenant's consent (``quantization.requantizeOnDrift``, off by default) the model's quality guard keeps a
+bounded, expiring sample of the mirrored live requests on the model's volume (``samples/<model>/live.jsonl``,
+``quality_guard/sample.py``) and exports how many pairs it holds. When the guard finds the *stable* CPU artifact
+ranking below the floor on live traffic (calibration drift: live queries no longer look like the data the artifact
+was calibrated and judged on), :func:`decide` starts a new round: ``status.quality.requantization.count`` goes up.
+
+:func:`effective` turns that round into the spec the reconcile loop plans from: the sample becomes the Job's
+evaluation data (the auto recipe keeps the fastest candidate that passes the gate *on live queries*) and, in mode
+static, its calibration data; the round is part of the artifact's identity (``artifact.inputs``), so exactly one
+new Job runs, and its artifact goes through the canary like any other (``plan.py``). Nothing here reads the sample:
+the guard counts it, the Job reads it.
+
+A round needs enough pairs (``MIN_SAMPLE_PAIRS``), no canary running, and ``minIntervalHours`` since the last round:
+an artifact that still drifts, or a canary rolled back, waits that long before the next try, so a model whose
+drift no recipe fixes re-quantizes once a day at most (by default), not in a loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from quantizer_job import contract
+from rerank_operator.core import conditions
+from rerank_operator.core.builders import guard
+from rerank_operator.core.events import Event
+from rerank_operator.core.spec import DataSource, RequantizeOnDrift, RerankModelSpec
+
+#: The least sample a round quantizes on: the Job's gate needs enough pairs to be meaningful (its default
+#: evaluation set has 840), and the canary's default needs 200 compared requests.
+MIN_SAMPLE_PAIRS = 200
+
+
+def sample_path(model: str) -> str:
+    """Where the guard keeps the model's live sample, relative to the volume's root."""
+    return f"{contract.SAMPLES_DIR}/{model}/{contract.LIVE_SAMPLE_FILE}"
+
+
+def recorded(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``status.quality.requantization`` ({} before the first round)."""
+    found = (status.get("quality") or {}).get("requantization")
+    return found if isinstance(found, Mapping) else {}
+
+
+def round_of(status: Mapping[str, Any]) -> int:
+    count = recorded(status).get("count", 0)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def effective(spec: RerankModelSpec, status: Mapping[str, Any], model: str) -> RerankModelSpec:
+    """The spec the artifact is planned from: the model's own, or, after a round with consent still given, the same
+    with the live sample as its evaluation (and, in mode static, calibration) data. Consent withdrawn: the spec's
+    own data again (and the artifact it names)."""
+    q = spec.quantization
+    live = round_of(status)
+    if not q.enabled or not q.requantize_on_drift.enabled or live == 0:
+        return spec
+    sample = DataSource(path=sample_path(model))
+    return replace(spec, quantization=replace(
+        q, evaluation_data=sample, calibration_data=sample if q.mode == "static" else q.calibration_data,
+        live_round=live))
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one look at the guard says, as far as a round is concerned."""
+
+    below_floor: frozenset[str]  # a fresh verdict's pools below the floor
+    sample_pairs: int  # pairs in the guard's sample file (0: none, or no consent)
+    canary_running: bool
+    served: str | None  # the stable artifact's id
+
+
+def decide(policy: RequantizeOnDrift, previous: Mapping[str, Any], look: Look,
+           now: datetime) -> tuple[dict[str, Any] | None, Event | None]:
+    """``status.quality.requantization`` after this look (None: none yet) and the Event when a round starts. Only the
+    checked (INT8) pool below the floor counts: a GPU pool below it is not the artifact's doing."""
+    kept = dict(previous) or None
+    if not policy.enabled or guard.CHECKED not in look.below_floor or look.canary_running or look.served is None:
+        return kept, None
+    if look.sample_pairs < MIN_SAMPLE_PAIRS:
+        return kept, None
+    since = _parse_time(previous.get("since"))
+    if since is not None and now - since < timedelta(hours=policy.min_interval_hours):
+        return kept, None
+    count = (previous.get("count") or 0) + 1
+    record = {"count": count, "since": now.isoformat().replace("+00:00", "Z"), "fromArtifact": look.served,
+              "samplePairs": look.sample_pairs,
+              "reason": f"the CPU pool's artifact {look.served} ranks below the quality floor on live traffic"}
+    return record, Event("Normal", conditions.REASON_REQUANTIZING, (
+        f"re-quantizing on {look.sample_pairs} pairs of live traffic (round {count}): the CPU pool's artifact "
+        f"{look.served} ranks below the quality floor on it; the new artifact serves as a canary first"))
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

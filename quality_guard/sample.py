@@ -25,6 +25,9 @@ from typing import Any
 
 #: How often the sample is written when it changed: a Job reads a sample at most this old.
 WRITE_SECONDS = 30.0
+#: The sample's size in bytes at most, whatever its pairs: long passages must not grow the guard's memory (and the
+#: file rewritten every WRITE_SECONDS) without bound.
+MAX_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,11 @@ class Entry:
         return json.dumps({"query": self.query, "texts": list(self.texts), "t": round(self.t, 3)},
                           ensure_ascii=False)
 
+    @property
+    def size(self) -> int:
+        """Bytes it takes in the file, about (UTF-8 of its texts and some framing)."""
+        return len(self.query.encode()) + sum(len(t.encode()) + 4 for t in self.texts) + 40
+
 
 def entry_of(body: Any, t: float) -> Entry | None:
     """A /rerank body as a sample entry; None for one that is not a query with at least one text."""
@@ -66,12 +74,13 @@ def entry_of(body: Any, t: float) -> Entry | None:
 class LiveSample:
     """The entries in arrival order, their pair count, and whether the file is behind."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
-        self.settings, self.clock = settings, clock
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time, max_bytes: int = MAX_BYTES) -> None:
+        self.settings, self.clock, self.max_bytes = settings, clock, max_bytes
         self._entries: collections.deque[Entry] = collections.deque()
-        self._pairs = 0
+        self._pairs = self._bytes = 0
         self._dirty = False
         self._lock = threading.Lock()
+        self._writing = threading.Lock()  # one write at a time: an older snapshot never lands over a newer one
         self.written_pairs = 0
 
     @property
@@ -112,16 +121,23 @@ class LiveSample:
     def _append(self, entry: Entry) -> None:
         self._entries.append(entry)
         self._pairs += len(entry.texts)
+        self._bytes += entry.size
 
     def _evict(self, now: float) -> None:
         horizon = now - self.settings.max_age_seconds
-        while self._entries and (self._pairs > self.settings.max_pairs or self._entries[0].t < horizon):
+        while self._entries and (self._pairs > self.settings.max_pairs or self._bytes > self.max_bytes
+                                 or self._entries[0].t < horizon):
             gone = self._entries.popleft()
             self._pairs -= len(gone.texts)
+            self._bytes -= gone.size
             self._dirty = True
 
     def write(self) -> int:
         """Write the file if it is behind (expiring what aged meanwhile); returns the pairs it now holds."""
+        with self._writing:
+            return self._write()
+
+    def _write(self) -> int:
         with self._lock:
             self._evict(self.clock())
             if not self._dirty:

@@ -209,6 +209,9 @@ class Guard:
         self.sample_pairs = Gauge("rerank_guard_live_sample_pairs", "Query-passage pairs in the live sample on the "
                                   "volume (with the tenant's consent: quantization.requantizeOnDrift).",
                                   ["namespace", "rerankmodel"], registry=self.registry)
+        self.sample_errors = Counter("rerank_guard_live_sample_write_errors", "Writes of the live sample that "
+                                     "failed (a full volume, or a directory the guard's user cannot write).",
+                                     ["namespace", "rerankmodel"], registry=self.registry)
 
     def remember(self, body: Any) -> None:
         """Keep a mirrored request in the live sample (with consent; see :mod:`.sample`)."""
@@ -222,6 +225,7 @@ class Guard:
         try:
             pairs = self.sample.write()
         except OSError as exc:  # a full or read-only volume: the checks go on, the file is tried again
+            self.sample_errors.labels(self.config.namespace, self.config.model).inc()
             print(f"quality guard: the live sample could not be written to {self.sample.settings.path}: {exc}",
                   file=sys.stderr, flush=True)
             pairs = self.sample.written_pairs
@@ -434,7 +438,7 @@ class SampleWriter:
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(timeout=10)
-        self.guard.write_sample()
+        self.guard.write_sample()  # what came in since the last write (LiveSample.write runs one at a time)
 
 
 @dataclass

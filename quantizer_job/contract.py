@@ -93,6 +93,9 @@ class JobRequest:
     topk: int = 3
     time_budget_seconds: int = 900
     keep_original: bool = True  # also publish original/ (model.safetensors) for the GPU pool
+    #: Keep the evaluation pairs beside the artifact (evaluation.jsonl, what a guard without a Gateway replays). Not
+    #: for a re-quantization on live traffic: the tenant's queries expire from their sample, not in an artifact.
+    keep_eval_pairs: bool = True
     #: CPUs of the pool that will serve the artifact: speed is measured with that many ONNX Runtime threads (as TEI
     #: sizes them), at most the Job's own; 0: the Job's own CPUs. Measurement only: not part of the artifact's id.
     serve_threads: int = 0
@@ -120,6 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--time-budget-seconds", type=int, default=900)
     parser.add_argument("--keep-original", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--keep-eval-pairs", action=argparse.BooleanOptionalAction, default=True,
+                        help="write the evaluation pairs beside the artifact (evaluation.jsonl)")
     parser.add_argument("--serve-threads", type=int, default=0,
                         help="CPUs of the serving CPU pool: speed is measured with that many threads (0: the Job's)")
 
@@ -143,6 +148,8 @@ def build_args(req: JobRequest) -> list[str]:
         "--time-budget-seconds", str(req.time_budget_seconds),
         "--keep-original" if req.keep_original else "--no-keep-original",
     ]
+    if not req.keep_eval_pairs:
+        args.append("--no-keep-eval-pairs")
     if req.eval_pairs:
         args += ["--eval-pairs", req.eval_pairs]
     if req.calibration_pairs:

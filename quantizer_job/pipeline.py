@@ -368,7 +368,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
                 shutil.copyfile(wsrc / name, orig / name)
         layout.write_json(orig / "config.json", fixed_cfg)
         layout.copy_tokenizer(tok_dirs, orig)
-    if eval_pairs:
+    if eval_pairs and ctx.req.keep_eval_pairs:
         with open(tmp / EVALUATION_FILE, "w", encoding="utf-8") as f:
             for pair in eval_pairs:
                 f.write(json.dumps({"query": pair.query, "text": pair.text}, ensure_ascii=False) + "\n")

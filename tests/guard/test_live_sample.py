@@ -148,3 +148,25 @@ def test_a_live_sample_config_is_checked() -> None:
                                       "live_sample": {"path": "/s/live.jsonl", "max_pairs": 500,
                                                       "max_age_seconds": 3600}})
     assert config.live_sample == sample.Settings("/s/live.jsonl", 500, 3600.0)
+
+
+def test_long_passages_are_bounded_by_bytes_too(tmp_path: Path) -> None:
+    live = sample.LiveSample(settings(tmp_path, max_pairs=1000), Clock(), max_bytes=10_000)
+    for i in range(20):
+        live.add({"query": f"q{i}", "texts": ["x" * 1000, "y" * 1000]})
+    assert 0 < live.pairs <= 10  # 2 KB a request: at most 5 of them
+    live.write()
+    assert Path(live.settings.path).stat().st_size <= 10_000
+
+
+def test_a_sample_that_cannot_be_written_is_counted_and_checks_go_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    live = sample.Settings(path=str(blocker / "live.jsonl"), max_pairs=1000, max_age_seconds=60)
+    guard = server.Guard(server.Config(namespace="ns", model="m", pools={"cpu": "http://cpu"},
+                                       reference="http://ref", live_sample=live), post=lambda base, b: [0.0])
+    guard.remember(body(1))
+    guard.write_sample()
+    page = guard.metrics().decode()
+    assert 'rerank_guard_live_sample_write_errors_total{namespace="ns",rerankmodel="m"} 1.0' in page
+    assert 'rerank_guard_live_sample_pairs{namespace="ns",rerankmodel="m"} 0.0' in page

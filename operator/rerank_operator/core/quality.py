@@ -283,9 +283,7 @@ def assess(status: Mapping[str, Any], verdict: Verdict | None, why_not: str | No
         if verdict.live_pairs:
             record["livePairs"] = verdict.live_pairs
         if drift is not None:
-            look = requantize.Look(below_floor=below, sample_pairs=verdict.live_pairs,
-                                   canary_running=(status.get("canary") or {}).get("state") == "Running",
-                                   served=(status.get("artifact") or {}).get("id"))
+            look = requantize.Look.of(status, below, verdict.live_pairs)
             new_round, event = requantize.decide(drift[0], previous_round, look, drift[1])
             if new_round is not None:
                 record["requantization"] = new_round

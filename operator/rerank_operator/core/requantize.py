@@ -51,41 +51,70 @@ def round_of(status: Mapping[str, Any]) -> int:
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
 
 
+def round_token(status: Mapping[str, Any]) -> str:
+    """What names a round in the artifact's identity: its number and start. The start too, because a record can be
+    lost (a status restored from a backup, a model re-created) and numbers reused: a reused id would find the old
+    round's artifact published and serve it (``AlreadyPublished``) without re-quantizing on today's sample."""
+    found = recorded(status)
+    return f"{round_of(status)}@{found.get('since', '')}"
+
+
 def effective(spec: RerankModelSpec, status: Mapping[str, Any], model: str) -> RerankModelSpec:
     """The spec the artifact is planned from: the model's own, or, after a round with consent still given, the same
     with the live sample as its evaluation (and, in mode static, calibration) data. Consent withdrawn: the spec's
     own data again (and the artifact it names)."""
     q = spec.quantization
-    live = round_of(status)
-    if not q.enabled or not q.requantize_on_drift.enabled or live == 0:
+    if not q.enabled or not q.requantize_on_drift.enabled or round_of(status) == 0:
         return spec
     sample = DataSource(path=sample_path(model))
     return replace(spec, quantization=replace(
         q, evaluation_data=sample, calibration_data=sample if q.mode == "static" else q.calibration_data,
-        live_round=live))
+        live_round=round_token(status)))
+
+
+#: ``status.pendingArtifact.state`` while a new artifact is on its way (its Job, or serving as a canary).
+SETTLING_STATES = frozenset({"Creating", "Running", "Canary"})
 
 
 @dataclass(frozen=True)
 class Look:
-    """What one look at the guard says, as far as a round is concerned."""
+    """What one look at the guard and the model's status says, as far as a round is concerned."""
 
     below_floor: frozenset[str]  # a fresh verdict's pools below the floor
     sample_pairs: int  # pairs in the guard's sample file (0: none, or no consent)
-    canary_running: bool
+    settling: bool  # a new artifact is on its way: its Job runs, or it serves as a canary
     served: str | None  # the stable artifact's id
+    settled_at: datetime | None = None  # when the last new artifact was promoted or rolled back
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any], below_floor: frozenset[str], sample_pairs: int) -> Look:
+        """From ``status`` as the reconcile loop wrote it."""
+        pending = status.get("pendingArtifact") or {}
+        served = status.get("artifact") or {}
+        times = [_parse_time(served.get("publishedAt"))]
+        degraded = conditions.find(status.get("conditions") or [], conditions.DEGRADED) or {}
+        if degraded.get("reason") == conditions.REASON_CANARY_ROLLED_BACK:
+            times.append(_parse_time(degraded.get("lastTransitionTime")))
+        known = [t for t in times if t is not None]
+        return cls(below_floor=below_floor, sample_pairs=sample_pairs,
+                   settling=pending.get("state") in SETTLING_STATES, served=served.get("id"),
+                   settled_at=max(known) if known else None)
 
 
 def decide(policy: RequantizeOnDrift, previous: Mapping[str, Any], look: Look,
            now: datetime) -> tuple[dict[str, Any] | None, Event | None]:
     """``status.quality.requantization`` after this look (None: none yet) and the Event when a round starts. Only the
-    checked (INT8) pool below the floor counts: a GPU pool below it is not the artifact's doing."""
+    checked (INT8) pool below the floor counts: a GPU pool below it is not the artifact's doing. Never while a new
+    artifact is on its way (the last round's Job or canary: a new round would replace its Job), and, after a round,
+    never within ``minIntervalHours`` of its start or of the last artifact's promotion or rollback."""
     kept = dict(previous) or None
-    if not policy.enabled or guard.CHECKED not in look.below_floor or look.canary_running or look.served is None:
+    if not policy.enabled or guard.CHECKED not in look.below_floor or look.settling or look.served is None:
         return kept, None
     if look.sample_pairs < MIN_SAMPLE_PAIRS:
         return kept, None
-    since = _parse_time(previous.get("since"))
-    if since is not None and now - since < timedelta(hours=policy.min_interval_hours):
+    # After a round: from its start, and from when its artifact (or any since) was promoted or rolled back.
+    last = [t for t in (_parse_time(previous.get("since")), look.settled_at if previous else None) if t is not None]
+    if last and now - max(last) < timedelta(hours=policy.min_interval_hours):
         return kept, None
     count = (previous.get("count") or 0) + 1
     record = {"count": count, "since": now.isoformat().replace("+00:00", "Z"), "fromArtifact": look.served,

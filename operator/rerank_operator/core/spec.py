@@ -118,9 +118,9 @@ class Quantization:
     backoff_limit: int = 2
     time_budget_seconds: int = 900
     requantize_on_drift: RequantizeOnDrift = field(default_factory=RequantizeOnDrift)
-    #: Not a spec field: the re-quantization round on live traffic this spec is effective for (0: none), set by
+    #: Not a spec field: the re-quantization round on live traffic this spec is effective for ("": none), set by
     #: ``requantize.effective`` from the model's status. Part of the artifact's identity.
-    live_round: int = 0
+    live_round: str = ""
 
 
 @dataclass(frozen=True)
@@ -281,9 +281,13 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
         raise SpecError("no pool is enabled")
     if parsed.model.path is not None and parsed.storage.existing_claim is None:
         raise SpecError(f"model.path {parsed.model.path!r} needs storage.existingClaim (the volume holding it)")
-    if parsed.quantization.requantize_on_drift.enabled and parsed.routing.gateway is None:
+    q = parsed.quantization
+    if q.requantize_on_drift.enabled and parsed.routing.gateway is None:
         raise SpecError("quantization.requantizeOnDrift samples live traffic through the route's mirror: "
                         "set routing.gateway, or turn it off")
+    if q.requantize_on_drift.enabled and q.recipe == "fixed" and q.mode == "dynamic":
+        raise SpecError("quantization.requantizeOnDrift needs recipe auto or mode static: with a fixed dynamic "
+                        "recipe a new Job makes the same artifact")
     return parsed
 
 
@@ -517,7 +521,7 @@ def _requantize_on_drift(section: Mapping[str, Any]) -> RequantizeOnDrift:
     d, path = RequantizeOnDrift(), "quantization.requantizeOnDrift"
     return RequantizeOnDrift(
         enabled=_bool(section, "enabled", f"{path}.enabled", d.enabled),
-        max_pairs=_int(section, "maxPairs", f"{path}.maxPairs", d.max_pairs, 200, 20000),
+        max_pairs=_int(section, "maxPairs", f"{path}.maxPairs", d.max_pairs, 400, 20000),
         max_age_hours=_int(section, "maxAgeHours", f"{path}.maxAgeHours", d.max_age_hours, 1, 2160),
         min_interval_hours=_int(section, "minIntervalHours", f"{path}.minIntervalHours", d.min_interval_hours, 1,
                                 8760))

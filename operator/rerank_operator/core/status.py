@@ -269,6 +269,10 @@ def autoscaler_part(previous: Mapping[str, Any], autoscaling: Mapping[str, Any] 
         result["autoscaling"] = copy.deepcopy(dict(autoscaling))
     if quality is not None:
         result["quality"] = copy.deepcopy(dict(quality))
+    elif (previous.get("quality") or {}).get("requantization"):
+        # The guard went (its class turned it off, the spec is unreadable for a moment): the round the artifact is
+        # planned from stays, or the model would fall back to the artifact that drifted (requantize.effective).
+        result["quality"] = {"requantization": copy.deepcopy(previous["quality"]["requantization"])}
     current = {c.type for c in decided}
     kept = [dict(c) for c in previous.get("conditions") or ()
             if c.get("type") not in conditions.AUTOSCALER_OWNED or c.get("type") in current]

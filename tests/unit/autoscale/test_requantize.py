@@ -27,9 +27,10 @@ def consenting(*mods: Any) -> dict[str, Any]:
     return guarded_model(set_("quantization.requantizeOnDrift", CONSENT), *mods)
 
 
-def look(below: frozenset[str] = frozenset({"cpu"}), pairs: int = 500, canary: bool = False,
-         served: str | None = "a1") -> requantize.Look:
-    return requantize.Look(below_floor=below, sample_pairs=pairs, canary_running=canary, served=served)
+def look(below: frozenset[str] = frozenset({"cpu"}), pairs: int = 500, settling: bool = False,
+         served: str | None = "a1", settled_at: datetime | None = None) -> requantize.Look:
+    return requantize.Look(below_floor=below, sample_pairs=pairs, settling=settling, served=served,
+                           settled_at=settled_at)
 
 
 POLICY = spec_of(consenting()).quantization.requantize_on_drift
@@ -42,7 +43,9 @@ def test_consent_is_parsed_and_off_by_default_and_needs_a_gateway() -> None:
     with pytest.raises(spec.SpecError, match=r"routing\.gateway"):
         spec_of(model(set_("quantization.requantizeOnDrift", {"enabled": True})))
     with pytest.raises(spec.SpecError, match="maxPairs"):
-        spec_of(consenting(set_("quantization.requantizeOnDrift.maxPairs", 10)))
+        spec_of(consenting(set_("quantization.requantizeOnDrift.maxPairs", 399)))
+    with pytest.raises(spec.SpecError, match="recipe auto or mode static"):
+        spec_of(consenting(set_("quantization.recipe", "fixed")))
 
 
 def test_a_round_starts_when_the_stable_cpu_artifact_drifts_with_enough_live_pairs() -> None:
@@ -53,26 +56,47 @@ def test_a_round_starts_when_the_stable_cpu_artifact_drifts_with_enough_live_pai
     assert "500 pairs of live traffic" in event.message and "canary" in event.message
 
 
-@pytest.mark.parametrize("case", ["no consent", "within the floor", "gpu below", "too few pairs", "canary running",
+@pytest.mark.parametrize("case", ["no consent", "within the floor", "gpu below", "too few pairs", "settling",
                                   "nothing served"])
 def test_no_round_without_drift_of_the_stable_cpu_artifact_on_enough_live_traffic(case: str) -> None:
     policy = spec.RequantizeOnDrift() if case == "no consent" else POLICY
     seen = {"within the floor": look(below=frozenset()), "gpu below": look(below=frozenset({"gpu"})),
-            "too few pairs": look(pairs=requantize.MIN_SAMPLE_PAIRS - 1), "canary running": look(canary=True),
+            "too few pairs": look(pairs=requantize.MIN_SAMPLE_PAIRS - 1), "settling": look(settling=True),
             "nothing served": look(served=None)}.get(case, look())
     assert requantize.decide(policy, {}, seen, T0) == (None, None)
     previous = {"count": 2, "since": "2024-01-01T00:00:00Z"}
     assert requantize.decide(policy, previous, seen, T0) == (previous, None)  # kept as it was
 
 
-def test_a_round_that_did_not_help_waits_the_interval_before_the_next() -> None:
+def test_no_round_while_the_last_is_on_its_way_nor_within_the_interval_after_it_settled() -> None:
     first, _ = requantize.decide(POLICY, {}, look(), T0)
     assert first is not None
-    for later in (timedelta(minutes=1), timedelta(hours=5, minutes=59)):
-        assert requantize.decide(POLICY, first, look(), T0 + later) == (first, None)
-    second, event = requantize.decide(POLICY, first, look(pairs=900, served="a2"), T0 + timedelta(hours=6))
+    # Its Job (or canary) still on its way, however long: a new round would replace that Job.
+    for later in (timedelta(minutes=1), timedelta(hours=7), timedelta(days=3)):
+        assert requantize.decide(POLICY, first, look(settling=True), T0 + later) == (first, None)
+    # Rolled back (or promoted) at +7 h: the interval counts from then, not from the round's start.
+    settled = T0 + timedelta(hours=7)
+    for later in (timedelta(hours=7, minutes=1), timedelta(hours=12, minutes=59)):
+        assert requantize.decide(POLICY, first, look(settled_at=settled), T0 + later) == (first, None)
+    second, event = requantize.decide(POLICY, first, look(pairs=900, served="a2", settled_at=settled),
+                                      T0 + timedelta(hours=13))
     assert second is not None and event is not None
     assert (second["count"], second["fromArtifact"], second["samplePairs"]) == (2, "a2", 900)
+
+
+def test_what_settles_a_round_is_read_from_the_status_the_reconcile_loop_writes() -> None:
+    running = requantize.Look.of({"pendingArtifact": {"state": "Canary"}, "artifact": {"id": "a1"}},
+                                 frozenset({"cpu"}), 300)
+    assert running.settling and running.served == "a1" and running.settled_at is None
+    rolled_back = requantize.Look.of({
+        "pendingArtifact": {"state": "RolledBack"},
+        "artifact": {"id": "a1", "publishedAt": "2025-01-01T00:00:00Z"},
+        "conditions": [{"type": "Degraded", "status": "True", "reason": conditions.REASON_CANARY_ROLLED_BACK,
+                        "lastTransitionTime": "2025-01-01T09:00:00Z"}]}, frozenset({"cpu"}), 300)
+    assert not rolled_back.settling and rolled_back.settled_at == T0 + timedelta(hours=9)
+    failed = requantize.Look.of({"pendingArtifact": {"state": "Failed"},
+                                 "artifact": {"id": "a1", "publishedAt": "2025-01-01T02:00:00Z"}}, frozenset(), 0)
+    assert not failed.settling and failed.settled_at == T0 + timedelta(hours=2)
 
 
 def test_the_round_plans_the_artifact_on_the_live_sample_and_names_a_new_one() -> None:
@@ -81,11 +105,15 @@ def test_the_round_plans_the_artifact_on_the_live_sample_and_names_a_new_one() -
     one = requantize.effective(s, {"quality": {"requantization": {"count": 1}}}, "bge-m3")
     assert one.quantization.evaluation_data == spec.DataSource(path=SAMPLE)
     assert one.quantization.calibration_data is None  # mode dynamic calibrates nothing
-    assert one.quantization.live_round == 1
-    two = requantize.effective(s, {"quality": {"requantization": {"count": 2}}}, "bge-m3")
-    ids = {artifact.artifact_id(x) for x in (s, one, two)}
-    assert len(ids) == 3  # each round is one new artifact (the sample file's path is the same)
-    assert artifact.inputs(one)["liveRound"] == 1 and "liveRound" not in artifact.inputs(s)
+    assert one.quantization.live_round == "1@"
+    two = requantize.effective(s, {"quality": {"requantization": {"count": 2, "since": "2025-01-02T00:00:00Z"}}},
+                               "bge-m3")
+    again = requantize.effective(s, {"quality": {"requantization": {"count": 2, "since": "2025-03-01T00:00:00Z"}}},
+                                 "bge-m3")
+    ids = {artifact.artifact_id(x) for x in (s, one, two, again)}
+    # Each round is one new artifact (the sample file's path is the same), a reused number too (a lost record).
+    assert len(ids) == 4
+    assert artifact.inputs(two)["liveRound"] == "2@2025-01-02T00:00:00Z" and "liveRound" not in artifact.inputs(s)
     static = spec_of(consenting(set_("quantization.mode", "static"),
                                 set_("quantization.calibrationData", {"configMapRef": {"name": "cal", "key": "p"}})))
     again = requantize.effective(static, {"quality": {"requantization": {"count": 1}}}, "bge-m3")
@@ -152,9 +180,18 @@ def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_is_a_
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--eval-pairs") + 1] == f"{contract.VOLUME_MOUNT_PATH}/{SAMPLE}"
     assert "--calibration-pairs" not in args
+    # The tenant's queries are not kept in the artifact (they expire with the sample); an ordinary Job keeps its pairs.
+    assert "--no-keep-eval-pairs" in args
+    assert not contract.parse_args(args).keep_eval_pairs
+    assert contract.parse_args([a for a in args if a != "--no-keep-eval-pairs"]).keep_eval_pairs
+    [first] = [j for j in life.world.of_kind("Job") if j["metadata"]["labels"]["rerank.io/artifact"] == stable]
+    assert "--no-keep-eval-pairs" not in first["spec"]["template"]["spec"]["containers"][0]["args"]
     # The next tick keeps the round (no second Job, no second Event) while the guard still says the same.
-    again = drifting(life, 700, T0 + timedelta(minutes=5))
-    assert again.record["requantization"]["count"] == 1 and again.events == ()
+    for later in (timedelta(minutes=5), timedelta(days=2)):  # its Job runs: no second round however long it takes
+        again = drifting(life, 700, T0 + later)
+        assert again.record["requantization"]["count"] == 1 and again.events == ()
+        life.step()
+        assert len(life.world.of_kind("Job")) == 2
 
     # The round's artifact comes from the same weights: it serves as a canary beside the stable one.
     new = job["metadata"]["labels"]["rerank.io/artifact"]
@@ -165,3 +202,16 @@ def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_is_a_
     assert life.status["artifact"]["id"] == stable
     assert life.status["canary"]["state"] == "Running" and life.status["canary"]["artifact"]["id"] == new
     assert life.served("bge-m3-canary") == new
+
+
+def test_the_round_outlives_the_guard_so_the_model_keeps_its_artifact() -> None:
+    """The class turns the guard off (or the spec is unreadable for a moment): status.quality goes, the round stays,
+    so the artifact is still planned on the sample and nothing rolls back to the artifact that drifted."""
+    status = {"quality": {"guard": "bge-m3-guard", "belowFloor": ["cpu"],
+                          "requantization": {"count": 1, "since": "2025-01-01T00:00:00Z"}}}
+    after = statuses.autoscaler_part(status, None, [], generation=1, now=NOW, quality=None)
+    assert after["quality"] == {"requantization": {"count": 1, "since": "2025-01-01T00:00:00Z"}}
+    s = spec_of(consenting())
+    assert artifact.artifact_id(requantize.effective(s, after, "bge-m3")) == artifact.artifact_id(
+        requantize.effective(s, status, "bge-m3"))
+    assert "quality" not in statuses.autoscaler_part({"quality": {"guard": "g"}}, None, [], generation=1, now=NOW)

@@ -65,6 +65,8 @@ def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
         topk=q.quality_gate.topk,
         time_budget_seconds=q.time_budget_seconds,
         keep_original=True,
+        # A re-quantization's pairs are the tenant's live queries: they expire with the sample, not in an artifact.
+        keep_eval_pairs=not q.live_round,
         # The Job times candidates with the threads the CPU pool's TEI will use (not part of the artifact's id).
         serve_threads=deployment.pool_cpus(spec.cpu) if spec.cpu.enabled else 0,
     )

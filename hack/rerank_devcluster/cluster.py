@@ -150,7 +150,7 @@ class Cluster:
         try:
             cluster._boot(timeout)
             if real_node:
-                cluster._add_real_node(time.monotonic() + timeout)
+                cluster._add_real_node(timeout)
         except BaseException as exc:
             tails = cluster.log_tails()
             cluster.stop()
@@ -238,15 +238,17 @@ class Cluster:
     def add_real_node(self, timeout: float = 300.0) -> realnode.RealNode:
         """Start the real worker node (idempotent); see :mod:`rerank_devcluster.realnode`."""
         if self.real_node is None:
-            self._add_real_node(time.monotonic() + timeout)
+            self._add_real_node(timeout)
         assert self.real_node is not None
         return self.real_node
 
-    def _add_real_node(self, deadline: float) -> None:
+    def _add_real_node(self, timeout: float) -> None:
         # Set first: stop() cleans up after a failed start.
         self.real_node = realnode.RealNode.create(self.processes, tag=self.node_tag, workdir=self.workdir,
                                                   server=self.server,
                                                   kubelet=self.bins.kubelet)
+        # From here: images built after a code change (create, minutes) are not the node's start-up time.
+        deadline = time.monotonic() + timeout
         self.real_node.start(deadline)
         self.processes.wait_for(lambda: self._node_ready(realnode.NAME), deadline,
                                 f"the real node {realnode.NAME} to become Ready")

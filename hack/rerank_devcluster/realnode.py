@@ -108,9 +108,9 @@ def gateway(tag: str) -> str:
 
 
 def quantizer_placement_policy(namespace_label: str) -> list[dict[str, Any]]:
-    """A MutatingAdmissionPolicy (and binding): quantizer pods in namespaces labelled ``namespace_label=true`` get
-    the real node's nodeSelector and toleration at admission, so the operator's pod spec stays its own while the
-    TEI pools stay on kwok nodes (there is no TEI image here)."""
+    """A MutatingAdmissionPolicy (and binding): quantizer and quality-guard pods (both from the quantizer image) in
+    namespaces labelled ``namespace_label=true`` get the real node's nodeSelector and toleration at admission, so the
+    operator's pod spec stays its own while the TEI pools stay on kwok nodes (there is no TEI image here)."""
     name = "rerank-quantizer-on-real-node"
     selector = json.dumps(node_selector())
     tol = json.dumps(toleration())
@@ -126,9 +126,10 @@ def quantizer_placement_policy(namespace_label: str) -> list[dict[str, Any]]:
          "spec": {
              "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                                                      "operations": ["CREATE"], "resources": ["pods"]}]},
-             "matchConditions": [{"name": "quantizer", "expression":
+             "matchConditions": [{"name": "quantizer-image", "expression":
                                   "has(object.metadata.labels) && "
-                                  "object.metadata.labels[?'app.kubernetes.io/component'].orValue('') == 'quantizer'"}],
+                                  "object.metadata.labels[?'app.kubernetes.io/component'].orValue('') "
+                                  "in ['quantizer', 'quality-guard']"}],
              "failurePolicy": "Fail", "reinvocationPolicy": "Never",
              "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
          }},

@@ -14,8 +14,11 @@ Select with ``-m node``; the tier runs in the default suite (./hack/test).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,7 @@ import pytest
 from kubernetes import client
 from rrm_harness import Env, Kube, _kubectl_apply, eventually
 
-from quantizer_job import contract, publish
+from quantizer_job import contract, evaldata, publish
 from rerank_devcluster import realnode
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_release import OperatorRelease
@@ -250,3 +253,70 @@ def test_active_deadline_ends_a_quantizer_that_runs_too_long(node_env: NodeEnv) 
     assert cond["reason"] == "DeadlineExceeded", cond
     eventually(lambda: not [p for p in env.quantizer_pods("slow") if p["status"].get("phase") == "Running"], 60,
                "the quantizer pod to be stopped", every=1)
+
+
+def test_the_guard_pod_runs_from_the_image_and_keeps_its_live_sample_on_the_volume(
+        node_env: NodeEnv, gateway_api_installed: list[str]) -> None:
+    """The quality guard as the operator deploys it (its class turns it on; the tenant consents to re-quantization
+    on drift), on the real node from the quantizer image: non-root, read-only root, no API token, the model volume's
+    ``samples/<model>`` the kubelet creates for its subPath mount. Mirrored requests POSTed to the pod land in the
+    sample file on the volume, in the format the Job reads, owned by the pod's user."""
+    env, ns = node_env, node_env.namespace
+    custom = client.CustomObjectsApi(env.kube.api)
+    class_name = f"guarded-{ns}"
+    custom.create_cluster_custom_object("rerank.io", "v1alpha1", "rerankclasses", {
+        "apiVersion": "rerank.io/v1alpha1", "kind": "RerankClass", "metadata": {"name": class_name},
+        "spec": {"qualityGuard": {"enabled": True, "sampleFraction": 0.5, "callsPerSecond": 2},
+                 # this tier's model is a directory on the volume, its Job's image a local build
+                 "modelSources": {"allowLocalPaths": True},
+                 "quantization": {"images": {"allowed": [env.image.rsplit(":", 1)[0] + ":*"],
+                                             "default": env.image}}}})
+    try:
+        # Resources of its own: the class's default (2 CPUs) would not fit next to the operator on this node.
+        body = env.model_body("live", {"requantizeOnDrift": {"enabled": True, "maxPairs": 400},
+                                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}})
+        body["spec"]["className"] = class_name
+        body["spec"]["routing"] = {"gateway": {"parentRefs": [{"name": "edge", "namespace": ns}]}}
+        env.kube.create_model(body)
+        pod = env.terminated_quantizer("live")
+        assert quantizer_status(pod)["state"]["terminated"]["exitCode"] == 0, quantizer_status(pod)
+
+        def ready_guard() -> Any:
+            pods = env.kube.pods(ns, "app.kubernetes.io/instance=live,app.kubernetes.io/component=quality-guard")
+            return next((p for p in pods if p["status"].get("podIP") and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or ())), None)
+        try:
+            guard_pod = eventually(ready_guard, 180, "the guard pod Ready on the real node", every=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{env.describe()}\n{env.cluster.log_tails(20)}") from None
+        assert guard_pod["spec"]["nodeName"] == realnode.NAME
+        assert guard_pod["spec"]["automountServiceAccountToken"] is False
+        url = f"http://{guard_pod['status']['podIP']}:{guard_pod['spec']['containers'][0]['ports'][0]['containerPort']}"
+
+        by_query: dict[str, list[str]] = {}
+        for p in evaldata.builtin_pairs():
+            by_query.setdefault(p.query, []).append(p.text)
+        mirrored = [{"query": q, "texts": ts} for q, ts in by_query.items()]
+        for b in mirrored:
+            req = urllib.request.Request(url + "/rerank", data=json.dumps(b).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.status == 202
+        expected = sum(len(ts) for ts in by_query.values())
+        live = env.volume / contract.SAMPLES_DIR / "live" / contract.LIVE_SAMPLE_FILE
+
+        def written() -> bool:
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+                page = resp.read().decode()
+            return f'rerank_guard_live_sample_pairs{{namespace="{ns}",rerankmodel="live"}} {float(expected)}' in page
+        eventually(written, 90, f"the guard to write {expected} pairs to its sample", every=1)
+        pairs = evaldata.load_jsonl(str(live))  # the Job's reader, on the file the pod wrote to the volume
+        assert len(pairs) == expected and {p.query for p in pairs} == set(by_query)
+        assert (live.stat().st_uid, live.stat().st_mode & 0o777) == (RUN_AS, 0o640)
+        logs = env.cluster.kubectl_run("logs", "-n", ns, guard_pod["metadata"]["name"], check=False).stdout
+        assert "could not be written" not in logs and "Traceback" not in logs, logs[-2000:]
+    finally:
+        env.cluster.kubectl_run("delete", "rerankmodels", "live", "-n", ns, "--wait=true", "--timeout=60s",
+                                check=False)
+        with contextlib.suppress(client.exceptions.ApiException):
+            custom.delete_cluster_custom_object("rerank.io", "v1alpha1", "rerankclasses", class_name)

@@ -187,3 +187,20 @@ def test_input_errors_are_reported_with_reasons(case, tmp_path, bert_model):
     arts = tmp_path / "vol" / "artifacts"
     if arts.exists():  # nothing published, no temp dir left behind
         assert [p.name for p in arts.iterdir() if not p.name.startswith(".lock-")] == []
+
+
+def test_a_job_on_live_queries_does_not_keep_them_beside_the_artifact(bert_model: Path, tmp_path: Path) -> None:
+    """A re-quantization on drift is judged on the tenant's live sample (``--no-keep-eval-pairs``, what the operator
+    passes for such a round): the queries expire with the sample, so the artifact must not keep a copy."""
+    live = tmp_path / "live.jsonl"
+    live.write_text("".join(json.dumps({"query": f"live query {i}", "texts": [f"passage {i}.{j}" for j in range(6)],
+                                        "t": 1.0}) + "\n" for i in range(12)))
+    vol = tmp_path / "vol"
+    r = run_quantize(["--model", str(bert_model), "--output", str(vol), "--artifact-id", "live-round",
+                      *FIXED_RECIPE, "--eval-pairs", str(live), "--no-keep-eval-pairs",
+                      "--min-spearman", "0.8", "--min-topk-agreement", "0.5"], tmp_path)
+    assert r.rc == 0, r.stderr[-3000:]
+    art = vol / contract.ARTIFACTS_DIR / "live-round"
+    assert (art / contract.MANIFEST_FILE).is_file()
+    assert not (art / contract.EVALUATION_FILE).exists()
+    assert "live query" not in "".join(p.read_text(errors="ignore") for p in art.rglob("*.json"))

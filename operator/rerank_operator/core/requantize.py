@@ -12,9 +12,10 @@ static, its calibration data; the round is part of the artifact's identity (``ar
 new Job runs, and its artifact goes through the canary like any other (``plan.py``). Nothing here reads the sample:
 the guard counts it, the Job reads it.
 
-A round needs enough pairs (``MIN_SAMPLE_PAIRS``), no canary running, and ``minIntervalHours`` since the last round:
-an artifact that still drifts, or a canary rolled back, waits that long before the next try, so a model whose
-drift no recipe fixes re-quantizes once a day at most (by default), not in a loop.
+A round needs enough pairs (``MIN_SAMPLE_PAIRS``) and no new artifact on its way (the last round's Job or canary);
+after a round, ``minIntervalHours`` since its start and since its artifact was promoted or rolled back: an artifact
+that still drifts, or a canary rolled back, waits that long before the next try, so a model whose drift no recipe
+fixes re-quantizes once a day at most (by default), not in a loop.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, cost, events, names, quality, slo
+from rerank_operator.core import conditions, cost, events, leadership, names, quality, slo
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, split
@@ -338,10 +338,11 @@ class ModelAutoscaler:
                  verdict: quality.Verdict | None) -> quality.Assessment | None:
         if self.guard is None:
             return None
+        now = leadership.parse_micro_time(self.now_iso())
         return quality.assess(body.get("status") or {}, verdict, self.guard_why_not,
                               {pool: view.ready(pool) for pool in config.POOLS}, names.guard_name(self.name),
                               self.guard.canary_requests, self.guard_reference,
-                              drift=(self.requantize_policy, _parse_iso(self.now_iso())))
+                              drift=(self.requantize_policy, now) if now is not None else None)
 
     def _check_quality_only(self, owner: names.Owner, body: Mapping[str, Any], view: PoolsView) -> None:
         """With autoscaling off: the quality guard's verdict alone (routing acts on it in the reconcile loop)."""
@@ -595,7 +596,3 @@ class FleetAutoscaler:
             log.exception("autoscaler %s/%s failed", state.namespace, state.name)
             return IDLE_POLL_SECONDS
 
-
-def _parse_iso(value: str) -> datetime:
-    """``now_iso``'s timestamp (RFC 3339, ``Z``) as an aware datetime."""
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))

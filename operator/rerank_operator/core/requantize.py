@@ -29,6 +29,7 @@ from quantizer_job import contract
 from rerank_operator.core import conditions
 from rerank_operator.core.builders import guard
 from rerank_operator.core.events import Event
+from rerank_operator.core.leadership import parse_micro_time
 from rerank_operator.core.spec import DataSource, RequantizeOnDrift, RerankModelSpec
 
 #: The least sample a round quantizes on: the Job's gate needs enough pairs to be meaningful (its default
@@ -92,10 +93,10 @@ class Look:
         """From ``status`` as the reconcile loop wrote it."""
         pending = status.get("pendingArtifact") or {}
         served = status.get("artifact") or {}
-        times = [_parse_time(served.get("publishedAt"))]
+        times = [parse_micro_time(served.get("publishedAt"))]
         degraded = conditions.find(status.get("conditions") or [], conditions.DEGRADED) or {}
         if degraded.get("reason") == conditions.REASON_CANARY_ROLLED_BACK:
-            times.append(_parse_time(degraded.get("lastTransitionTime")))
+            times.append(parse_micro_time(degraded.get("lastTransitionTime")))
         known = [t for t in times if t is not None]
         return cls(below_floor=below_floor, sample_pairs=sample_pairs,
                    settling=pending.get("state") in SETTLING_STATES, served=served.get("id"),
@@ -114,7 +115,8 @@ def decide(policy: RequantizeOnDrift, previous: Mapping[str, Any], look: Look,
     if look.sample_pairs < MIN_SAMPLE_PAIRS:
         return kept, None
     # After a round: from its start, and from when its artifact (or any since) was promoted or rolled back.
-    last = [t for t in (_parse_time(previous.get("since")), look.settled_at if previous else None) if t is not None]
+    since = parse_micro_time(previous.get("since"))
+    last = [t for t in (since, look.settled_at if previous else None) if t is not None]
     if last and now - max(last) < timedelta(hours=policy.min_interval_hours):
         return kept, None
     count = (previous.get("count") or 0) + 1
@@ -125,11 +127,3 @@ def decide(policy: RequantizeOnDrift, previous: Mapping[str, Any], look: Look,
         f"re-quantizing on {look.sample_pairs} pairs of live traffic (round {count}): the CPU pool's artifact "
         f"{look.served} ranks below the quality floor on it; the new artifact serves as a canary first"))
 
-
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None

@@ -189,7 +189,8 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
     pairs = [(p.query, p.text) for p in eval_pairs]
     # Batches of pairs of similar length (TEI batches whatever arrives; sorting only removes padding waste from
     # the measurement, which matters for 24-layer models on 2 cores). Scores are mapped back to input order.
-    order = np.argsort(textenc.token_lengths(tok, pairs), kind="stable")
+    lengths = textenc.token_lengths(tok, pairs)
+    order = np.argsort(lengths, kind="stable")
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     batches = textenc.make_batches(tok, [pairs[i] for i in order], pad_id, batch_size=BATCH_SIZE)
@@ -204,9 +205,11 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
         if export_diff > 1e-3 * scale:
             raise JobError("ExportFailed", f"ONNX FP32 differs from PyTorch by {export_diff:.3g}")
         rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
-        served = serving.round_batches(eval_pairs, ref.pairs_per_s, _timing_seconds())
+        padded_tokens = sum(int(b["input_ids"].size) for b in batches)
+        served = serving.round_batches(eval_pairs, ref.pairs_per_s, _timing_seconds(), lengths=lengths,
+                                       kernel_tokens_per_s=ref.pairs_per_s * padded_tokens / max(1, len(pairs)))
         fp32_rounds = None
-        large = model_bytes(exported.onnx) > _fusion_max_bytes()  # too large to keep loaded beside each candidate
+        large = too_large_to_fuse(exported.onnx)  # also too large to keep loaded beside each candidate
         if large and serve_threads(ctx) == ctx.threads:
             fp32_rounds = _server(ctx, exported, fp32_sess, served).rounds()
         del fp32_sess
@@ -227,7 +230,11 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
 
 
 def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[Recipe]:
-    """The recipes to try: the auto search's list, or the one fixed recipe; unfused variants for large models."""
+    """The recipes to try: the auto search's list, or the one fixed recipe; unfused variants for large models.
+
+    A large model's unfused variants all run the same INT8 MatMul kernels (they differ in the embedding table and
+    in FFN layers kept FP32, i.e. in size and ranking), so the search stops at the first that passes the gate
+    (``search_recipes``): on a 568M model each further candidate costs minutes and could not serve faster."""
     target = isa.detect_local_target() if req.target == "auto" else req.target
     fixed = Q.fixed_recipe(req.mode, target, req.optimization_level, req.per_channel, req.reduce_range,
                            req.operators)
@@ -258,19 +265,21 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
     heads = int(source.config.get("num_attention_heads") or 0)
     hidden = int(source.config["hidden_size"])
     fp32_bytes = model_bytes(fp32)
+    large = too_large_to_fuse(fp32)  # unfused recipes, quantized a weight at a time (quantize.build_int8)
     optimized: Q.GraphCache = {}
     fp32_server: list[serving.Server] = []  # FP32 served the TEI way, kept loaded between candidates
 
-    def served(cand_path: Path) -> dict[str, float]:
-        """The candidate served the TEI way, in turns with FP32 (see serving.py): pairs/s and speedup spread."""
-        cand = _server(ctx, exported, cand_path, ref.served)
+    def served(cand: Path | verify.Session) -> dict[str, float]:
+        """The candidate (its path, or its session built with the pool's thread count) served the TEI way, in
+        turns with FP32 (see serving.py): pairs/s and speedup spread."""
+        server = _server(ctx, exported, cand, ref.served)
         if ref.fp32_rounds is None:
             if not fp32_server:
                 fp32_server.append(_server(ctx, exported, fp32, ref.served))
-            seconds = serving.in_turns({"fp32": fp32_server[0].timed, "int8": cand.timed})
+            seconds = serving.in_turns({"fp32": fp32_server[0].timed, "int8": server.timed})
         else:
-            seconds = {"fp32": ref.fp32_rounds, "int8": cand.rounds()}
-        del cand
+            seconds = {"fp32": ref.fp32_rounds, "int8": server.rounds()}
+        del server
         in_turns = 1.0 if ref.fp32_rounds is None else 0.0
         return {**serving.figures(seconds, sum(len(b) for b in ref.served)), "served_in_turns": in_turns}
 
@@ -282,17 +291,23 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
         cand_path = work / f"int8-{i}" / "model.onnx"
         with stage("quantize", ctx.timings, recipe=recipe.to_dict()) as rec:
             Q.build_int8(fp32, cand_path, recipe, work, heads, hidden, ref.calib_feeds, exported.info["input_names"],
-                         cache=optimized, probe_feeds=probe_feeds(ref))
+                         cache=optimized, probe_feeds=probe_feeds(ref), stream_weights=large)
             rec.update(bytes=model_bytes(cand_path))
             trim_memory()
         with stage("verify", ctx.timings, model="int8", recipe=recipe.name) as rec:
-            got = _score(ctx, cand_path, ref.batches, ref.inverse, failure_reason="QuantizationFailed")
+            # One session for scoring and serving when the pool has the Job's thread count: loading a 568M
+            # model's INT8 graph (ORT_ENABLE_ALL) takes tens of seconds.
+            sess = verify.make_session(cand_path, ctx.threads)
+            got = _score(ctx, cand_path, ref.batches, ref.inverse, failure_reason="QuantizationFailed", sess=sess)
+            serve_with: Path | verify.Session = sess if serve_threads(ctx) == ctx.threads else cand_path
+            del sess
+            trim_memory()
             fp = ref.timed
             q = verify.quality(ref.groups, fp.scores, got.scores, req.topk)
             why = verify.gate(q, req.min_spearman, req.min_topk_agreement)
             # The figures the user sees and the search chooses by are the served-like ones; the kernel figures
             # (sorted, pre-tokenized batches) stay for the profile of where the time goes.
-            speed = {**served(cand_path), "kernel_fp32_pairs_per_s": fp.pairs_per_s,
+            speed = {**served(serve_with), "kernel_fp32_pairs_per_s": fp.pairs_per_s,
                      "kernel_int8_pairs_per_s": got.pairs_per_s, "kernel_speedup": got.pairs_per_s / fp.pairs_per_s,
                      "size_ratio": model_bytes(cand_path) / fp32_bytes, "fp32_p50_ms": fp.p50_ms,
                      "fp32_p95_ms": fp.p95_ms, "int8_p50_ms": got.p50_ms, "int8_p95_ms": got.p95_ms}
@@ -313,14 +328,15 @@ def probe_feeds(ref: Reference) -> list[dict[str, np.ndarray]]:
 def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Reference) -> Choice:
     """Run the recipe search within the time budget; the winner must pass the gate or the Job fails."""
     req = ctx.req
+    large = too_large_to_fuse(exported.onnx)
     found = candidates(req, model_bytes(exported.onnx), has_calibration=bool(ref.calib_feeds))
     result = search.search(found, evaluator(ctx, source, exported, ref),
                            search.Budget(seconds=float(req.time_budget_seconds), elapsed=ctx.elapsed),
-                           tolerate_failures=req.recipe == "auto")
+                           tolerate_failures=req.recipe == "auto", stop_after_pass=large)
     for name, exc in result.failures:
         log("quantize", "recipe_failed", recipe=name, reason=exc.reason, error=exc.message[:500])
     if result.skipped:
-        log("quantize", "skipped", recipe=result.skipped[0], reason="time budget")
+        log("quantize", "skipped", recipes=result.skipped, reason=result.skipped_why)
     best = result.best
     if best is None:
         raise JobError("QuantizationFailed", f"no recipe produced a model: {result.tried}")
@@ -596,6 +612,12 @@ def _server(ctx: Context, exported: Exported, model: Path | verify.Session,
                             serving.tokenization_workers(threads))
     server.warm()
     return server
+
+
+def too_large_to_fuse(fp32: Path) -> bool:
+    """A model above the fusion size limit: unfused candidates (``candidates``), weights quantized a tensor at a
+    time, FP32 timed once rather than kept loaded beside each candidate, the search stopping at the first pass."""
+    return model_bytes(fp32) > _fusion_max_bytes()
 
 
 def _fusion_max_bytes() -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import JobError
 from .isa import REDUCE_RANGE_REQUIRED
+from .matmul_int8 import quantize_matmuls
 
 TWO_GB = 2 * 1024**3
 #: Batches the outlier ranking of a mixed recipe runs (a few suffice: the ranking is stable across batches).
@@ -345,19 +346,36 @@ def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden
 
 def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int, hidden_size: int,
                calib_feeds: Sequence[dict[str, np.ndarray]] = (), input_names: Iterable[str] = (),
-               cache: GraphCache | None = None, probe_feeds: Sequence[dict[str, np.ndarray]] = ()) -> Path:
+               cache: GraphCache | None = None, probe_feeds: Sequence[dict[str, np.ndarray]] = (),
+               stream_weights: bool = False) -> Path:
     """The whole recipe: transformer fusions (shared through ``cache`` between recipes that need the same graph),
     INT8 quantization (minus the FFN down-projections a mixed recipe keeps FP32, chosen on ``probe_feeds``, else on
-    the calibration batches), then the embedding table. Used by the Job and by the benchmarks alike."""
+    the calibration batches), then the embedding table. Used by the Job and by the benchmarks alike.
+
+    ``stream_weights`` (large models): an unfused dynamic MatMul recipe is quantized a weight at a time
+    (:mod:`.matmul_int8`, the same weights and kernels as ORT's ``quantize_dynamic`` at a fraction of its memory)."""
     src = optimized_for(recipe, fp32, work, num_heads, hidden_size, {} if cache is None else cache).path
     exclude = fp32_nodes(src, recipe, probe_feeds or calib_feeds)
     if recipe.mode == "static":
         quantize_static(src, dst, recipe, calib_feeds, input_names, exclude)
+    elif stream_weights and streamable(recipe):
+        try:
+            quantize_matmuls(src, dst, per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
+                             exclude=exclude)
+        except Exception as exc:
+            raise JobError("QuantizationFailed", f"MatMul quantization failed: {type(exc).__name__}: {exc}") from exc
+        _finish_saved_model(dst)
     else:
         quantize_dynamic(src, dst, recipe, exclude)
     if recipe.embeddings == "int8":
         quantize_embeddings(dst)
     return dst
+
+
+def streamable(recipe: Recipe) -> bool:
+    """A recipe :mod:`.matmul_int8` makes exactly: dynamic, unfused, MatMul weights only, no ORT extra options."""
+    return (recipe.mode == "dynamic" and recipe.optimization_level == 0 and recipe.operators == ("MatMul",)
+            and not recipe.extra)
 
 
 def fp32_nodes(graph: Path, recipe: Recipe, feeds: Sequence[dict[str, np.ndarray]]) -> list[str]:

@@ -59,6 +59,8 @@ class SearchResult:
     tried: list[dict[str, Any]]
     skipped: list[str] = field(default_factory=list)
     failures: list[tuple[str, JobError]] = field(default_factory=list)
+    #: Why the ``skipped`` recipes were not tried.
+    skipped_why: str = ""
 
 
 def tried_line(trial: Trial) -> dict[str, Any]:
@@ -86,23 +88,26 @@ def choose(trials: Sequence[Trial]) -> Trial | None:
 
 
 def search(candidates: Sequence[Recipe], evaluate: Callable[[int, Recipe], Trial], budget: Budget, *,
-           tolerate_failures: bool = True) -> SearchResult:
+           tolerate_failures: bool = True, stop_after_pass: bool = False) -> SearchResult:
     """Evaluate ``candidates`` in order (most promising first) while the budget allows another one.
 
     ``evaluate(index, recipe)`` builds and scores one recipe, raising :class:`JobError` when it cannot. With
     ``tolerate_failures`` (``--recipe auto``) a failing recipe is recorded and the search goes on; without it (one
-    fixed recipe) the error is the Job's. The first candidate is always tried.
+    fixed recipe) the error is the Job's. The first candidate is always tried. ``stop_after_pass``: the candidates
+    after one that passes the gate cannot be faster (only better ranking), so they are not tried.
     """
     trials: list[Trial] = []
     tried: list[dict[str, Any]] = []
     skipped: list[str] = []
     failures: list[tuple[str, JobError]] = []
     slowest: float | None = None
+    why = "time budget"
     for i, recipe in enumerate(candidates):
         if i > 0 and not budget.allows(slowest):
             skipped.extend(r.name for r in candidates[i:])
             break
         started = budget.elapsed()
+        trial = None
         try:
             trial = evaluate(i, recipe)
             trials.append(trial)
@@ -113,4 +118,9 @@ def search(candidates: Sequence[Recipe], evaluate: Callable[[int, Recipe], Trial
             failures.append((recipe.name, exc))
             tried.append({"name": recipe.name, "passed": False, "error": exc.reason})
         slowest = max(slowest or 0.0, budget.elapsed() - started)
-    return SearchResult(trials=trials, best=choose(trials), tried=tried, skipped=skipped, failures=failures)
+        if stop_after_pass and trial is not None and trial.passed and i + 1 < len(candidates):
+            skipped.extend(r.name for r in candidates[i + 1:])
+            why = "a candidate passed the gate; the others could only rank better, not run faster"
+            break
+    return SearchResult(trials=trials, best=choose(trials), tried=tried, skipped=skipped, failures=failures,
+                        skipped_why=why if skipped else "")

@@ -61,10 +61,28 @@ def served_batches(pairs: Sequence[Pair], max_entries: int = MAX_BATCH_ENTRIES) 
     return [flat[i : i + max_entries] for i in range(0, len(flat), max_entries)]
 
 
-def round_batches(pairs: Sequence[Pair], kernel_pairs_per_s: float, timing_seconds: float) -> list[Batch]:
+def round_batches(pairs: Sequence[Pair], kernel_pairs_per_s: float, timing_seconds: float,
+                  lengths: Sequence[int] = (), kernel_tokens_per_s: float = 0.0) -> list[Batch]:
     """One round's requests: the first served batches worth ``ROUND_UNITS`` x ``timing_seconds`` of FP32 work at its
-    kernel speed (the Job's and the benchmarks' one rule, so a benchmark can time exactly what the Job timed)."""
-    return take_seconds(served_batches(pairs), kernel_pairs_per_s, ROUND_UNITS * timing_seconds)
+    kernel speed (the Job's and the benchmarks' one rule, so a benchmark can time exactly what the Job timed), and at
+    least two batches, unless the first alone is worth that much already.
+
+    The pair count does not see that arrival-order batches pad to their longest pair: with the pairs' token
+    ``lengths`` and FP32's ``kernel_tokens_per_s`` (padded tokens a second on sorted batches) the first batch's
+    padded work is estimated, and a batch that alone fills the round is the round. On a 568M model two batches took
+    41 s of FP32 a round where 6 s were meant (three rounds: 2 minutes of a 5-minute Job); a MiniLM-size model's
+    batch is a fraction of its round, so its rounds do not change."""
+    seconds = ROUND_UNITS * timing_seconds
+    batches = served_batches(pairs)
+    one_fills = bool(lengths) and kernel_tokens_per_s > 0 and padded_seconds(
+        lengths[:MAX_BATCH_ENTRIES], kernel_tokens_per_s)[0] >= seconds
+    return batches[:1] if one_fills else take_seconds(batches, kernel_pairs_per_s, seconds)
+
+
+def padded_seconds(lengths: Sequence[int], tokens_per_s: float, max_entries: int = MAX_BATCH_ENTRIES) -> list[float]:
+    """Each served batch's estimated seconds: its entries times its longest pair's tokens, at ``tokens_per_s``."""
+    return [len(lengths[i : i + max_entries]) * max(lengths[i : i + max_entries]) / tokens_per_s
+            for i in range(0, len(lengths), max_entries)]
 
 
 def take_seconds(batches: Sequence[Batch], pairs_per_s: float, seconds: float, min_batches: int = 2) -> list[Batch]:

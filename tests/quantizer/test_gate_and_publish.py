@@ -204,3 +204,28 @@ def test_a_job_on_live_queries_does_not_keep_them_beside_the_artifact(bert_model
     assert (art / contract.MANIFEST_FILE).is_file()
     assert not (art / contract.EVALUATION_FILE).exists()
     assert "live query" not in "".join(p.read_text(errors="ignore") for p in art.rglob("*.json"))
+
+
+def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_stops_at_the_first_pass(
+        bert_model: Path, tmp_path: Path) -> None:
+    """The large-model path, on the tiny model with the fusion limit set below its size: unfused candidates, the
+    MatMul weights written by matmul_int8 (DynamicQuantizeMatMul nodes, no ORT quantizer), the search ending at the
+    first candidate that passes (the rest run the same kernels), and a TEI-loadable artifact."""
+    import onnx
+
+    from quantizer_job import layout
+
+    vol = tmp_path / "vol"
+    r = run_quantize(["--model", str(bert_model), "--output", str(vol), "--artifact-id", "large-path",
+                      "--recipe", "auto", "--min-spearman", "0.8", "--min-topk-agreement", "0.5"], tmp_path,
+                     env={"RERANK_QUANTIZE_FUSION_MAX_BYTES": "1000"})
+    assert r.rc == 0, r.stderr[-3000:]
+    tried = r.result["recipe"]["tried"]
+    assert len(tried) == 1 and tried[0]["passed"] and tried[0]["name"].endswith("-unfused"), tried
+    logs = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+    skipped = [e for e in logs if e.get("event") == "skipped" and e.get("stage") == "quantize"]
+    assert skipped and "passed the gate" in skipped[0]["reason"] and len(skipped[0]["recipes"]) >= 2
+    cpu = vol / contract.ARTIFACTS_DIR / "large-path" / contract.CPU_SUBDIR
+    ops = {n.op_type for n in onnx.load(str(cpu / layout.MODEL_FILE), load_external_data=False).graph.node}
+    assert "DynamicQuantizeMatMul" in ops and "MatMulInteger" not in ops and "Attention" not in ops, ops
+    assert not layout.check_tei_dir(cpu, expect_token_type_ids=True)

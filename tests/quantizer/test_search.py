@@ -137,3 +137,19 @@ def test_reported_numbers_leave_out_what_is_not_finite_and_round_the_rest() -> N
     assert results.rounded(q, 2) == {"spearman": 1.0, "pairs": 840.0}
     assert results.finite_values(q) == {"spearman": 0.9987654321, "pairs": 840.0}
     assert results.round_finite(NAN, 3) is None and results.round_finite(1.23456, 3) == 1.235
+
+
+def test_a_large_models_search_stops_at_the_first_candidate_that_passes() -> None:
+    """``stop_after_pass`` (large models: the later candidates run the same kernels): one that errors and one that
+    fails the gate are followed; the first pass ends the search and says why the rest were not tried."""
+    table: dict[str, tuple[float, float, bool] | JobError] = {
+        "emb8": (0.984, 300.0, False), "broken": JobError("QuantizationFailed", "boom"),
+        "emb-fp32": (0.995, 290.0, True), "ffn33": (0.997, 260.0, True), "ffn100": (0.998, 200.0, True)}
+    evaluate, calls = evaluate_from(table)
+    res = search.search(recipes(*table), evaluate, no_deadline(), stop_after_pass=True)
+    assert calls == ["emb8", "broken", "emb-fp32"]
+    assert res.skipped == ["ffn33", "ffn100"] and "passed the gate" in res.skipped_why
+    assert res.best is not None and res.best.recipe.name == "emb-fp32"
+    evaluate, calls = evaluate_from(table)  # without the flag every candidate is tried
+    res = search.search(recipes(*table), evaluate, no_deadline())
+    assert calls == list(table) and res.skipped == [] and res.skipped_why == ""

@@ -44,6 +44,20 @@ def test_one_round_takes_about_the_timing_budget_and_at_least_two_batches() -> N
     assert len(serving.take_seconds(batches, pairs_per_s=0.0, seconds=5.0)) == 10
 
 
+def test_a_batch_that_alone_fills_the_round_is_the_round() -> None:
+    """A 568M model: FP32 at 1.7 pairs/s (sorted), so the pair count asks for ~10 pairs, i.e. two batches; the
+    first arrival-order batch pads 8 pairs to 512 tokens, ~12 s at the kernel's token rate, more than the round's
+    6 s: one batch. A small model's first batch is a sliver of its round: the pair count decides, as before."""
+    ps = pairs({f"q{i}": 8 for i in range(10)})
+    lengths = [512 if i % 8 == 3 else 40 for i in range(len(ps))]
+    tokens_per_s = 1.7 * 200  # pairs/s x padded tokens per pair of the sorted batches
+    assert serving.padded_seconds(lengths[:8], tokens_per_s)[0] == pytest.approx(8 * 512 / tokens_per_s)
+    assert len(serving.round_batches(ps, 1.7, 2.0)) == 2  # without lengths: the two-batch minimum
+    assert serving.round_batches(ps, 1.7, 2.0, lengths, tokens_per_s) == serving.served_batches(ps)[:1]
+    small = serving.round_batches(ps, 16.0, 2.0 / serving.ROUND_UNITS, lengths, kernel_tokens_per_s=16000.0)
+    assert small == serving.round_batches(ps, 16.0, 2.0 / serving.ROUND_UNITS) == serving.served_batches(ps)[:4]
+
+
 def test_inference_runs_in_arrival_order_while_workers_tokenize_ahead() -> None:
     batches = [[("q", str(i))] for i in range(12)]
     ran: list[int] = []

@@ -146,3 +146,42 @@ def test_an_urgent_add_during_processing_runs_again_urgently() -> None:
     eventually(lambda: len(seen) == 3, 5, "all processed")
     q.stop()
     assert seen == ["m", "m", "bg"]
+
+
+def test_background_work_yields_to_urgent_work_without_starving() -> None:
+    """Four workers, at most one on background keys while an urgent key is in flight: three background keys run
+    one at a time beside it (never zero: nothing starves), then side by side once the urgent key is done."""
+    release_urgent = threading.Event()
+    lock = threading.Lock()
+    running: set[str] = set()
+    most_background: list[int] = []
+    started: list[str] = []
+    gates = {k: threading.Event() for k in ["bg-1", "bg-2", "bg-3"]}
+
+    def handle(key: str) -> None:
+        with lock:
+            running.add(key)
+            started.append(key)
+            most_background.append(sum(1 for k in running if k.startswith("bg")))
+        (release_urgent if key == "new" else gates[key]).wait(5)
+        with lock:
+            running.discard(key)
+
+    q: WorkQueue[str] = WorkQueue(handle, workers=4, background_while_urgent=1)
+    q.start()
+    q.add("new", urgent=True)
+    eventually(lambda: "new" in running, 5, "the urgent key is taken")
+    for key in gates:
+        q.add(key)
+    eventually(lambda: "bg-1" in running, 5, "one background key runs beside the urgent one")
+    gates["bg-1"].set()                 # done: the next background key takes its place, still one at a time
+    eventually(lambda: "bg-2" in running, 5, "the second background key")
+    assert "bg-3" not in running and max(most_background) == 1
+    release_urgent.set()               # the urgent work is over: the rest runs side by side
+    eventually(lambda: "bg-3" in running, 5, "the third background key beside the second")
+    assert {"bg-2", "bg-3"} <= running
+    gates["bg-2"].set()
+    gates["bg-3"].set()
+    eventually(lambda: not running, 5, "all done")
+    q.stop()
+    assert started == ["new", "bg-1", "bg-2", "bg-3"] and q.processing() == 0

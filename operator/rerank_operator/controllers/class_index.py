@@ -32,6 +32,7 @@ class ClassIndex:
         self._items: dict[str, dict[str, Any]] = {}
         self._seen: set[str] = set()  # names the watch delivered (added, changed or deleted): newer than a LIST
         self._primed = False
+        self._priming = threading.Lock()  # one LIST however many workers need the classes first (single flight)
         self._version = 0
 
     @property
@@ -55,9 +56,13 @@ class ClassIndex:
             self._version += 1
 
     def items(self, lister: Callable[[], Iterable[Obj] | None]) -> list[dict[str, Any]]:
-        """Every class; the first call reads them with ``lister`` (one LIST), later ones come from memory."""
+        """Every class; the first call reads them with ``lister`` (one LIST), later ones come from memory. Calls
+        made while that LIST runs wait for it: in a burst of applies every worker's first model needs the classes
+        at once, and a LIST each (124 of them in a 300-model burst) loaded the API server when it was busiest."""
         if not self._primed:
-            self.prime(lister() or ())
+            with self._priming:
+                if not self._primed:
+                    self.prime(lister() or ())
         return self.snapshot()
 
     def snapshot(self) -> list[dict[str, Any]]:

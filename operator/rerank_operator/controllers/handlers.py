@@ -44,7 +44,12 @@ from rerank_operator.core.observed import Obj
 from rerank_operator.core.settings import Settings
 
 USER_AGENT = f"{names.OPERATOR_NAME}/{__version__}"
-RECONCILE_WORKERS = 48  # requests block on the API server, not the CPU: enough to keep a burst of applies moving
+#: Requests block on the API server, not the CPU: in a burst of applies every worker waits on it (a new model's
+#: claim, Job and status took ~1.5 s there on a busy 2-core dev cluster; benchmarks/fleet.py): models/s ~ workers / 1.5.
+RECONCILE_WORKERS = 128
+#: While new models wait for their Jobs, other models' background reconciles (pool roll-outs after a Job finished,
+#: status churn) use at most this many workers: their writes would compete with the new models' on the API server.
+BACKGROUND_WORKERS_IN_A_BURST = 4
 CACHE_SYNC_SECONDS = 120.0
 ModelKey = tuple[str, str]
 
@@ -67,7 +72,8 @@ class Process:
         self.registry = class_index.Registry()
         self.handoff = Handoff()
         self.queue: WorkQueue[ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS,
-                                                    waited=metrics.QUEUE_WAIT.observe)
+                                                    waited=metrics.QUEUE_WAIT.observe,
+                                                    background_while_urgent=BACKGROUND_WORKERS_IN_A_BURST)
         self._triggers: dict[ModelKey, str] = {}  # why each queued model was queued first (the metrics' trigger)
         self._triggers_lock = threading.Lock()
         self.stop = threading.Event()

@@ -14,6 +14,10 @@ client-go's rate-limited work queue, reduced to what the operator needs:
 - **Urgent keys first** (``add(key, urgent=True)``): a model whose spec nobody has acted on yet (just applied, or
   its generation changed) goes ahead of the background work (child status churn, resyncs), so inside a burst of
   applies a new model's Job does not wait behind other models' pool roll-outs.
+- **Background work yields to urgent work** (``background_while_urgent``): while urgent keys wait or are being
+  processed, at most that many workers take background keys. In a burst the API server is the bottleneck, and
+  every pool roll-out of a model whose Job already finished is a handful of writes competing with the next new
+  model's claim and Job; capping it (not stopping it: nothing starves) leaves the API server to the new models.
 - **Paused until started.** Keys accumulate while the process is a standby (leader election); the workers start
   when it leads, and then work off everything that happened meanwhile.
 """
@@ -49,9 +53,11 @@ class WorkQueue(Generic[K]):
 
     def __init__(self, handle: Callable[[K], float | None], workers: int, *, retry_base: float = 1.0,
                  retry_max: float = 60.0, clock: Callable[[], float] = time.monotonic, name: str = "reconcile",
-                 waited: Callable[[float], None] = lambda seconds: None) -> None:
+                 waited: Callable[[float], None] = lambda seconds: None,
+                 background_while_urgent: int | None = None) -> None:
         self._handle = handle
         self._workers = workers
+        self._background_cap = workers if background_while_urgent is None else max(1, background_while_urgent)
         self._retry_base = retry_base
         self._retry_max = retry_max
         self._clock = clock
@@ -63,6 +69,8 @@ class WorkQueue(Generic[K]):
         self._processing: set[K] = set()
         self._dirty: set[K] = set()  # added while being processed: run again afterwards
         self._dirty_urgent: set[K] = set()  # ... and urgently
+        self._urgent_processing: set[K] = set()  # taken from the urgent lane, being processed
+        self._background_processing = 0  # keys taken from the background lane, being processed
         self._due: dict[K, float] = {}  # key -> earliest time of its delayed add
         self._timers: list[tuple[float, int, K]] = []
         self._seq = itertools.count()
@@ -160,15 +168,40 @@ class WorkQueue(Generic[K]):
                     if self._due.get(key) == due:
                         del self._due[key]
                         self._add_locked(key)
-                if self._urgent or self._ready:
-                    key = self._urgent.popleft() if self._urgent else self._ready.popleft()
-                    self._queued.discard(key)
-                    self._processing.add(key)
-                    self._waited(now - self._since.pop(key, now))
-                    return key
+                taken = self._take_locked()
+                if taken is not None:
+                    self._waited(now - self._since.pop(taken, now))
+                    return taken
                 wait = self._timers[0][0] - now if self._timers else None
                 self._cond.wait(wait)
             return None
+
+    def _take_locked(self) -> K | None:
+        """The next key: an urgent one, else a background one unless urgent work holds the background's share."""
+        if self._urgent:
+            key = self._urgent.popleft()
+            self._urgent_processing.add(key)
+        elif self._ready and (self._background_processing < self._background_cap
+                              or not self._urgent_processing):
+            key = self._ready.popleft()
+            self._background_processing += 1
+        else:
+            return None
+        self._queued.discard(key)
+        self._processing.add(key)
+        return key
+
+    def _done_locked(self, key: K) -> None:
+        """``key`` was processed: free its lane's place, waking the workers the background's cap held back."""
+        self._processing.discard(key)
+        if key in self._urgent_processing:
+            self._urgent_processing.discard(key)
+            if not self._urgent_processing and not self._urgent and self._ready:
+                self._cond.notify_all()  # the burst is over: every idle worker may take background keys again
+        else:
+            self._background_processing -= 1
+            if self._ready:
+                self._cond.notify()
 
     def _work(self) -> None:
         while (key := self._next()) is not None:
@@ -185,7 +218,7 @@ class WorkQueue(Generic[K]):
                 log.exception("%s of %s failed; again in %.1f s", self._name, key, again)
             finally:
                 with self._cond:
-                    self._processing.discard(key)
+                    self._done_locked(key)
                     if key in self._dirty:
                         self._dirty.discard(key)
                         self._add_locked(key, key in self._dirty_urgent)

@@ -270,3 +270,37 @@ def test_an_invalid_spec_fails_the_model_and_keeps_the_rest_of_its_status() -> N
     assert not cond(status, "ClassCompliant")
 
 
+
+
+def test_workers_needing_the_classes_at_once_share_one_list() -> None:
+    """A burst of applies: every worker's first model asks for the classes before any LIST has returned. One LIST
+    is made (single flight), every caller gets its result; a failed LIST is tried again by the next caller."""
+    import threading
+    import time
+
+    index = class_index.ClassIndex()
+    calls: list[int] = []
+    started = threading.Event()
+
+    def lister() -> list[dict[str, Any]]:
+        calls.append(1)
+        started.set()
+        time.sleep(0.2)  # the API server is busy
+        return [rclass(name="standard", default=True)]
+
+    got: list[list[str]] = []
+    threads = [threading.Thread(target=lambda: got.append([c["metadata"]["name"] for c in index.items(lister)]))
+               for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert started.is_set() and len(calls) == 1 and got == [["standard"]] * 16
+    fresh = class_index.ClassIndex()
+
+    def failing() -> list[dict[str, Any]]:
+        raise ConnectionError("the API server is unreachable")
+
+    with pytest.raises(ConnectionError):
+        fresh.items(failing)
+    assert not fresh.primed and fresh.items(lister) and fresh.primed

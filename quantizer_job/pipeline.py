@@ -121,6 +121,8 @@ class Reference:
     #: FP32's seconds per served round, measured here when the FP32 session is too large to keep loaded next to a
     #: candidate's (then candidates are not timed in turns with it); None: timed in turns.
     fp32_rounds: list[float] | None = None
+    #: Rounds every model is timed for (``serving.round_count``).
+    rounds: int = serving.ROUNDS
 
 
 @dataclass(frozen=True)
@@ -206,15 +208,18 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
             raise JobError("ExportFailed", f"ONNX FP32 differs from PyTorch by {export_diff:.3g}")
         rec.update(fp32=ref.speed(), export_max_abs_diff=export_diff)
         padded_tokens = sum(int(b["input_ids"].size) for b in batches)
+        tokens_per_s = ref.pairs_per_s * padded_tokens / max(1, len(pairs))
         served = serving.round_batches(eval_pairs, ref.pairs_per_s, _timing_seconds(), lengths=lengths,
-                                       kernel_tokens_per_s=ref.pairs_per_s * padded_tokens / max(1, len(pairs)))
+                                       kernel_tokens_per_s=tokens_per_s)
+        rounds = serving.round_count(sum(serving.padded_seconds(lengths[: sum(len(b) for b in served)],
+                                                                tokens_per_s)), _timing_seconds())
         fp32_rounds = None
         large = too_large_to_fuse(exported.onnx)  # also too large to keep loaded beside each candidate
         if large and serve_threads(ctx) == ctx.threads:
-            fp32_rounds = _server(ctx, exported, fp32_sess, served).rounds()
+            fp32_rounds = _server(ctx, exported, fp32_sess, served).rounds(rounds)
         del fp32_sess
         if large and fp32_rounds is None:  # the pool's thread count differs: its own session, after freeing ours
-            fp32_rounds = _server(ctx, exported, exported.onnx, served).rounds()
+            fp32_rounds = _server(ctx, exported, exported.onnx, served).rounds(rounds)
         if fp32_rounds is not None:
             rec.update(fp32_served_s=[round(x, 3) for x in fp32_rounds])
 
@@ -226,7 +231,7 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
         chosen_pairs = [(calib_pairs[i].query, calib_pairs[i].text) for i in chosen]
         calib_feeds = textenc.make_batches(tok, chosen_pairs, pad_id, batch_size=BATCH_SIZE)
     return Reference(timed=ref, batches=batches, inverse=inverse, groups=[p.query for p in eval_pairs],
-                     calib_feeds=calib_feeds, served=served, fp32_rounds=fp32_rounds)
+                     calib_feeds=calib_feeds, served=served, fp32_rounds=fp32_rounds, rounds=rounds)
 
 
 def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[Recipe]:
@@ -276,12 +281,13 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
         if ref.fp32_rounds is None:
             if not fp32_server:
                 fp32_server.append(_server(ctx, exported, fp32, ref.served))
-            seconds = serving.in_turns({"fp32": fp32_server[0].timed, "int8": server.timed})
+            seconds = serving.in_turns({"fp32": fp32_server[0].timed, "int8": server.timed}, ref.rounds)
         else:
-            seconds = {"fp32": ref.fp32_rounds, "int8": server.rounds()}
+            seconds = {"fp32": ref.fp32_rounds, "int8": server.rounds(ref.rounds)}
         del server
         in_turns = 1.0 if ref.fp32_rounds is None else 0.0
-        return {**serving.figures(seconds, sum(len(b) for b in ref.served)), "served_in_turns": in_turns}
+        return {**serving.figures(seconds, sum(len(b) for b in ref.served)), "served_in_turns": in_turns,
+                "served_rounds": float(ref.rounds)}
 
     def evaluate(i: int, recipe: Recipe) -> search.Trial:
         with stage("optimize", ctx.timings, level=recipe.optimization_level, recipe=recipe.name) as rec:
@@ -408,7 +414,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
                            "intra_op_threads": serve_threads(ctx), "job_threads": ctx.threads,
                            "pool_threads": req.serve_threads,
                            "tokenization_workers": serving.tokenization_workers(serve_threads(ctx)),
-                           "rounds": serving.ROUNDS,
+                           "rounds": int(best.speed.get("served_rounds", serving.ROUNDS)),
                            "graph_optimization_level": "ORT_ENABLE_ALL", "kernel_batch_size": BATCH_SIZE},
         "export": {"opset": info["opset"], "inputs": info["input_names"], "outputs": info["output_names"],
                    "tokenizer_converted": info["tokenizer_converted"]},
@@ -570,15 +576,26 @@ def _default_eval_size(sess: verify.Session, tok: textenc.Tokenizer, pad_id: int
                        time_budget_seconds: float) -> int:
     """How many of the default pairs to score: all of them (840) when the FP32 model is fast enough to score
     them in EVAL_BUDGET_SHARE of the time budget, else fewer (never fewer than the built-in 74): a 568M model
-    on 2 cores scores about one pair a second, and the gate has to leave time for quantizing."""
-    probe = textenc.make_batches(tok, [(p.query, p.text) for p in eval_pairs[:24]], pad_id, batch_size=BATCH_SIZE)
+    on 2 cores scores about two pairs a second, and the gate has to leave time for quantizing.
+
+    The speed is timed in tokens a second on one batch of the 8 pairs around the median length, after one run of
+    the shortest pair (ONNX Runtime allocates and prepacks weights on a first run), and a pair costs the mean
+    length's tokens (the reference scores length-sorted batches: little padding; at these lengths a transformer's
+    time grows about linearly with tokens). Timing the first pairs as they come, padded to the longest, took 80 s
+    of a 568M model's Job."""
+    pairs = [(p.query, p.text) for p in eval_pairs]
+    lengths = textenc.token_lengths(tok, pairs)
+    order = np.argsort(lengths, kind="stable")
+    mid = max(0, len(order) // 2 - BATCH_SIZE // 2)
+    warm = textenc.make_batches(tok, [pairs[order[0]]], pad_id, batch_size=BATCH_SIZE)[0]
+    probe = textenc.make_batches(tok, [pairs[i] for i in order[mid : mid + BATCH_SIZE]], pad_id,
+                                 batch_size=BATCH_SIZE)[0]
     names = [i.name for i in sess.get_inputs()]
-    sess.run(["logits"], {k: probe[0][k] for k in names})
+    sess.run(["logits"], {k: warm[k] for k in names})
     t0 = time.perf_counter()
-    for b in probe:
-        sess.run(["logits"], {k: b[k] for k in names})
-    pps = 24 / max(1e-6, time.perf_counter() - t0)
-    n = int(pps * EVAL_BUDGET_SHARE * time_budget_seconds)
+    sess.run(["logits"], {k: probe[k] for k in names})
+    tokens_per_s = probe["input_ids"].size / max(1e-6, time.perf_counter() - t0)
+    n = int(tokens_per_s / max(1.0, float(np.mean(lengths))) * EVAL_BUDGET_SHARE * time_budget_seconds)
     return max(min(len(eval_pairs), MIN_DEFAULT_EVAL_PAIRS), min(len(eval_pairs), n))
 
 
@@ -605,12 +622,15 @@ def serve_threads(ctx: Context) -> int:
 
 def _server(ctx: Context, exported: Exported, model: Path | verify.Session,
             batches: list[serving.Batch]) -> serving.Server:
-    """``model`` (a path, or a session built with the serving thread count) served as TEI serves it."""
+    """``model`` (a path, or a session built with the serving thread count) served as TEI serves it. A new
+    session is warmed up with one untimed batch; a session that has scored the evaluation batches already is warm
+    (its weights are prepacked), and on a 568M model a batch costs 20 s of FP32."""
     threads = serve_threads(ctx)
     sess = verify.make_session(model, threads) if isinstance(model, Path) else model
     server = serving.Server(sess, serving.encoder(exported.tokenizer, exported.pad_id), batches,
                             serving.tokenization_workers(threads))
-    server.warm()
+    if isinstance(model, Path):
+        server.warm()
     return server
 
 

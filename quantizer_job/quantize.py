@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import JobError
 from .isa import REDUCE_RANGE_REQUIRED
+from .logs import log
 from .matmul_int8 import quantize_matmuls
 
 TWO_GB = 2 * 1024**3
@@ -295,8 +296,7 @@ def quantize_embeddings(path: Path) -> dict[str, Any]:
             new_nodes.append(node)
             continue
         w = numpy_helper.to_array(t).astype(np.float32, copy=False)
-        scale = np.maximum(np.abs(w).max(axis=1, keepdims=True), 1e-12) / 127.0
-        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        q, scale, max_err = _int8_rows(w)
         base = t.name
         m.graph.initializer.remove(t)
         m.graph.initializer.extend([numpy_helper.from_array(q, base + "_int8"),
@@ -308,8 +308,8 @@ def quantize_embeddings(path: Path) -> dict[str, Any]:
             helper.make_node("Gather", [base + "_row_scale", ids], [out + "_s"], name=node.name + "_scale", axis=0),
             helper.make_node("Mul", [out + "_qf", out + "_s"], [out], name=node.name + "_dq"),
         ]
-        done.append({"table": base, "rows": int(t.dims[0]), "cols": int(t.dims[1]),
-                     "max_row_error": float(np.abs(q * scale - w).max())})
+        done.append({"table": base, "rows": int(t.dims[0]), "cols": int(t.dims[1]), "max_row_error": max_err})
+        del w
     if done:
         del m.graph.node[:]
         m.graph.node.extend(new_nodes)
@@ -323,6 +323,21 @@ def quantize_embeddings(path: Path) -> dict[str, Any]:
             stale.unlink(missing_ok=True)
         _finish_saved_model(path)
     return {"tables": done}
+
+
+def _int8_rows(w: np.ndarray, rows_at_once: int = 16384) -> tuple[np.ndarray, np.ndarray, float]:
+    """``w`` as int8 with one symmetric scale per row, and the largest error; in slices of rows, so a 1 GB table
+    (XLM-R large) needs no float temporaries of its own size."""
+    q = np.empty(w.shape, dtype=np.int8)
+    scale = np.empty((w.shape[0], 1), dtype=np.float32)
+    max_err = 0.0
+    for i in range(0, w.shape[0], rows_at_once):
+        part = w[i : i + rows_at_once]
+        s = np.maximum(np.abs(part).max(axis=1, keepdims=True), 1e-12) / 127.0
+        q[i : i + rows_at_once] = np.clip(np.rint(part / s), -127, 127)
+        scale[i : i + rows_at_once] = s
+        max_err = max(max_err, float(np.abs(q[i : i + rows_at_once] * s - part).max()))
+    return q, scale, max_err
 
 
 #: Fused graphs already written (with their fusion counts), by fusion setting (:func:`optimized_for`); one per Job,
@@ -360,10 +375,12 @@ def build_int8(fp32: Path, dst: Path, recipe: Recipe, work: Path, num_heads: int
         quantize_static(src, dst, recipe, calib_feeds, input_names, exclude)
     elif stream_weights and streamable(recipe):
         try:
-            quantize_matmuls(src, dst, per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
-                             exclude=exclude)
+            done = quantize_matmuls(src, dst, per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
+                                    exclude=exclude)
         except Exception as exc:
             raise JobError("QuantizationFailed", f"MatMul quantization failed: {type(exc).__name__}: {exc}") from exc
+        log("quantize", "matmuls_streamed", matmuls=done.matmuls, kept_fp32=done.kept_fp32,
+            int8_weight_bytes=done.weight_bytes)
         _finish_saved_model(dst)
     else:
         quantize_dynamic(src, dst, recipe, exclude)

@@ -25,6 +25,7 @@ What the sorted timing hides, and this harness keeps, is how TEI serves a CPU po
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import threading
@@ -77,6 +78,17 @@ def round_batches(pairs: Sequence[Pair], kernel_pairs_per_s: float, timing_secon
     one_fills = bool(lengths) and kernel_tokens_per_s > 0 and padded_seconds(
         lengths[:MAX_BATCH_ENTRIES], kernel_tokens_per_s)[0] >= seconds
     return batches[:1] if one_fills else take_seconds(batches, kernel_pairs_per_s, seconds)
+
+
+def round_count(round_seconds: float, timing_seconds: float) -> int:
+    """How many rounds to time: ``ROUNDS`` of ``ROUND_UNITS`` x ``timing_seconds`` each; a round estimated to take
+    longer (``round_seconds``: a single batch that fills it, see ``round_batches``) is worth more than one, so
+    fewer of them make the same timed work, never fewer than two (a spread needs two). A 568M model's one-batch
+    round took 20 s of FP32: two rounds, not three."""
+    intended = ROUND_UNITS * timing_seconds
+    if round_seconds <= intended:
+        return ROUNDS
+    return max(2, min(ROUNDS, math.ceil(ROUNDS * intended / round_seconds)))
 
 
 def padded_seconds(lengths: Sequence[int], tokens_per_s: float, max_entries: int = MAX_BATCH_ENTRIES) -> list[float]:

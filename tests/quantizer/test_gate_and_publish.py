@@ -225,6 +225,8 @@ def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_stop
     logs = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
     skipped = [e for e in logs if e.get("event") == "skipped" and e.get("stage") == "quantize"]
     assert skipped and "passed the gate" in skipped[0]["reason"] and len(skipped[0]["recipes"]) >= 2
+    streamed = [e for e in logs if e.get("event") == "matmuls_streamed"]
+    assert len(streamed) == 1 and streamed[0]["matmuls"] >= 12 and streamed[0]["kept_fp32"] == 0, streamed
     cpu = vol / contract.ARTIFACTS_DIR / "large-path" / contract.CPU_SUBDIR
     ops = {n.op_type for n in onnx.load(str(cpu / layout.MODEL_FILE), load_external_data=False).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMulInteger" not in ops and "Attention" not in ops, ops

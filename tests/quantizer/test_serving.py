@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,3 +158,42 @@ def test_the_pool_thread_count_is_measured_within_the_jobs_own_cpus(pool: int, j
     ctx = pipeline.Context(req=req, tmp=Path("/tmp/x"), threads=job, elapsed=lambda: 0.0)
     assert pipeline.serve_threads(ctx) == expect
     assert serving.tokenization_workers(expect) == max(1, expect - 1)
+
+
+def test_the_default_eval_set_is_sized_on_a_median_length_batch_after_a_one_pair_warm_up(bert_model: Path) -> None:
+    """``pipeline._default_eval_size``: two runs only (the shortest pair to warm up, then 8 pairs around the median
+    length, timed), and the set capped to what the FP32 speed allows in its share of the budget, never below 74."""
+    from quantizer_job import evaldata, pipeline, textenc
+
+    tok = textenc.load_tokenizer(str(bert_model / "tokenizer.json"), 128)
+    pairs = evaldata.default_pairs()
+    lengths = sorted(textenc.token_lengths(tok, [(p.query, p.text) for p in pairs]))
+
+    class Session:
+        def __init__(self, seconds_per_pair: float) -> None:
+            self.rows: list[tuple[int, int]] = []
+            self.seconds_per_pair = seconds_per_pair
+
+        def get_inputs(self) -> list[Any]:
+            return [type("I", (), {"name": n})() for n in ("input_ids", "attention_mask", "token_type_ids")]
+
+        def run(self, _out: list[str], feed: dict[str, np.ndarray]) -> None:
+            self.rows.append(feed["input_ids"].shape)
+            time.sleep(self.seconds_per_pair * feed["input_ids"].shape[0])
+
+    sess = Session(0.05)  # 20 pairs/s at most (sleeping is a floor on the time, so never faster)
+    n = pipeline._default_eval_size(sess, tok, 0, pairs, 900)  # 36 s of the budget: ~720 pairs
+    assert 400 < n <= 720, n
+    (warm_rows, _), (probe_rows, probe_len) = sess.rows
+    assert warm_rows == 1 and probe_rows == 8 and len(sess.rows) == 2
+    assert lengths[len(lengths) // 2 - 8] <= probe_len <= lengths[len(lengths) // 2 + 8]
+    assert pipeline._default_eval_size(sess, tok, 0, pairs, 9000) == len(pairs)  # all 840
+    assert pipeline._default_eval_size(sess, tok, 0, pairs, 90) == pipeline.MIN_DEFAULT_EVAL_PAIRS  # 72 -> floor
+
+
+def test_a_round_longer_than_meant_counts_for_more_down_to_two_rounds() -> None:
+    intended = serving.ROUND_UNITS * 2.0
+    assert serving.round_count(intended, 2.0) == serving.ROUNDS  # as meant: 3 rounds
+    assert serving.round_count(intended * 1.4, 2.0) == serving.ROUNDS  # ceil(3 / 1.4) = 3
+    assert serving.round_count(intended * 1.6, 2.0) == 2  # a 568M model: one batch ~2-3x the round
+    assert serving.round_count(intended * 50, 2.0) == 2  # never fewer than two: a spread needs two

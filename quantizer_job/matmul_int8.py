@@ -70,10 +70,13 @@ def quantize_matmuls(src: Path, dst: Path, *, per_channel: bool, reduce_range: b
     for node in graph.node:
         for name in node.input:
             users[name] = users.get(name, 0) + 1
+    # A weight that is also a graph input or output, or is read inside a subgraph, must keep its name and values.
+    keep = {v.name for v in (*graph.input, *graph.output)} | _subgraph_inputs(graph)
 
     def weight_name(node: Any) -> str | None:
         t = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        ok = t is not None and len(t.dims) == 2 and t.data_type == TensorProto.FLOAT and users[t.name] == 1
+        ok = (t is not None and len(t.dims) == 2 and t.data_type == TensorProto.FLOAT and users[t.name] == 1
+              and t.name not in keep)
         return t.name if ok and t is not None else None
 
     skip = set(exclude)
@@ -107,6 +110,20 @@ def quantize_matmuls(src: Path, dst: Path, *, per_channel: bool, reduce_range: b
     return Quantized(matmuls=len(chosen), kept_fp32=kept, weight_bytes=weight_bytes)
 
 
+def _subgraph_inputs(graph: Any) -> set[str]:
+    """Every name read by a node inside a subgraph (If/Loop/Scan bodies) of ``graph``, at any depth."""
+    from onnx import AttributeProto
+
+    found: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                found.update(n for inner in sub.node for n in inner.input)
+                found |= _subgraph_inputs(sub)
+    return found
+
+
 class _TensorReader:
     """Initializers of ``src``: inline ones decoded, external ones read from their file with positional reads (no
     memory map: its pages would count as the Job's memory)."""
@@ -130,8 +147,12 @@ class _TensorReader:
             return None
         info = {e.key: e.value for e in t.external_data}
         loc, off = info["location"], int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else (self.base / loc).stat().st_size - off
-        return loc, off, length
+        if "length" in info:
+            return loc, off, int(info["length"])
+        from onnx import helper
+
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        return loc, off, int(np.prod(t.dims, dtype=np.int64)) * itemsize
 
     def read(self, loc: str, offset: int, length: int) -> bytes:
         if loc not in self._files:

@@ -211,8 +211,7 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
         tokens_per_s = ref.pairs_per_s * padded_tokens / max(1, len(pairs))
         served = serving.round_batches(eval_pairs, ref.pairs_per_s, _timing_seconds(), lengths=lengths,
                                        kernel_tokens_per_s=tokens_per_s)
-        rounds = serving.round_count(sum(serving.padded_seconds(lengths[: sum(len(b) for b in served)],
-                                                                tokens_per_s)), _timing_seconds())
+        rounds = serving.rounds_for(served, serving.first_batch_seconds(lengths, tokens_per_s), _timing_seconds())
         fp32_rounds = None
         large = too_large_to_fuse(exported.onnx)  # also too large to keep loaded beside each candidate
         if large and serve_threads(ctx) == ctx.threads:
@@ -237,9 +236,10 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
 def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[Recipe]:
     """The recipes to try: the auto search's list, or the one fixed recipe; unfused variants for large models.
 
-    A large model's unfused variants all run the same INT8 MatMul kernels (they differ in the embedding table and
-    in FFN layers kept FP32, i.e. in size and ranking), so the search stops at the first that passes the gate
-    (``search_recipes``): on a 568M model each further candidate costs minutes and could not serve faster."""
+    A large model's unfused variants run the same INT8 MatMul kernels and differ in the embedding table's precision
+    (bytes, not speed) and in the FFN layers kept FP32 (slower): they are tried fastest first, and once one passes
+    the gate the search skips those that could not serve faster (``search.not_faster``): on a 568M model each
+    candidate costs about a minute."""
     target = isa.detect_local_target() if req.target == "auto" else req.target
     fixed = Q.fixed_recipe(req.mode, target, req.optimization_level, req.per_channel, req.reduce_range,
                            req.operators)
@@ -260,7 +260,9 @@ def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[
     if unfused != found:
         log("optimize", "skipped", reason="model too large for the offline fusion pass within the memory budget",
             fp32_bytes=fp32_bytes, limit_bytes=limit)
-    return unfused
+    # Fastest first: unfused, the candidates differ in the FFN layers they keep FP32 (slower) and in the embedding
+    # table's precision (same speed), so the search can skip what could not serve faster than one that passed.
+    return sorted(unfused, key=lambda r: r.fp32_ffn_down)
 
 
 def evaluator(ctx: Context, source: Source, exported: Exported,
@@ -338,7 +340,7 @@ def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Refere
     found = candidates(req, model_bytes(exported.onnx), has_calibration=bool(ref.calib_feeds))
     result = search.search(found, evaluator(ctx, source, exported, ref),
                            search.Budget(seconds=float(req.time_budget_seconds), elapsed=ctx.elapsed),
-                           tolerate_failures=req.recipe == "auto", stop_after_pass=large)
+                           tolerate_failures=req.recipe == "auto", skip_slower_after_pass=large)
     for name, exc in result.failures:
         log("quantize", "recipe_failed", recipe=name, reason=exc.reason, error=exc.message[:500])
     if result.skipped:

@@ -49,6 +49,18 @@ class Budget:
         return self.elapsed() + slowest_candidate * self.margin <= self.seconds * self.stop_share
 
 
+#: Why ``skip_slower_after_pass`` left a candidate out.
+SLOWER = "a passing candidate runs the same kernels with no more layers kept FP32 (these could not serve faster)"
+
+
+def not_faster(recipe: Recipe, passed: Recipe) -> bool:
+    """``recipe`` runs the kernels ``passed`` runs, with at least as many FFN layers kept FP32: it may rank better,
+    never serve faster (the embedding table's precision changes the bytes, not the speed)."""
+    return (recipe.mode == passed.mode and recipe.optimization_level == passed.optimization_level
+            and recipe.operators == passed.operators and recipe.per_channel == passed.per_channel
+            and recipe.fast_gelu == passed.fast_gelu and recipe.fp32_ffn_down >= passed.fp32_ffn_down)
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """Every trial that produced a model, the chosen one, the report lines, and what was skipped or failed."""
@@ -59,7 +71,7 @@ class SearchResult:
     tried: list[dict[str, Any]]
     skipped: list[str] = field(default_factory=list)
     failures: list[tuple[str, JobError]] = field(default_factory=list)
-    #: Why the ``skipped`` recipes were not tried.
+    #: Why the ``skipped`` recipes were not tried ("<reason>: <names>", "; "-separated).
     skipped_why: str = ""
 
 
@@ -88,24 +100,28 @@ def choose(trials: Sequence[Trial]) -> Trial | None:
 
 
 def search(candidates: Sequence[Recipe], evaluate: Callable[[int, Recipe], Trial], budget: Budget, *,
-           tolerate_failures: bool = True, stop_after_pass: bool = False) -> SearchResult:
+           tolerate_failures: bool = True, skip_slower_after_pass: bool = False) -> SearchResult:
     """Evaluate ``candidates`` in order (most promising first) while the budget allows another one.
 
     ``evaluate(index, recipe)`` builds and scores one recipe, raising :class:`JobError` when it cannot. With
     ``tolerate_failures`` (``--recipe auto``) a failing recipe is recorded and the search goes on; without it (one
-    fixed recipe) the error is the Job's. The first candidate is always tried. ``stop_after_pass``: the candidates
-    after one that passes the gate cannot be faster (only better ranking), so they are not tried.
+    fixed recipe) the error is the Job's. The first candidate is always tried. ``skip_slower_after_pass`` (large
+    models, where each candidate costs about a minute): once a candidate passes the gate, the later ones that
+    cannot serve faster (``not_faster``) are not tried.
     """
     trials: list[Trial] = []
     tried: list[dict[str, Any]] = []
-    skipped: list[str] = []
     failures: list[tuple[str, JobError]] = []
     slowest: float | None = None
-    why = "time budget"
+    passed: list[Recipe] = []
+    not_tried: dict[str, list[str]] = {SLOWER: [], "time budget": []}
     for i, recipe in enumerate(candidates):
         if i > 0 and not budget.allows(slowest):
-            skipped.extend(r.name for r in candidates[i:])
+            not_tried["time budget"] = [r.name for r in candidates[i:]]
             break
+        if skip_slower_after_pass and any(not_faster(recipe, p) for p in passed):
+            not_tried[SLOWER].append(recipe.name)
+            continue
         started = budget.elapsed()
         trial = None
         try:
@@ -118,9 +134,9 @@ def search(candidates: Sequence[Recipe], evaluate: Callable[[int, Recipe], Trial
             failures.append((recipe.name, exc))
             tried.append({"name": recipe.name, "passed": False, "error": exc.reason})
         slowest = max(slowest or 0.0, budget.elapsed() - started)
-        if stop_after_pass and trial is not None and trial.passed and i + 1 < len(candidates):
-            skipped.extend(r.name for r in candidates[i + 1:])
-            why = "a candidate passed the gate; the others could only rank better, not run faster"
-            break
+        if trial is not None and trial.passed:
+            passed.append(recipe)
+    skipped = [name for names in not_tried.values() for name in names]
+    why = "; ".join(f"{reason}: {', '.join(names)}" for reason, names in not_tried.items() if names)
     return SearchResult(trials=trials, best=choose(trials), tried=tried, skipped=skipped, failures=failures,
-                        skipped_why=why if skipped else "")
+                        skipped_why=why)

@@ -66,18 +66,29 @@ def round_batches(pairs: Sequence[Pair], kernel_pairs_per_s: float, timing_secon
                   lengths: Sequence[int] = (), kernel_tokens_per_s: float = 0.0) -> list[Batch]:
     """One round's requests: the first served batches worth ``ROUND_UNITS`` x ``timing_seconds`` of FP32 work at its
     kernel speed (the Job's and the benchmarks' one rule, so a benchmark can time exactly what the Job timed), and at
-    least two batches, unless the first alone is worth that much already.
+    least two batches, unless the first alone is worth that much already (``first_batch_seconds``)."""
+    seconds = ROUND_UNITS * timing_seconds
+    batches = served_batches(pairs)
+    one_fills = first_batch_seconds(lengths, kernel_tokens_per_s) >= seconds
+    return batches[:1] if one_fills else take_seconds(batches, kernel_pairs_per_s, seconds)
+
+
+def first_batch_seconds(lengths: Sequence[int], kernel_tokens_per_s: float) -> float:
+    """The first served batch's FP32 seconds, estimated from its padded tokens (0 without lengths or a rate).
 
     The pair count does not see that arrival-order batches pad to their longest pair: with the pairs' token
     ``lengths`` and FP32's ``kernel_tokens_per_s`` (padded tokens a second on sorted batches) the first batch's
-    padded work is estimated, and a batch that alone fills the round is the round. On a 568M model two batches took
-    41 s of FP32 a round where 6 s were meant (three rounds: 2 minutes of a 5-minute Job); a MiniLM-size model's
-    batch is a fraction of its round, so its rounds do not change."""
-    seconds = ROUND_UNITS * timing_seconds
-    batches = served_batches(pairs)
-    one_fills = bool(lengths) and kernel_tokens_per_s > 0 and padded_seconds(
-        lengths[:MAX_BATCH_ENTRIES], kernel_tokens_per_s)[0] >= seconds
-    return batches[:1] if one_fills else take_seconds(batches, kernel_pairs_per_s, seconds)
+    padded work is estimated. On a 568M model two batches took 41 s of FP32 a round where 6 s were meant (three
+    rounds: 2 minutes of a 5-minute Job); a MiniLM-size model's batch is a fraction of its round."""
+    if not lengths or kernel_tokens_per_s <= 0:
+        return 0.0
+    return padded_seconds(lengths[:MAX_BATCH_ENTRIES], kernel_tokens_per_s)[0]
+
+
+def rounds_for(served: Sequence[Batch], first_seconds: float, timing_seconds: float) -> int:
+    """``ROUNDS``, unless the round is one batch that alone takes longer than a round is meant to: then
+    ``round_count`` (fewer, longer rounds of the same timed work)."""
+    return round_count(first_seconds, timing_seconds) if len(served) == 1 else ROUNDS
 
 
 def round_count(round_seconds: float, timing_seconds: float) -> int:

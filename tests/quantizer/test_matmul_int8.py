@@ -1,6 +1,6 @@
 """The streaming MatMul quantizer of large models (quantizer_job/matmul_int8.py) against ONNX Runtime's own
-``quantize_dynamic`` on the same graph: the same int8 weights and scales, the same scores, the same kernels once a
-session has loaded it, excluded nodes left FP32, and its external data page-aligned."""
+``quantize_dynamic`` on the same graph: the same int8 weights (scales within float rounding), the same scores,
+excluded nodes and weights the graph exposes left FP32, and its external data page-aligned."""
 
 from __future__ import annotations
 
@@ -108,3 +108,22 @@ def test_external_data_is_page_aligned_and_nothing_is_left_half_written(tmp_path
     with pytest.raises(OSError, match="shorter than recorded"):
         matmul_int8.quantize_matmuls(src, broken, per_channel=True, reduce_range=False)
     assert list(broken.parent.iterdir()) == []
+
+
+def test_a_weight_that_is_also_a_graph_input_or_output_stays_fp32(tmp_path: Path) -> None:
+    """Older exports list initializers as graph inputs (overridable defaults), and a weight may be a graph output:
+    quantizing it would drop a name the graph still exposes."""
+    rng = np.random.default_rng(5)
+    src = tmp_path / "fp32" / "model.onnx"
+    _ffn_model(src, rng)
+    m = onnx.load(str(src), load_external_data=False)
+    m.graph.input.append(helper.make_tensor_value_info("W3", TensorProto.FLOAT, [HIDDEN, HIDDEN]))
+    m.graph.output.append(helper.make_tensor_value_info("W2", TensorProto.FLOAT, [FFN, HIDDEN]))
+    onnx.save_model(m, str(src))  # the graph only: the data file stays as it is
+    out = tmp_path / "int8" / "model.onnx"
+    done = matmul_int8.quantize_matmuls(src, out, per_channel=True, reduce_range=False)
+    assert done.matmuls == 1
+    got = _inits(out)
+    assert "W1_quantized" in got and "W2" in got and "W3" in got
+    x = rng.standard_normal((1, 3, HIDDEN)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x), _run(src, x), atol=0.05 * float(np.abs(_run(src, x)).max()))

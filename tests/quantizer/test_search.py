@@ -139,17 +139,25 @@ def test_reported_numbers_leave_out_what_is_not_finite_and_round_the_rest() -> N
     assert results.round_finite(NAN, 3) is None and results.round_finite(1.23456, 3) == 1.235
 
 
-def test_a_large_models_search_stops_at_the_first_candidate_that_passes() -> None:
-    """``stop_after_pass`` (large models: the later candidates run the same kernels): one that errors and one that
-    fails the gate are followed; the first pass ends the search and says why the rest were not tried."""
+def test_a_large_models_search_skips_what_could_not_serve_faster_than_a_pass() -> None:
+    """``skip_slower_after_pass`` (large models): after a candidate passes, later ones with the same kernels and at
+    least as many FFN layers kept FP32 are skipped; a faster kind (another mode, fewer FP32 layers) is still tried,
+    and errors or gate failures before the pass skip nothing."""
+    emb8 = Recipe(name="emb8")
+    ffn33 = Recipe(name="ffn33", fp32_ffn_down=1 / 3)
     table: dict[str, tuple[float, float, bool] | JobError] = {
         "emb8": (0.984, 300.0, False), "broken": JobError("QuantizationFailed", "boom"),
-        "emb-fp32": (0.995, 290.0, True), "ffn33": (0.997, 260.0, True), "ffn100": (0.998, 200.0, True)}
+        "ffn33": (0.995, 260.0, True), "emb-fp32": (0.996, 290.0, True), "ffn100": (0.998, 200.0, True),
+        "static": (0.993, 310.0, True)}
+    cands = [emb8, Recipe(name="broken"), ffn33, Recipe(name="emb-fp32", embeddings="fp32"),
+             Recipe(name="ffn100", fp32_ffn_down=1.0), Recipe(name="static", mode="static")]
     evaluate, calls = evaluate_from(table)
-    res = search.search(recipes(*table), evaluate, no_deadline(), stop_after_pass=True)
-    assert calls == ["emb8", "broken", "emb-fp32"]
-    assert res.skipped == ["ffn33", "ffn100"] and "passed the gate" in res.skipped_why
-    assert res.best is not None and res.best.recipe.name == "emb-fp32"
+    res = search.search(cands, evaluate, no_deadline(), skip_slower_after_pass=True)
+    # emb-fp32 keeps no FFN layer FP32: it could be faster than ffn33, so it is tried; ffn100 could not; static is
+    # another kind of kernel.
+    assert calls == ["emb8", "broken", "ffn33", "emb-fp32", "static"]
+    assert res.skipped == ["ffn100"] and res.skipped_why.startswith(search.SLOWER) and "ffn100" in res.skipped_why
+    assert search.not_faster(ffn33, emb8) and not search.not_faster(emb8, ffn33)
     evaluate, calls = evaluate_from(table)  # without the flag every candidate is tried
-    res = search.search(recipes(*table), evaluate, no_deadline())
+    res = search.search(cands, evaluate, no_deadline())
     assert calls == list(table) and res.skipped == [] and res.skipped_why == ""

@@ -191,6 +191,20 @@ def test_the_default_eval_set_is_sized_on_a_median_length_batch_after_a_one_pair
     assert pipeline._default_eval_size(sess, tok, 0, pairs, 90) == pipeline.MIN_DEFAULT_EVAL_PAIRS  # 72 -> floor
 
 
+def test_only_a_one_batch_round_is_timed_fewer_times() -> None:
+    """A MiniLM-size model on long-tail pairs: its multi-batch round pads to several times its intended seconds
+    (arrival order), yet it keeps ``ROUNDS`` rounds; only a round that one batch fills may have fewer."""
+    ps = pairs({f"q{i}": 8 for i in range(40)})
+    lengths = [480 if i % 3 == 0 else 60 for i in range(len(ps))]  # most batches pad to 480 tokens
+    small_rate, large_rate = 16.0 * 200, 1.7 * 200  # pairs/s x ~200 padded tokens per pair on sorted batches
+    small = serving.round_batches(ps, 16.0, 2.0, lengths, small_rate)
+    assert len(small) > 1 and sum(serving.padded_seconds(lengths[: 8 * len(small)], small_rate)) > 12.0
+    assert serving.rounds_for(small, serving.first_batch_seconds(lengths, small_rate), 2.0) == serving.ROUNDS
+    large = serving.round_batches(ps, 1.7, 2.0, lengths, large_rate)
+    assert len(large) == 1
+    assert serving.rounds_for(large, serving.first_batch_seconds(lengths, large_rate), 2.0) == 2
+
+
 def test_a_round_longer_than_meant_counts_for_more_down_to_two_rounds() -> None:
     intended = serving.ROUND_UNITS * 2.0
     assert serving.round_count(intended, 2.0) == serving.ROUNDS  # as meant: 3 rounds

@@ -185,3 +185,33 @@ def test_background_work_yields_to_urgent_work_without_starving() -> None:
     eventually(lambda: not running, 5, "all done")
     q.stop()
     assert started == ["new", "bg-1", "bg-2", "bg-3"] and q.processing() == 0
+
+
+def test_promoting_a_waiting_background_key_wakes_an_idle_worker() -> None:
+    """Cap of one background worker, held by a long background key while an urgent key is in flight: a queued
+    background key whose spec changes (urgent now) must start at once on an idle worker, not when one finishes."""
+    release = threading.Event()
+    running: set[str] = set()
+    lock = threading.Lock()
+
+    def handle(key: str) -> None:
+        with lock:
+            running.add(key)
+        if key != "promoted":
+            release.wait(5)
+        with lock:
+            running.discard(key)
+
+    q: WorkQueue[str] = WorkQueue(handle, workers=4, background_while_urgent=1)
+    q.start()
+    q.add("new", urgent=True)
+    eventually(lambda: "new" in running, 5, "the urgent key runs")
+    q.add("bg-long")
+    eventually(lambda: "bg-long" in running, 5, "the background place is taken")
+    q.add("promoted")                  # waits behind the cap
+    assert "promoted" not in running and q.depth() == 1
+    q.add("promoted", urgent=True)     # its spec changed: an idle worker takes it now
+    eventually(lambda: q.depth() == 0 and "promoted" not in running and "new" in running, 5,
+               "the promoted key ran while the others still hold their workers")
+    release.set()
+    q.stop(wait_seconds=5)

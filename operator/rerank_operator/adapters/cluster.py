@@ -88,8 +88,12 @@ def side_by_side(first: Callable[[], None], second: Callable[[], None]) -> None:
     thread.start()
     try:
         second()
-    finally:
+    except BaseException:
         thread.join()
+        if failed:
+            log.warning("the other of two writes side by side failed too: %s", failed[0])
+        raise
+    thread.join()
     if failed:
         raise failed[0]
 
@@ -121,8 +125,7 @@ class Cluster:
         self.events: EventSender | None = None  # post_events_in_background; None: posted before post_event returns
         self._clock = clock
         self._failed_creates: dict[str, tuple[float, list[Obj]]] = {}  # namespace -> (read at, FailedCreate Events)
-        self._failed_create_locks: dict[str, threading.Lock] = {}  # one read at a time per namespace
-        self._locks_lock = threading.Lock()
+        self._failed_creates_lock = threading.Lock()
 
     def post_events_in_background(self, capacity: int = 2000) -> EventSender:
         """From now on ``post_event`` queues the Event for a background thread (event_sender.py); the caller stops
@@ -185,21 +188,22 @@ class Cluster:
         )
 
     def _failed_create_events(self, namespace: str) -> list[Obj]:
-        """The namespace's FailedCreate Events of Jobs, read at most once every ``FAILED_CREATE_EVENTS_TTL``
+        """The namespace's FailedCreate Events of Jobs, read again only after ``FAILED_CREATE_EVENTS_TTL``
         seconds: inside a burst the Job controller is slow to create pods, every pod-less Job's model is reconciled
         again and again, and a read each (540 in a 300-model burst) loaded the API server; a quota refusal is seen
         a few seconds later at worst (the model is looked at again every ``JOB_WAIT_RECHECK_SECONDS`` anyway)."""
-        with self._locks_lock:
-            lock = self._failed_create_locks.setdefault(namespace, threading.Lock())
-        with lock:
+        with self._failed_creates_lock:
             found = self._failed_creates.get(namespace)
-            if found is not None and self._clock() - found[0] < FAILED_CREATE_EVENTS_TTL:
-                return found[1]
-            events = self.client.request("GET", api_path("v1", "Event", namespace),
-                                         field_selector="involvedObject.kind=Job,reason=FailedCreate")
-            listed = [dict(e) for e in events.get("items") or ()]
+        if found is not None and self._clock() - found[0] < FAILED_CREATE_EVENTS_TTL:
+            return found[1]
+        # Read without a lock: workers of one namespace missing at the same moment may read twice, but a slow or
+        # failing read never holds the others up one after another.
+        events = self.client.request("GET", api_path("v1", "Event", namespace),
+                                     field_selector="involvedObject.kind=Job,reason=FailedCreate")
+        listed = [dict(e) for e in events.get("items") or ()]
+        with self._failed_creates_lock:
             self._failed_creates[namespace] = (self._clock(), listed)
-            return listed
+        return listed
 
     # --- writing ----------------------------------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ class ClassIndex:
         self._seen: set[str] = set()  # names the watch delivered (added, changed or deleted): newer than a LIST
         self._primed = False
         self._priming = threading.Lock()  # one LIST however many workers need the classes first (single flight)
+        self._finished = 0  # LISTs finished; a caller that waited through a failed one gets its error
+        self._failed: BaseException | None = None
         self._version = 0
 
     @property
@@ -58,11 +60,21 @@ class ClassIndex:
     def items(self, lister: Callable[[], Iterable[Obj] | None]) -> list[dict[str, Any]]:
         """Every class; the first call reads them with ``lister`` (one LIST), later ones come from memory. Calls
         made while that LIST runs wait for it: in a burst of applies every worker's first model needs the classes
-        at once, and a LIST each (124 of them in a 300-model burst) loaded the API server when it was busiest."""
+        at once, and a LIST each (124 of them in a 300-model burst) loaded the API server when it was busiest. If it
+        fails, those waiting get its error (their reconciles are retried) instead of each trying again in turn."""
         if not self._primed:
+            seen = self._finished
             with self._priming:
                 if not self._primed:
-                    self.prime(lister() or ())
+                    if self._finished != seen and self._failed is not None:
+                        raise self._failed  # the LIST this caller waited for failed: no convoy of retries
+                    try:
+                        self.prime(lister() or ())
+                    except BaseException as exc:
+                        self._failed = exc
+                        raise
+                    finally:
+                        self._finished += 1
         return self.snapshot()
 
     def snapshot(self) -> list[dict[str, Any]]:

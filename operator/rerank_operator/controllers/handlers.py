@@ -90,7 +90,8 @@ class Process:
     def start(self) -> None:
         """Connect, fill the caches, then run for leadership; the workers and the autoscaler start when it is won."""
         watches = len(CHILD_KINDS) * max(1, len(self.namespaces))
-        self.client = Client.from_environment(USER_AGENT, connections=watches + RECONCILE_WORKERS + 16)
+        # Two requests per worker at most (a new model's claim and Job are written side by side: cluster.py).
+        self.client = Client.from_environment(USER_AGENT, connections=watches + 2 * RECONCILE_WORKERS + 16)
         self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event)
         self.cluster = Cluster(self.client, self.caches)
         self.events = self.cluster.post_events_in_background()

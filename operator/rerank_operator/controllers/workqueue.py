@@ -122,6 +122,7 @@ class WorkQueue(Generic[K]):
         elif urgent and key not in self._urgent:  # waiting in the background lane: move it ahead
             self._ready.remove(key)
             self._urgent.append(key)
+            self._cond.notify()  # idle workers may be held back by the background's cap: one can take it now
 
     # --- running ------------------------------------------------------------------------------------------------------
 

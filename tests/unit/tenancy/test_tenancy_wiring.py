@@ -304,3 +304,32 @@ def test_workers_needing_the_classes_at_once_share_one_list() -> None:
     with pytest.raises(ConnectionError):
         fresh.items(failing)
     assert not fresh.primed and fresh.items(lister) and fresh.primed
+
+
+def test_workers_waiting_through_a_failed_class_list_get_its_error_not_a_retry_each() -> None:
+    import threading
+    import time
+
+    index = class_index.ClassIndex()
+    calls: list[int] = []
+
+    def failing() -> list[dict[str, Any]]:
+        calls.append(1)
+        time.sleep(0.2)
+        raise TimeoutError("the API server did not answer")
+
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            index.items(failing)
+        except TimeoutError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(calls) == 1 and len(errors) == 8 and not index.primed
+    assert index.items(lambda: [rclass(name="standard")]) and index.primed  # the next caller lists again

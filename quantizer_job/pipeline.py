@@ -121,7 +121,7 @@ class Reference:
     #: FP32's seconds per served round, measured here when the FP32 session is too large to keep loaded next to a
     #: candidate's (then candidates are not timed in turns with it); None: timed in turns.
     fp32_rounds: list[float] | None = None
-    #: Rounds every model is timed for (``serving.round_count``).
+    #: Rounds every model is timed for (``serving.rounds_for``).
     rounds: int = serving.ROUNDS
 
 
@@ -638,7 +638,8 @@ def _server(ctx: Context, exported: Exported, model: Path | verify.Session,
 
 def too_large_to_fuse(fp32: Path) -> bool:
     """A model above the fusion size limit: unfused candidates (``candidates``), weights quantized a tensor at a
-    time, FP32 timed once rather than kept loaded beside each candidate, the search stopping at the first pass."""
+    time, FP32 timed once rather than kept loaded beside each candidate, and after a candidate passes the search
+    skipping those that could not serve faster (``search.not_faster``)."""
     return model_bytes(fp32) > _fusion_max_bytes()
 
 

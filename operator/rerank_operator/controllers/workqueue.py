@@ -69,8 +69,7 @@ class WorkQueue(Generic[K]):
         self._processing: set[K] = set()
         self._dirty: set[K] = set()  # added while being processed: run again afterwards
         self._dirty_urgent: set[K] = set()  # ... and urgently
-        self._urgent_processing: set[K] = set()  # taken from the urgent lane, being processed
-        self._background_processing = 0  # keys taken from the background lane, being processed
+        self._urgent_processing: set[K] = set()  # taken from the urgent lane, being processed (the rest: background)
         self._due: dict[K, float] = {}  # key -> earliest time of its delayed add
         self._timers: list[tuple[float, int, K]] = []
         self._seq = itertools.count()
@@ -182,10 +181,9 @@ class WorkQueue(Generic[K]):
         if self._urgent:
             key = self._urgent.popleft()
             self._urgent_processing.add(key)
-        elif self._ready and (self._background_processing < self._background_cap
+        elif self._ready and (len(self._processing) - len(self._urgent_processing) < self._background_cap
                               or not self._urgent_processing):
             key = self._ready.popleft()
-            self._background_processing += 1
         else:
             return None
         self._queued.discard(key)
@@ -199,10 +197,8 @@ class WorkQueue(Generic[K]):
             self._urgent_processing.discard(key)
             if not self._urgent_processing and not self._urgent and self._ready:
                 self._cond.notify_all()  # the burst is over: every idle worker may take background keys again
-        else:
-            self._background_processing -= 1
-            if self._ready:
-                self._cond.notify()
+        elif self._ready:
+            self._cond.notify()
 
     def _work(self) -> None:
         while (key := self._next()) is not None:

@@ -131,3 +131,31 @@ def test_audit_tail_follows_a_rotation(tmp_path: Path) -> None:
     log.rename(tmp_path / "audit-2026-12-02T10-00-00.000.log")  # what the API server's rotation does
     log.write_text(json.dumps({"verb": "list", "n": 2}) + "\n")
     assert [e["n"] for e in tail.events(start, tail.position())] == [1, 2]
+
+
+def test_apply_to_job_is_read_on_the_api_servers_clock() -> None:
+    """From the model's create received to the operator's first Job answered; other users' Jobs, failed creates,
+    other namespaces and models without a Job count for nothing."""
+    bench = fleet()
+
+    def create(resource: str, ns: str, name: str, received: str, done: str, user: str = "system:admin",
+               code: int = 201) -> dict[str, Any]:
+        return {"stage": "ResponseComplete", "verb": "create", "user": {"username": user},
+                "objectRef": {"resource": resource, "namespace": ns, "name": name}, "responseStatus": {"code": code},
+                "requestReceivedTimestamp": received, "stageTimestamp": done}
+
+    t = "2026-12-03T10:00:0{}.{}Z".format
+    events = [
+        create(op.PLURAL, "fleet-0001", "m-00001", t(0, "100000"), t(0, "120000")),
+        create(op.PLURAL, "fleet-0001", "m-00002", t(0, "200000"), t(0, "210000")),
+        create(op.PLURAL, "other", "m-00003", t(0, "200000"), t(0, "210000")),
+        create("jobs", "fleet-0001", "m-00001-q-abcdef12-1", t(1, "000000"), t(1, "350000"), code=409,
+               user=op.OPERATOR_USER),
+        create("jobs", "fleet-0001", "m-00001-q-abcdef12-1", t(1, "400000"), t(1, "600000"), user=op.OPERATOR_USER),
+        create("jobs", "fleet-0001", "m-00001-q-abcdef12-2", t(3, "000000"), t(3, "100000"), user=op.OPERATOR_USER),
+        create("jobs", "fleet-0001", "m-00002-q-abcdef12-1", t(2, "000000"), t(2, "100000")),  # not the operator's
+        create("jobs", "other", "m-00003-q-abcdef12-1", t(2, "000000"), t(2, "100000"), user=op.OPERATOR_USER),
+    ]
+    got = bench.apply_to_job_from_audit(events)
+    assert got.keys() == {("fleet-0001", "m-00001")}
+    assert abs(got[("fleet-0001", "m-00001")] - 1.5) < 1e-6

@@ -19,10 +19,11 @@ from rerank_operator.core.settings import Settings
 NOW = "2025-01-01T00:00:00Z"
 
 
-def run(fake: FakeCluster, registry: class_index.Registry | None = None) -> Any:
+def run(fake: FakeCluster, registry: class_index.Registry | None = None, others_waiting: bool = False) -> Any:
     body = fake.body or {"metadata": {"namespace": "search", "name": "bge-m3"}}
     return reconcile(fake, body["metadata"]["namespace"], body["metadata"]["name"], "test",
-                     registry=registry or class_index.Registry(), settings=Settings(), now=lambda: NOW)
+                     registry=registry or class_index.Registry(), settings=Settings(), now=lambda: NOW,
+                     others_waiting=lambda: others_waiting)
 
 
 def reason(fake: FakeCluster, kind: str) -> str:
@@ -47,6 +48,47 @@ def test_a_new_model_gets_its_claim_and_job_a_status_and_events_and_a_second_run
             break
     else:
         raise AssertionError(f"still writing after 3 reconciles: {fake.patches[-1]}")
+
+
+def test_in_a_burst_a_new_models_status_follows_its_job_in_a_second_reconcile() -> None:
+    """Other new models waiting: the first reconcile writes the claim and the Job and announces the Job, but leaves
+    the status (the dearest write) to a second reconcile, which writes only the status; two reconciles without a
+    burst end with the same objects, status and Events."""
+    fake = FakeCluster(model())
+    first = run(fake, others_waiting=True)
+    assert first is not None and first.status_deferred and first.writes == 2
+    assert sorted(k for k, _ in fake.world.objects) == ["Job", "PersistentVolumeClaim"]
+    assert fake.patches == [] and [r for r, _ in fake.events] == ["QuantizationStarted"]
+    second = run(fake, others_waiting=True)  # the Job exists now: nothing to start, so nothing to defer
+    assert second is not None and not second.status_deferred
+    assert fake.body is not None and fake.body["status"]["observedGeneration"] == 1
+    assert len(fake.plans[1].create) == 0 and len(fake.patches) == 1
+
+    calm = FakeCluster(model())
+    assert not run(calm).status_deferred
+    run(calm)
+    assert sorted(calm.world.objects) == sorted(fake.world.objects)
+    assert calm.body is not None and calm.body["status"] == fake.body["status"]
+    assert sorted(calm.events) == sorted(fake.events)
+
+
+def test_only_a_new_spec_whose_job_started_cleanly_leaves_its_status_for_later() -> None:
+    from rerank_operator.controllers.reconcile_loop import status_can_wait
+    from rerank_operator.core.observed import ObjectRef, ref_of
+    from rerank_operator.core.writes import Executed, Refused
+
+    fake = FakeCluster(model())
+    run(fake)  # the plan of a new model, from a calm reconcile
+    plan, body = fake.plans[0], model()
+    job = ref_of(plan.create[0])
+    started = Executed(done=(job,))
+    assert status_can_wait(body, plan, started, others_waiting=True)
+    assert not status_can_wait(body, plan, started, others_waiting=False)
+    assert not status_can_wait(fake.body or {}, plan, started, others_waiting=True), "a spec already acted on"
+    assert not status_can_wait(body, plan, Executed(), others_waiting=True), "no Job started"
+    refused = Refused(ObjectRef("v1", "Service", "search", "x"), "apply", 422, "invalid", "Service x: 422 invalid")
+    assert not status_can_wait(body, plan, Executed(done=(job,), refused=(refused,)), others_waiting=True), \
+        "a refusal is reported at once"
 
 
 def test_a_missing_model_is_forgotten() -> None:

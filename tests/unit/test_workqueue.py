@@ -119,11 +119,12 @@ def test_urgent_keys_go_ahead_of_the_background_work() -> None:
     q.add("bg-3", urgent=True)         # a queued background key whose spec just changed moves up
     q.add("new-2", urgent=True)
     q.add("new-1", urgent=True)        # already urgent: nothing changes
-    assert q.depth() == 6
+    assert (q.depth(), q.urgent_waiting()) == (6, 3)
     q.start()
     eventually(lambda: len(seen) == 6, 5, "all keys processed")
     q.stop()
     assert seen == ["new-1", "bg-3", "new-2", "bg-1", "bg-2", "bg-4"]
+    assert q.urgent_waiting() == 0
 
 
 def test_an_urgent_add_during_processing_runs_again_urgently() -> None:

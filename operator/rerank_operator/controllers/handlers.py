@@ -152,7 +152,7 @@ class Process:
         try:
             with self.handoff.status_lock(namespace, name):
                 result = reconcile(self.cluster, namespace, name, trigger, registry=self.registry,
-                                   settings=self.settings)
+                                   settings=self.settings, others_waiting=lambda: self.queue.urgent_waiting() > 0)
         except kopf.TemporaryError as exc:
             raise RetryAfter(str(exc), exc.delay) from exc
         except kopf.PermanentError as exc:  # the status says why; a change of the model queues it again
@@ -164,6 +164,8 @@ class Process:
             self.queue.forget(key)
             self.handoff.forget(namespace, name)
             return None
+        if result.status_deferred:  # a burst: its Job is started, its status is background work (reconcile_loop.py)
+            self.enqueue(key, "status")
         return result.requeue_after or self.settings.resync_seconds
 
     # --- events -------------------------------------------------------------------------------------------------------

@@ -159,6 +159,11 @@ class WorkQueue(Generic[K]):
         with self._cond:
             return len(self._processing)
 
+    def urgent_waiting(self) -> int:
+        """Urgent keys waiting for a worker now (a burst of new specs when more than a few)."""
+        with self._cond:
+            return len(self._urgent)
+
     def _next(self) -> K | None:
         with self._cond:
             while not self._stopped:

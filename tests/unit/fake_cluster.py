@@ -62,6 +62,12 @@ class FakeCluster:
     def post_event(self, owner: names.Owner, event: Event) -> None:
         self.events.append((event.reason, event.message))
 
+    def remove_finalizer(self, namespace: str, name: str, finalizer: str, index: int) -> None:
+        assert self.body is not None
+        finalizers = self.body["metadata"]["finalizers"]
+        if finalizers[index] == finalizer:
+            del finalizers[index]
+
     def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
         assert self.body is not None
         self.annotations.append(dict(annotations))

@@ -58,11 +58,12 @@ def test_install_registers_every_handler_with_the_settings_it_was_given() -> Non
     before = dict(os.environ)
     registry = handlers.install(Settings(resync_seconds=7.5), ["team-a"])
     assert dict(os.environ) == before  # nothing is handed over through the environment
-    # No timers, daemons or change handlers: kopf keeps no finalizer and writes nothing on a model; every trigger is
-    # a key in the reconcile queue, and the resync is the queue's own delayed add.
+    # No timers, daemons or change handlers: kopf keeps no finalizer and writes nothing; kopf does not watch the
+    # models at all (their informer does, adapters/caches.py); every trigger is a key in the reconcile queue, and the
+    # resync is the queue's own delayed add.
     assert list(registry._spawning.get_all_handlers()) == []
     assert list(registry._changing.get_all_handlers()) == []
-    assert sorted(h.id for h in registry._watching.get_all_handlers()) == ["on_class_event", "on_model_event"]
+    assert sorted(h.id for h in registry._watching.get_all_handlers()) == ["on_class_event"]
     assert sorted(h.id for h in registry._activities.get_all_handlers()) == ["cleanup", "configure",
                                                                              "login_via_client", "reconciling"]
 

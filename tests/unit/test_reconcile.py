@@ -91,6 +91,18 @@ def test_only_a_new_spec_whose_job_started_cleanly_leaves_its_status_for_later()
         "a refusal is reported at once"
 
 
+def test_an_older_versions_finalizer_is_removed_and_only_it() -> None:
+    body = model()
+    body["metadata"]["finalizers"] = ["example.com/keep", "rerank.io/finalizer"]
+    fake = FakeCluster(body)
+    run(fake)
+    assert fake.body is not None and fake.body["metadata"]["finalizers"] == ["example.com/keep"]
+    fake.body["metadata"]["deletionTimestamp"] = NOW
+    fake.body["metadata"]["finalizers"].append("rerank.io/finalizer")
+    assert run(fake) is None, "a model being deleted is left to garbage collection, without the old finalizer"
+    assert fake.body["metadata"]["finalizers"] == ["example.com/keep"]
+
+
 def test_a_missing_model_is_forgotten() -> None:
     fake = FakeCluster(None)
     assert run(fake) is None

@@ -119,12 +119,30 @@ def test_urgent_keys_go_ahead_of_the_background_work() -> None:
     q.add("bg-3", urgent=True)         # a queued background key whose spec just changed moves up
     q.add("new-2", urgent=True)
     q.add("new-1", urgent=True)        # already urgent: nothing changes
-    assert (q.depth(), q.urgent_waiting()) == (6, 3)
+    assert (q.depth(), q.urgent_pending()) == (6, 3)
     q.start()
     eventually(lambda: len(seen) == 6, 5, "all keys processed")
     q.stop()
     assert seen == ["new-1", "bg-3", "new-2", "bg-1", "bg-2", "bg-4"]
-    assert q.urgent_waiting() == 0
+    assert q.urgent_pending() == 0
+
+
+def test_urgent_keys_count_as_pending_while_they_are_processed() -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def handle(key: str) -> None:
+        inside.set()
+        release.wait(5)
+
+    q: WorkQueue[str] = WorkQueue(handle, workers=1)
+    q.start()
+    q.add("new", urgent=True)
+    assert inside.wait(5)
+    q.add("bg")
+    assert q.urgent_pending() == 1, "the urgent key being processed; the background key is not urgent"
+    release.set()
+    eventually(lambda: q.urgent_pending() == 0 and q.processing() == 0 and q.depth() == 0, 5, "both processed")
+    q.stop()
 
 
 def test_an_urgent_add_during_processing_runs_again_urgently() -> None:

@@ -1,9 +1,11 @@
 """Everything the two loops read, held in memory: one watch-fed ``Store`` per kind (informer.py).
 
 The children (Jobs and their pods, the pools' Deployments, ReplicaSets and pods, Services, the volume's claim, the
-NetworkPolicy, the HTTPRoute) come from this module's informers, filtered by the API server to the operator's labels.
-The RerankModels themselves come from kopf's own watch: ``controllers/handlers.py`` records every model event in
-``models``, so kopf stays the one stream of models and this module adds none.
+NetworkPolicy, the HTTPRoute) come from this module's informers, filtered by the API server to the operator's labels;
+the RerankModels from one more informer (every model of the watched namespaces). The models' stream is this module's
+rather than kopf's: kopf's per-event machinery (diff bases, per-object loggers, deep copies on its one asyncio loop)
+cost the operator more CPU than the whole reconcile in a burst of applies (py-spy, benchmarks/fleet.py), on the two
+cores the API server needs most then; an informer only parses and stores.
 
 A standby replica (leader election) runs the same caches, so when it takes over it decides from memory at once.
 """
@@ -34,12 +36,18 @@ CHILD_KINDS: Mapping[str, Kind] = {
 }
 
 
+#: The models: every RerankModel of the watched namespaces (no label selector: users create them).
+MODEL_KIND = Kind(names.API_VERSION, names.KIND)
+
+
 class Caches:
-    """The operator's watch-fed memory of its models and their children (one per process)."""
+    """The operator's watch-fed memory of its models and their children (one per process). ``on_model`` and
+    ``on_child`` are told of every change the watches deliver (not of the echo of our own writes)."""
 
     def __init__(self, client: Client, namespaces: Sequence[str] = (),
-                 on_child: OnChange | None = None) -> None:
-        self.models = Store()
+                 on_child: OnChange | None = None, on_model: OnChange | None = None) -> None:
+        self._model_informer = Informer(client, MODEL_KIND, namespaces=namespaces, selector="", on_change=on_model)
+        self.models: Store = self._model_informer.store
         self._informers = {kind: Informer(client, spec, namespaces=namespaces, on_change=on_child)
                            for kind, spec in CHILD_KINDS.items()}
 
@@ -50,20 +58,25 @@ class Caches:
         """Whether the kind's API is installed (the Gateway API may not be)."""
         return self._informers[kind].available
 
+    def _all(self) -> dict[str, Informer]:
+        return {**self._informers, names.KIND: self._model_informer}
+
     def start(self) -> None:
-        for informer in self._informers.values():
+        """The children's informers first: a model's first reconcile (queued by its informer's first listing) then
+        finds its children listed."""
+        for informer in self._all().values():
             informer.start()
 
     def stop(self) -> None:
-        for informer in self._informers.values():
+        for informer in self._all().values():
             informer.stop()
 
     def wait_synced(self, timeout: float) -> list[str]:
         """Wait until every informer has listed once; returns the kinds still not listed after ``timeout``."""
         deadline = time.monotonic() + timeout
-        for informer in self._informers.values():
+        for informer in self._all().values():
             informer.wait_synced(max(0.0, deadline - time.monotonic()))
-        return [kind for kind, informer in self._informers.items() if not informer.synced]
+        return [kind for kind, informer in self._all().items() if not informer.synced]
 
     def record(self, stored: Any, sent: Mapping[str, Any]) -> None:
         """Keep the API server's answer to one of our writes (the object as stored) in its kind's store."""

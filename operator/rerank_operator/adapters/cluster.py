@@ -72,6 +72,9 @@ class ClusterAccess(Protocol):
     def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
         """Set (or, with None, remove) annotations of the model."""
 
+    def remove_finalizer(self, namespace: str, name: str, finalizer: str, index: int) -> None:
+        """Remove ``finalizer``, found at ``index`` of the model's finalizers (a no-op if it is no longer there)."""
+
 
 def side_by_side(first: Callable[[], None], second: Callable[[], None]) -> None:
     """Run ``first`` on a thread while ``second`` runs here (two requests in flight instead of one after the
@@ -305,6 +308,20 @@ class Cluster:
             ), {"apiVersion": names.API_VERSION, "kind": names.KIND})
         except ApiError as exc:
             if exc.status != 404:  # deleted meanwhile
+                raise
+
+    def remove_finalizer(self, namespace: str, name: str, finalizer: str, index: int) -> None:
+        """A JSON patch that tests the finalizer is still at ``index`` before removing it, so a concurrent change of
+        the list never removes someone else's (a failed test or a gone model: the next event looks again)."""
+        path = f"/metadata/finalizers/{index}"
+        try:
+            self.caches.record(self.client.request(
+                "PATCH", api_path(names.API_VERSION, names.KIND, namespace, name), verb="patch", kind=names.KIND,
+                body=[{"op": "test", "path": path, "value": finalizer}, {"op": "remove", "path": path}],
+                content_type="application/json-patch+json", field_manager=names.FIELD_MANAGER,
+            ), {"apiVersion": names.API_VERSION, "kind": names.KIND})
+        except ApiError as exc:
+            if exc.status not in (404, 409, 422):  # gone, or the list changed meanwhile
                 raise
 
     def patch_status(self, owner: names.Owner, patch: Mapping[str, Any]) -> None:

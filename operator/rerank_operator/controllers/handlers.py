@@ -3,23 +3,22 @@
 The process (``Process``) holds, once: the API client, the watch-fed caches (``adapters/caches.py``), the reconcile
 queue (``workqueue.py``), the fleet autoscaler (``autoscale_loop.py``) and the leader elector (``leader.py``).
 
-- **Triggers are keys in one queue.** kopf's watch of RerankModels (``kopf.on.event``: it writes nothing on the
-  model, no finalizer, no annotations) records each model in the caches and queues it; the children's informers
-  queue the model a child belongs to (a Job finishing, a pool becoming ready); a RerankClass change queues the
-  models it concerns; each reconcile queues its model again after ``--resync-seconds`` (the safety net: watches
-  see every change, so nothing waits for it). A model is never reconciled by two workers at once.
+- **Triggers are keys in one queue.** The models' informer (``adapters/caches.py``) queues a model that changed;
+  the children's informers queue the model a child belongs to (a Job finishing, a pool becoming ready); a
+  RerankClass change (kopf's watch: it writes nothing on the class) queues the models it concerns; each reconcile
+  queues its model again after ``--resync-seconds`` (the safety net: watches see every change, so nothing waits
+  for it). A model is never reconciled by two workers at once.
 - **Reads come from memory.** A reconcile or an autoscaler tick of a model whose state did not change makes no API
   request.
-- **Only the leader writes.** Both replicas run kopf's watch and the informers (warm caches); the queue's workers
-  and the autoscaler start when the Lease is won. A leader that cannot renew its Lease exits (as
-  controller-runtime does), so two processes never write one model's status.
+- **Only the leader writes.** Both replicas run the informers (warm caches); the queue's workers and the autoscaler
+  start when the Lease is won. A leader that cannot renew its Lease exits (as controller-runtime does), so two
+  processes never write one model's status.
 
 Status writes of the two loops never interleave (``handoff.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import os
@@ -92,7 +91,8 @@ class Process:
         watches = len(CHILD_KINDS) * max(1, len(self.namespaces))
         # Two requests per worker at most (a new model's claim and Job are written side by side: cluster.py).
         self.client = Client.from_environment(USER_AGENT, connections=watches + 2 * RECONCILE_WORKERS + 16)
-        self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event)
+        self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event,
+                             on_model=self.on_model_event)
         self.cluster = Cluster(self.client, self.caches)
         self.events = self.cluster.post_events_in_background()
         self.autoscaler = autoscale_loop.FleetAutoscaler(
@@ -152,7 +152,7 @@ class Process:
         try:
             with self.handoff.status_lock(namespace, name):
                 result = reconcile(self.cluster, namespace, name, trigger, registry=self.registry,
-                                   settings=self.settings, others_waiting=lambda: self.queue.urgent_waiting() > 0)
+                                   settings=self.settings, others_waiting=lambda: self.queue.urgent_pending() > 1)
         except kopf.TemporaryError as exc:
             raise RetryAfter(str(exc), exc.delay) from exc
         except kopf.PermanentError as exc:  # the status says why; a change of the model queues it again
@@ -170,18 +170,14 @@ class Process:
 
     # --- events -------------------------------------------------------------------------------------------------------
 
-    def on_model_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """kopf's watch of RerankModels: keep the model in the caches and queue it (not for our own write's echo)."""
-        assert self.caches is not None
-        obj: Obj = {k: copy.deepcopy(v) for k, v in body.items()}
+    def on_model_event(self, event_type: str, obj: Obj) -> None:
+        """The models' informer (its thread): a model changed; queue it, ahead of the background work when nobody has
+        acted on its spec yet. The informer has stored it (or dropped it, for DELETED) already."""
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         if event_type == "DELETED":
-            self.caches.models.remove(obj)
             self.registry.models.forget(*key)
             metrics.forget_model(*key)
-        elif not self.caches.models.record(obj):
-            return
         self.enqueue(key, "model", urgent=event_type != "DELETED" and not_acted_on(obj))
 
     def on_child_event(self, event_type: str, obj: Obj) -> None:
@@ -213,8 +209,6 @@ def install(settings: Settings, namespaces: Sequence[str] = ()) -> kopf.Operator
     kopf.on.login(registry=registry)(kopf.login_via_client)  # kopf's default, from the kubernetes client's config
     kopf.on.startup(registry=registry)(functools.partial(configure, process))
     kopf.on.cleanup(registry=registry)(functools.partial(cleanup, process))
-    kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)(
-        functools.partial(on_model_event, process))
     kopf.on.event(names.GROUP, names.VERSION, "rerankclasses", registry=registry)(
         functools.partial(on_class_event, process))
     kopf.on.probe(id="reconciling", registry=registry)(functools.partial(probe, process))
@@ -222,7 +216,7 @@ def install(settings: Settings, namespaces: Sequence[str] = ()) -> kopf.Operator
 
 
 def configure(process: Process, settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = f"{names.GROUP}/finalizer"  # only to remove it from models of older versions
+    settings.persistence.finalizer = names.LEGACY_FINALIZER  # only to remove it from classes of older versions
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=names.GROUP, key="last-handled-configuration", ignored_fields=["metadata"])
@@ -235,10 +229,6 @@ def configure(process: Process, settings: kopf.OperatorSettings, **_: Any) -> No
 
 def cleanup(process: Process, **_: Any) -> None:
     process.shutdown()
-
-
-async def on_model_event(process: Process, *, body: kopf.Body, type: str | None, **_: Any) -> None:
-    process.on_model_event(type, body)
 
 
 async def on_class_event(process: Process, *, body: kopf.Body, type: str | None, **_: Any) -> None:

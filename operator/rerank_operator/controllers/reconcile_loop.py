@@ -54,7 +54,7 @@ def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *
               others_waiting: Callable[[], bool] = lambda: False) -> Result | None:
     """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest).
     ``registry`` and ``settings`` are the process's, created once by handlers.py. ``others_waiting``: whether other
-    new models wait for a worker now (a burst of applies; see ``status_can_wait``)."""
+    new models wait for a worker or are being reconciled now (a burst of applies; see ``status_can_wait``)."""
     started = time.monotonic()
     try:
         result = _reconcile(cluster, namespace, name, now, registry, settings, others_waiting)
@@ -76,13 +76,14 @@ def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *
 
 def status_can_wait(body: Mapping[str, Any], plan: plans.Plan, executed: Executed, others_waiting: bool) -> bool:
     """Whether this reconcile may leave the status to a later one: it started the Job of a spec nobody had acted on,
-    every write went through, and other new models wait for a worker.
+    every write went through, and other new models wait for a worker or are being reconciled (a burst).
 
     In a burst of applies the API server is the bottleneck, and a RerankModel's status patch is the dearest write
     of a new model (schema and CEL validation of the whole object: ~10 ms of API-server CPU on the dev cluster, vs
     ~9 ms for its Job and ~5 ms for its claim; benchmarks/fleet.py). Writing it after the burst's Jobs lets every
     Job start sooner; the status follows within seconds, from a background reconcile of the same model (its Job is
-    in the caches by then, so that reconcile writes only the status). Outside a burst nothing changes."""
+    in the caches by then, so that reconcile writes only the status; often once instead of twice, as its pod has
+    started meanwhile). Outside a burst nothing changes."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     new_spec = status.get("observedGeneration") != meta.get("generation")
     started_job = any(ref_of(job) in executed.done for job in plan.create)
@@ -93,6 +94,9 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
                registry: class_index.Registry, settings: Settings,
                others_waiting: Callable[[], bool]) -> Result | None:
     body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
+    finalizers = list((body or {}).get("metadata", {}).get("finalizers") or ())
+    if names.LEGACY_FINALIZER in finalizers:  # an older version's: nothing needs it, and it would block deletion
+        cluster.remove_finalizer(namespace, name, names.LEGACY_FINALIZER, finalizers.index(names.LEGACY_FINALIZER))
     if body is None or body["metadata"].get("deletionTimestamp"):
         metrics.forget_model(namespace, name)
         registry.models.forget(namespace, name)

@@ -159,10 +159,10 @@ class WorkQueue(Generic[K]):
         with self._cond:
             return len(self._processing)
 
-    def urgent_waiting(self) -> int:
-        """Urgent keys waiting for a worker now (a burst of new specs when more than a few)."""
+    def urgent_pending(self) -> int:
+        """Urgent keys waiting or being processed (the caller's own included, if it processes one)."""
         with self._cond:
-            return len(self._urgent)
+            return len(self._urgent) + len(self._urgent_processing)
 
     def _next(self) -> K | None:
         with self._cond:

@@ -16,6 +16,8 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RerankModel"
 PLURAL = "rerankmodels"
+#: kopf's finalizer, which older versions kept on every model; this one needs none and removes it (reconcile_loop.py).
+LEGACY_FINALIZER = f"{GROUP}/finalizer"
 
 FIELD_MANAGER = "rerank-operator"
 OPERATOR_NAME = "rerank-operator"

@@ -166,8 +166,8 @@ def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(r
 
 
 def test_a_model_holding_an_older_versions_finalizer_is_released_on_deletion(rrm_env: Env) -> None:
-    """Older versions kept kopf's finalizer ``rerank.io/finalizer`` on every model; this one needs none, and kopf
-    removes it, so deleting such a model is not blocked forever."""
+    """Older versions kept kopf's finalizer ``rerank.io/finalizer`` on every model; this one needs none, and its
+    reconcile removes it (a JSON patch), so deleting such a model is not blocked forever."""
     env, ns = rrm_env, rrm_env.namespace
     body = env.model()
     body["metadata"]["finalizers"] = ["rerank.io/finalizer"]

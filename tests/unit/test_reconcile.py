@@ -56,7 +56,7 @@ def test_in_a_burst_a_new_models_status_follows_its_job_in_a_second_reconcile() 
     burst end with the same objects, status and Events."""
     fake = FakeCluster(model())
     first = run(fake, others_waiting=True)
-    assert first is not None and first.status_deferred and first.writes == 2
+    assert first is not None and first.status_deferred and first.writes == 3  # the claim, the Job, the Event
     assert sorted(k for k, _ in fake.world.objects) == ["Job", "PersistentVolumeClaim"]
     assert fake.patches == [] and [r for r, _ in fake.events] == ["QuantizationStarted"]
     second = run(fake, others_waiting=True)  # the Job exists now: nothing to start, so nothing to defer

@@ -62,8 +62,8 @@ class Caches:
         return {**self._informers, names.KIND: self._model_informer}
 
     def start(self) -> None:
-        """The children's informers first: a model's first reconcile (queued by its informer's first listing) then
-        finds its children listed."""
+        """Start every informer; ``wait_synced`` tells when all have listed (the reconciles wait for it: a model's
+        first reconcile must find its children listed)."""
         for informer in self._all().values():
             informer.start()
 
@@ -82,6 +82,9 @@ class Caches:
         """Keep the API server's answer to one of our writes (the object as stored) in its kind's store."""
         if not isinstance(stored, dict) or "metadata" not in stored:
             return
+        meta = stored["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):  # the write let it go: it is gone (or
+            return  # about to be), and its watch's DELETED may already have been handled: never bring it back
         kind = stored.get("kind") or sent.get("kind")
         stored.setdefault("apiVersion", sent.get("apiVersion"))
         stored.setdefault("kind", kind)

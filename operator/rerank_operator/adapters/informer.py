@@ -1,11 +1,13 @@
-"""Watch-fed caches of the operator's children: one LIST, then one WATCH per kind, instead of reads per reconcile.
+"""Watch-fed caches of the models and their children: one LIST, then one WATCH per kind, instead of reads per
+reconcile.
 
 This is what client-go's shared informers do for Go operators, in the few lines this operator needs:
 
 - **One stream per kind, filtered by the API server.** Every child the operator creates carries
   ``app.kubernetes.io/name=rerankmodel`` and ``app.kubernetes.io/managed-by=rerank-operator``
-  (``names.labels``), so each informer lists and watches only those (kopf's own watches cannot filter by label on
-  the server, and caching every Pod of a cluster is how KServe's controller was OOM-killed, kserve #3467).
+  (``names.labels``), so each children's informer lists and watches only those (kopf's own watches cannot filter by
+  label on the server, and caching every Pod of a cluster is how KServe's controller was OOM-killed, kserve #3467).
+  The models' informer (``selector=""``) holds every RerankModel of the watched namespaces.
 - **A reconcile or an autoscaler tick reads memory.** ``Store`` keeps the objects by namespace/name and indexes
   them by their controller's uid, so "the Jobs this model controls" is a dictionary lookup; a model whose children
   did not change costs no request at all.
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 OnChange = Callable[[str, Obj], None]  # (ADDED | MODIFIED | DELETED, object)
 
-#: The label selector of every informer: the children this operator manages.
+#: The label selector of the children's informers: the children this operator manages.
 CHILDREN_SELECTOR = f"{names.LABEL_NAME}={names.APP_NAME},{names.LABEL_MANAGED_BY}={names.OPERATOR_NAME}"
 ABSENT_RETRY_SECONDS = 60.0
 WATCH_SECONDS = (240, 420)  # one watch request lasts a random time in this range, as client-go spreads them
@@ -296,9 +298,8 @@ class Informer:
         before = {k for k in self.store.all_keys() if namespace is None or k[0] == namespace}
         self.store.replace(items, listed_at, namespace)
         self._mark(namespace, synced=True, available=True)
-        if self.on_change is not None:  # a relist may hide changes the broken watch missed: report them
-            for obj in items:
-                self.on_change("ADDED" if _key(obj) not in before else "MODIFIED", obj)
+        for obj in items:  # a relist may hide changes the broken watch missed: report them
+            self._changed("ADDED" if _key(obj) not in before else "MODIFIED", obj)
         return revision
 
     def _watch(self, namespace: str | None, revision: str) -> None:
@@ -315,11 +316,15 @@ class Informer:
                     self.store.remove(obj)
                 elif not self.store.record(obj):
                     continue  # older than our own write already stored
-                if self.on_change is not None:
-                    try:
-                        self.on_change(event_type, obj)
-                    except Exception:  # a handler's bug must not end the stream
-                        log.exception("handling a %s event of %s", event_type, self.kind.kind)
+                self._changed(event_type, obj)
+
+    def _changed(self, event_type: str, obj: Obj) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(event_type, obj)
+        except Exception:  # a handler's bug must not end the stream
+            log.exception("handling a %s event of %s", event_type, self.kind.kind)
 
     def _mark(self, namespace: str | None, *, synced: bool, available: bool) -> None:
         with self._cond:

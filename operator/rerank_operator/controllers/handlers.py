@@ -88,7 +88,7 @@ class Process:
 
     def start(self) -> None:
         """Connect, fill the caches, then run for leadership; the workers and the autoscaler start when it is won."""
-        watches = len(CHILD_KINDS) * max(1, len(self.namespaces))
+        watches = (len(CHILD_KINDS) + 1) * max(1, len(self.namespaces))  # the children's informers and the models'
         # Two requests per worker at most (a new model's claim and Job are written side by side: cluster.py).
         self.client = Client.from_environment(USER_AGENT, connections=watches + 2 * RECONCILE_WORKERS + 16)
         self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event,
@@ -110,7 +110,8 @@ class Process:
         self._electing.start()
 
     def lead(self) -> None:
-        """Won the Lease: work off the queue (every model is in it since kopf's first listing) and scale."""
+        """Won the Lease: work off the queue (every model is in it since the models' informer first listed them)
+        and scale."""
         log.info("leading: reconciling %d models", len(self.caches.models) if self.caches else 0)
         self.queue.start()
         if self.autoscaler is not None:
@@ -152,7 +153,8 @@ class Process:
         try:
             with self.handoff.status_lock(namespace, name):
                 result = reconcile(self.cluster, namespace, name, trigger, registry=self.registry,
-                                   settings=self.settings, others_waiting=lambda: self.queue.urgent_pending() > 1)
+                                   settings=self.settings,
+                                   others_waiting=lambda: self.queue.urgent_pending(besides=key) > 0)
         except kopf.TemporaryError as exc:
             raise RetryAfter(str(exc), exc.delay) from exc
         except kopf.PermanentError as exc:  # the status says why; a change of the model queues it again
@@ -166,6 +168,8 @@ class Process:
             return None
         if result.status_deferred:  # a burst: its Job is started, its status is background work (reconcile_loop.py)
             self.enqueue(key, "status")
+        if result.spec_changed:  # a newer spec reached the caches with our own write's answer, not by the watch
+            self.enqueue(key, "model", urgent=True)
         return result.requeue_after or self.settings.resync_seconds
 
     # --- events -------------------------------------------------------------------------------------------------------
@@ -216,7 +220,6 @@ def install(settings: Settings, namespaces: Sequence[str] = ()) -> kopf.Operator
 
 
 def configure(process: Process, settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = names.LEGACY_FINALIZER  # only to remove it from classes of older versions
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=names.GROUP, key="last-handled-configuration", ignored_fields=["metadata"])

@@ -47,6 +47,7 @@ class Result:
     ready: bool
     requeue_after: float | None = None  # look again this soon even without an event (a state only time changes)
     status_deferred: bool = False  # the status was not written yet: reconcile again soon, as background work
+    spec_changed: bool = False  # the model as last seen has a newer spec than this reconcile acted on: again, now
 
 
 def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *, registry: class_index.Registry,
@@ -125,10 +126,12 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
     if status_can_wait(body, plan, executed, others_waiting()):
-        for event in events.actions(plan, executed.done):
+        started = events.actions(plan, executed.done)
+        for event in started:
             cluster.post_event(owner, event)
         _count_jobs(plan, executed.done, previous, previous)
-        return Result(len(executed.done), ready=False, status_deferred=True)
+        return Result(len(executed.done) + len(started), ready=False, status_deferred=True,
+                      spec_changed=_spec_changed(cluster, owner))
     quota = tenant.quota_block(observed, executed.refused)  # a ResourceQuota refusing a child: QuotaExceeded
     refused = tuple(str(r) for r in executed.other_refusals)
     new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
@@ -149,7 +152,16 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     # A Job without pods changes nothing we watch while a quota refuses them (their FailedCreate Events are read,
     # not watched): look again soon.
     waiting = any(job_builder.waiting_for_pods(j) for j in observed.jobs)
-    return Result(writes, ready, requeue_after=JOB_WAIT_RECHECK_SECONDS if waiting else None)
+    return Result(writes, ready, requeue_after=JOB_WAIT_RECHECK_SECONDS if waiting else None,
+                  spec_changed=_spec_changed(cluster, owner))
+
+
+def _spec_changed(cluster: ClusterAccess, owner: names.Owner) -> bool:
+    """Whether the model as last seen has a newer generation than ``owner``'s. Our status patch's answer is stored as
+    soon as it comes, and the watch's copies older than it are then dropped as stale, so a spec change the user made
+    while this reconcile ran may reach the caches only inside that answer: nothing else would queue it."""
+    latest = cluster.get_model(owner.namespace, owner.name)
+    return latest is not None and int((latest.get("metadata") or {}).get("generation", 1)) > owner.generation
 
 
 def _count_jobs(plan: plans.Plan, done: Sequence[ObjectRef], previous: Mapping[str, Any],

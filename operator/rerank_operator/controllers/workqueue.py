@@ -159,10 +159,10 @@ class WorkQueue(Generic[K]):
         with self._cond:
             return len(self._processing)
 
-    def urgent_pending(self) -> int:
-        """Urgent keys waiting or being processed (the caller's own included, if it processes one)."""
+    def urgent_pending(self, besides: K | None = None) -> int:
+        """Urgent keys waiting or being processed, ``besides`` apart (a worker asking about the others)."""
         with self._cond:
-            return len(self._urgent) + len(self._urgent_processing)
+            return len(self._urgent) + len(self._urgent_processing - {besides})
 
     def _next(self) -> K | None:
         with self._cond:

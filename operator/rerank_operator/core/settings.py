@@ -26,9 +26,9 @@ DEFAULT_RESYNC_SECONDS = 300.0  # a safety net: the watches see every change
 class Settings:
     """The operator's own namespace and pod labels (the NetworkPolicy's operator peer; no namespace outside a pod,
     and then no peer), the Prometheus server the platform configured (``--prometheus-url``), how often every model
-    is reconciled without a change (``--resync-seconds``) and, when set, how long one watch request lasts
-    (``--watch-server-timeout``; kopf's default otherwise), and whether replicas elect one writer through a Lease
-    (``--leader-election*``; its namespace defaults to the operator's own)."""
+    is reconciled without a change (``--resync-seconds``) and, when set, how long one watch request of kopf's lasts
+    (``--watch-server-timeout``; kopf's default otherwise; the informers' own last 240-420 s), and whether replicas
+    elect one writer through a Lease (``--leader-election*``; its namespace defaults to the operator's own)."""
 
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))

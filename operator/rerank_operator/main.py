@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import socket
 import sys
@@ -88,27 +87,8 @@ def peer_identity(env: Mapping[str, str], hostname: str, pid: int) -> str:
     return env.get("POD_NAME") or f"{hostname}/{pid}"
 
 
-#: glibc's mallopt parameter for the number of malloc arenas (malloc.h).
-M_ARENA_MAX = -8
-MALLOC_ARENAS = 2
-
-
-def limit_malloc_arenas(env: Mapping[str, str], arenas: int = MALLOC_ARENAS) -> bool:
-    """Cap glibc's malloc arenas, as ``MALLOC_ARENA_MAX=2`` would; returns whether it did. glibc gives threads that
-    contend for malloc arenas of their own (up to 8 per core) and seldom gives their freed memory back: with 128
-    reconcile workers, a burst of a thousand applies leaves the operator's RSS at its high-water mark for good.
-    ``MALLOC_ARENA_MAX`` in the environment wins; a C library without arenas (musl) is left as it is."""
-    if "MALLOC_ARENA_MAX" in env:
-        return False
-    try:
-        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas))
-    except (OSError, AttributeError):
-        return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    limit_malloc_arenas(os.environ)  # before any thread starts
     settings = settings_from(args, os.environ)
     kopf.configure(verbose=args.verbose,
                    log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)

@@ -73,7 +73,3 @@ def test_peer_identity_never_needs_a_user_name() -> None:
     assert main.peer_identity({"POD_NAME": "op-7d9-x2"}, "host", 12) == "op-7d9-x2"
     assert main.peer_identity({}, "host", 12) == "host/12"
 
-
-def test_malloc_arenas_are_capped_unless_the_environment_says_otherwise() -> None:
-    assert main.limit_malloc_arenas({"MALLOC_ARENA_MAX": "4"}) is False
-    assert main.limit_malloc_arenas({}) is True  # glibc (Debian, the operator's image and this machine)

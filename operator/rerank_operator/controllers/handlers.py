@@ -43,9 +43,11 @@ from rerank_operator.core.observed import Obj
 from rerank_operator.core.settings import Settings
 
 USER_AGENT = f"{names.OPERATOR_NAME}/{__version__}"
-#: Requests block on the API server, not the CPU: in a burst of applies every worker waits on it (a new model's
-#: claim, Job and status took ~1.5 s there on a busy 2-core dev cluster; benchmarks/fleet.py): models/s ~ workers / 1.5.
-RECONCILE_WORKERS = 128
+#: Requests block on the API server, not the CPU: in a burst of applies every worker waits on it. A new model's
+#: reconcile holds a worker for its claim and Job (side by side; its status comes after the burst), ~0.3-0.5 s on a
+#: busy 2-core dev cluster (benchmarks/fleet.py): models/s ~ workers / 0.4, well above how fast 8 clients create
+#: models there (~50/s). Each worker costs a thread and up to two pooled connections of memory.
+RECONCILE_WORKERS = 64
 #: While new models wait for their Jobs, other models' background reconciles (pool roll-outs after a Job finished,
 #: status churn) use at most this many workers: their writes would compete with the new models' on the API server.
 BACKGROUND_WORKERS_IN_A_BURST = 4

@@ -39,6 +39,7 @@ from rerank_operator.controllers.handoff import Handoff
 from rerank_operator.controllers.reconcile_loop import reconcile
 from rerank_operator.controllers.workqueue import RetryAfter, WorkQueue
 from rerank_operator.core import names
+from rerank_operator.core import status as statuses
 from rerank_operator.core.observed import Obj
 from rerank_operator.core.settings import Settings
 
@@ -55,13 +56,6 @@ CACHE_SYNC_SECONDS = 120.0
 ModelKey = tuple[str, str]
 
 log = logging.getLogger(__name__)
-
-
-def not_acted_on(model: Obj) -> bool:
-    """Whether the operator has not reconciled this generation of the model yet (just applied, or its spec changed):
-    someone is waiting on it, unlike on the status churn of its children."""
-    meta, status = model.get("metadata") or {}, model.get("status") or {}
-    return status.get("observedGeneration") != meta.get("generation")
 
 
 class Process:
@@ -184,7 +178,7 @@ class Process:
         if event_type == "DELETED":
             self.registry.models.forget(*key)
             metrics.forget_model(*key)
-        self.enqueue(key, "model", urgent=event_type != "DELETED" and not_acted_on(obj))
+        self.enqueue(key, "model", urgent=event_type != "DELETED" and statuses.not_acted_on(obj))
 
     def on_child_event(self, event_type: str, obj: Obj) -> None:
         """A child changed (an informer's thread): queue its model. Pool pods only matter to the autoscaler, which

@@ -85,10 +85,8 @@ def status_can_wait(body: Mapping[str, Any], plan: plans.Plan, executed: Execute
     Job start sooner; the status follows within seconds, from a background reconcile of the same model (its Job is
     in the caches by then, so that reconcile writes only the status; often once instead of twice, as its pod has
     started meanwhile). Outside a burst nothing changes."""
-    meta, status = body.get("metadata") or {}, body.get("status") or {}
-    new_spec = status.get("observedGeneration") != meta.get("generation")
     started_job = any(ref_of(job) in executed.done for job in plan.create)
-    return new_spec and started_job and not executed.refused and others_waiting
+    return statuses.not_acted_on(body) and started_job and not executed.refused and others_waiting
 
 
 def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[[], str],

@@ -141,6 +141,13 @@ def degraded(facts: readiness.Facts) -> Condition:
 World = readiness.Facts
 
 
+
+def not_acted_on(model: Mapping[str, Any]) -> bool:
+    """Whether the operator has not reconciled this generation of the model yet (just applied, or its spec changed):
+    someone is waiting on it, unlike on the status churn of its children."""
+    meta, status = model.get("metadata") or {}, model.get("status") or {}
+    return bool(status.get("observedGeneration") != meta.get("generation"))
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a reconcile applied nothing: the model's RerankClass does not exist (ClassNotFound), or the spec cannot be

@@ -112,10 +112,25 @@ def test_overload_scales_records_events_and_saves_the_history() -> None:
     assert saved["v"] == 1 and saved["gpu"]["up"] is not None
 
 
-def test_lost_metrics_hold_and_say_so_once() -> None:
+def test_a_missed_scrape_writes_nothing() -> None:
     a, fake, tei, clock = loop()
     ticks(a, clock, 2)
     tei.up = False
+    ticks(a, clock, 1)
+    tei.up = True
+    ticks(a, clock, 5)
+    assert len(fake.patches) == 1 and fake.events == []   # the first decision only: the miss's sample was 5 s old
+    assert fake.body["status"]["autoscaling"]["fresh"] is True
+
+
+def test_lost_metrics_hold_once_the_last_sample_is_stale_and_say_so_once() -> None:
+    a, fake, tei, clock = loop()
+    ticks(a, clock, 2)
+    tei.up = False
+    start = clock[0]
+    while clock[0] - start < 55:  # staleAfterSeconds 60 (the default): the last sample stands in until then
+        ticks(a, clock, 1)
+    assert len(fake.patches) == 1
     ticks(a, clock, 3)
     st = fake.body["status"]
     assert len(fake.patches) == 2  # one decision, then one hold: not one write per tick

@@ -7,13 +7,13 @@ so at most one copy of the FP32 weights is alive at a time.
 Uses optimum's ONNX export configuration for the model type (input/output names, dynamic axes, model patching),
 which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` only for BERT-family) and ``logits``; then
 ``torch.onnx.export`` writes the graph directly, and tensors of models over 2 GB are gathered into one
-``model.onnx_data`` next to ``model.onnx`` by streaming them (optimum's own re-save loads the whole model again while
-the torch weights are still alive, which is how the plain recipe reaches 13 GB on bge-reranker-v2-m3).
+``model.onnx_data`` next to ``model.onnx`` a tensor at a time (``external_data.consolidate``; optimum's own re-save
+loads the whole model again while the torch weights are still alive, which is how the plain recipe reaches 13 GB on
+bge-reranker-v2-m3).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import json
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import external_data
+
 OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
-TWO_GB = 2 * 1024**3
-DATA_FILE_SUFFIX = "_data"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -38,62 +38,6 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:
         os._exit(1)
-
-
-def consolidate_external_data(onnx_path: Path) -> int:
-    """Gather every external tensor into ``<name>_data`` next to the graph, copying in chunks (no full load).
-
-    Returns the size of the data file (0 if the model keeps all tensors inline).
-    """
-    import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    tensors = [t for t in _get_all_tensors(model) if uses_external_data(t)]
-    if not tensors:
-        return 0
-    base = onnx_path.parent
-    data_name = onnx_path.name + DATA_FILE_SUFFIX
-    tmp = base / (data_name + ".part")
-    old_files: set[str] = set()
-    offset = 0
-    with open(tmp, "wb") as out:
-        for t in tensors:
-            info = {e.key: e.value for e in t.external_data}
-            loc = info["location"]
-            src_off = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else os.path.getsize(base / loc) - src_off
-            pad = (-offset) % 4096  # page-aligned tensors let ONNX Runtime map them
-            if pad:
-                out.write(b"\0" * pad)
-                offset += pad
-            with open(base / loc, "rb") as src:
-                src.seek(src_off)
-                left = length
-                while left:
-                    chunk = src.read(min(left, 64 * 1024 * 1024))
-                    if not chunk:
-                        raise OSError(f"external data {loc} is shorter than recorded")
-                    out.write(chunk)
-                    left -= len(chunk)
-            del t.external_data[:]
-            for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
-                e = t.external_data.add()
-                e.key, e.value = k, v
-            offset += length
-            if loc != data_name:
-                old_files.add(loc)
-        out.flush()
-        os.fsync(out.fileno())
-    graph_tmp = base / (onnx_path.name + ".part")
-    with open(graph_tmp, "wb") as f:
-        f.write(model.SerializeToString())
-    for loc in old_files:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(base / loc)
-    os.replace(tmp, base / data_name)
-    os.replace(graph_tmp, onnx_path)
-    return offset
 
 
 def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
@@ -187,7 +131,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
 
     t0 = time.monotonic()
-    data_bytes = consolidate_external_data(out_path)
+    data_bytes = external_data.consolidate(out_path)
     timings["consolidate_s"] = time.monotonic() - t0
     result.update(input_names=input_names, output_names=output_names, onnx_path=str(out_path),
                   external_data_bytes=data_bytes, opset=OPSET, timings=timings,

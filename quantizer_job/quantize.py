@@ -8,7 +8,6 @@ The output is always named ``model.onnx`` (optimum's ``model_quantized.onnx`` is
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import external_data
 from .errors import JobError
 from .isa import REDUCE_RANGE_REQUIRED
 from .logs import log
@@ -171,34 +171,8 @@ def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int,
 def _finish_saved_model(path: Path) -> None:
     """What every model this module writes needs before TEI can load it: the external data file (if any)
     named ``<graph>_data`` next to the graph, and an IR version TEI's ONNX Runtime reads."""
-    _fix_external_name(path)
+    external_data.name_data_file(path)
     _set_ir_version(path)
-
-
-def _fix_external_name(path: Path) -> None:
-    """Make sure the external data file (if any) is called ``<graph>_data`` and sits next to the graph."""
-    import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    m = onnx.load(str(path), load_external_data=False)
-    locs = {e.value for t in _get_all_tensors(m) if uses_external_data(t)
-            for e in t.external_data if e.key == "location"}
-    want = path.name + "_data"
-    if not locs or locs == {want}:
-        return
-    if len(locs) != 1:
-        from .export import consolidate_external_data
-
-        consolidate_external_data(path)
-        return
-    (old,) = locs
-    os.replace(path.parent / old, path.parent / want)
-    for t in _get_all_tensors(m):
-        for e in t.external_data:
-            if e.key == "location":
-                e.value = want
-    with open(path, "wb") as f:
-        f.write(m.SerializeToString())
 
 
 def quantize_dynamic(src: Path, dst: Path, recipe: Recipe, exclude: Sequence[str] = ()) -> Path:

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import matmul_int8
+from quantizer_job import external_data, matmul_int8
 
 pytestmark = pytest.mark.quantizer
 
@@ -101,7 +101,7 @@ def test_external_data_is_page_aligned_and_nothing_is_left_half_written(tmp_path
     m = onnx.load(str(out), load_external_data=False)
     offsets = [int({e.key: e.value for e in t.external_data}["offset"]) for t in m.graph.initializer
                if t.data_location == TensorProto.EXTERNAL]
-    assert offsets and all(o % matmul_int8.ALIGN == 0 for o in offsets)
+    assert offsets and all(o % external_data.ALIGN == 0 for o in offsets)
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx", "model.onnx_data"]
     broken = tmp_path / "broken" / "model.onnx"
     (src.parent / "model.onnx_data").write_bytes(b"")  # the weights are gone: reading fails half-way

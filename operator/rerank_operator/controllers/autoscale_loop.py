@@ -42,7 +42,7 @@ from rerank_operator.core import conditions, cost, events, leadership, names, qu
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, split
-from rerank_operator.core.autoscale.signals import Signals, carry_over
+from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
 from rerank_operator.core.observed import PoolsView
@@ -251,7 +251,6 @@ class ModelAutoscaler:
         self.class_name = ""
         self.metered_at: float | None = None
         self.primed_at: float | None = None  # when the direct source's first scrape was taken (rates need a second)
-        self.last_signals: Signals | None = None  # what the last decision saw (a missed scrape's stand-in: carry_over)
 
     @property
     def key(self) -> ModelKey:
@@ -296,7 +295,6 @@ class ModelAutoscaler:
         if key != self.source_key:  # a new source: the direct one's rates need a second scrape, one interval later
             self.source_key = key
             self.priming = auto.source != "prometheus"
-            self.last_signals = None  # the old source's sample never stands in for the new one's
         return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
                         {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled},
                         _guard_target(view) if self.guarded else None)
@@ -375,9 +373,6 @@ class ModelAutoscaler:
             self._meter(p.auto, p.view, None)  # metering starts at the first look; rates at the next
             return interval
         self.primed_at = None
-        now = self.clock()
-        signals = carry_over(self.last_signals, signals, now, p.auto.stale_after_seconds)
-        self.last_signals = signals
         if self.history is None:
             self.history = _restore(p.body["metadata"])
         status = p.body.get("status") or {}
@@ -386,8 +381,10 @@ class ModelAutoscaler:
             signals = replace(signals, below_floor=assessment.below_floor)
         current = policy.Current(gpu_replicas=p.view.replicas("gpu") or 0, cpu_replicas=p.view.replicas("cpu") or 0,
                                  cpu_percent=current_cpu_percent(p.view.route, self.name, status))
-        decision = policy.decide(p.auto, signals, current, self.history, now=now)
+        decision = policy.decide(p.auto, signals, current, self.history, now=self.clock())
         self.history = decision.history
+        if decision.missed:  # nothing in the status says so (that is the point): the log does
+            log.info("autoscaler %s/%s: %s", self.namespace, self.name, decision.reason)
         gpu_only = self._meter(p.auto, p.view, signals)
         record: dict[str, Any] = {"signals": signals.to_status(), "fresh": not decision.held,
                                   "lastDecision": decision_status(p.auto, decision, self.now_iso())}
@@ -487,7 +484,7 @@ class ModelAutoscaler:
             log.warning("could not save the autoscaler history of %s/%s: %s", owner.namespace, owner.name, exc)
 
     def _reset(self) -> None:
-        self.source_key = self.history = self._memo = self.last_signals = None
+        self.source_key = self.history = self._memo = None
         self.priming = False
         self.sources.forget(self.key)
 

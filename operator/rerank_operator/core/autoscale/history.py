@@ -28,6 +28,10 @@ class PoolHistory:
     last_state: tuple[int, bool] | None = None  # (ready replicas, over target) at the previous fresh tick
     # Scale-ups that undid a scale-down within its stabilization window (`scaling.scale`), newest last.
     reversals: tuple[float, ...] = ()
+    # When the newest sample the policy acted on was taken (unix seconds): a tick whose measurement fails while it
+    # is younger than staleAfterSeconds is a miss, not stale data (policy.decide). Not saved in the annotation: a
+    # restarted operator has no sample yet.
+    sampled_at: float | None = None
 
     def record(self, now: float, replicas: int, keep_seconds: float) -> PoolHistory:
         """Add this tick's recommendation; forget what no window up to `keep_seconds` can need.

@@ -56,8 +56,6 @@ def assess(spec: AutoscalingSpec, pool: Pool, signals: PoolSignals) -> Load:
 
 def learn_capacity(history: PoolHistory, signals: PoolSignals, load: Load) -> PoolHistory:
     """Update the per-replica capacity estimate from one fresh observation (see module docstring)."""
-    if signals.carried:  # an earlier tick's sample standing in (signals.carry_over): learned from when it was new
-        return history
     arrived = signals.request_rate or 0.0
     served = signals.success_rate if signals.success_rate is not None else arrived
     replicas = signals.scraped_replicas or signals.ready_replicas

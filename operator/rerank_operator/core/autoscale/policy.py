@@ -2,7 +2,9 @@
 
 Order of a tick, each step explained where it lives:
 1. stale or missing metrics for a pool that has ready replicas -> hold replicas and split (safety overrides for
-   pools without ready replicas still apply), record nothing, say why;
+   pools without ready replicas still apply), record nothing, say why. A measurement that failed while the pool's
+   last sample is younger than staleAfterSeconds is a miss, not stale data: replicas and split are kept the same
+   way, but the decision is not marked held (`missed`);
 2. judge each pool's load and refine its learned capacity (`load`);
 3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), then
    apply HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being undone within the
@@ -24,8 +26,8 @@ from rerank_operator.core.autoscale import load as loads
 from rerank_operator.core.autoscale import scaling
 from rerank_operator.core.autoscale import split as routing
 from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool
-from rerank_operator.core.autoscale.history import History
-from rerank_operator.core.autoscale.signals import Signals
+from rerank_operator.core.autoscale.history import History, PoolHistory
+from rerank_operator.core.autoscale.signals import PoolSignals, Signals
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Decision:
     cpu_percent: int
     reason: str
     held: bool = False            # True when metrics were stale/missing and the last decision was kept
+    missed: bool = False          # True when a measurement failed within staleAfterSeconds (kept, not held)
     events: tuple[Event, ...] = ()
     history: History = field(default_factory=History)
 
@@ -75,11 +78,20 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     `tuning` is for the simulator's ablation only (production uses the defaults)."""
     if not spec.enabled:
         return _static(spec, signals, current, history, "autoscaling disabled")
-    stale = [f"{pool} metrics: {why}" for pool in ("gpu", "cpu")
+    stale = {pool: why for pool in ("gpu", "cpu")
              if spec.bounds(pool).enabled
-             and (why := signals.pool(pool).staleness(now, spec.stale_after_seconds)) is not None]
+             and (why := signals.pool(pool).staleness(now, spec.stale_after_seconds)) is not None}
     if stale:
-        return _static(spec, signals, current, history, "holding last decision; " + "; ".join(stale), held=True)
+        missed = {pool: age for pool in stale if (age := _missed(spec, signals.pool(pool), history.pool(pool), now))}
+        if len(missed) == len(stale):
+            ages = ", ".join(f"{pool} {age:.0f}s" for pool, age in missed.items())
+            return _static(spec, signals, current, history,
+                           "keeping replicas and split: " + "; ".join(f"{p} metrics: {w}" for p, w in stale.items())
+                           + f" (a miss: the last sample is younger than {spec.stale_after_seconds:.0f}s: {ages})",
+                           missed=True)
+        return _static(spec, signals, current, history,
+                       "holding last decision; " + "; ".join(f"{p} metrics: {w}" for p, w in stale.items()), held=True)
+    history = _sampled(history, signals)
 
     gpu_load = loads.assess(spec, "gpu", signals.gpu)
     cpu_load = loads.assess(spec, "cpu", signals.cpu)
@@ -140,8 +152,31 @@ def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load,
     return result.replicas, history.with_pool(pool, result.history)
 
 
+def _missed(spec: AutoscalingSpec, signals: PoolSignals, history: PoolHistory, now: float) -> float | None:
+    """How old the pool's last acted-on sample is, when this tick's measurement failed (one slow pod, one failed
+    query) while that sample is younger than staleAfterSeconds; else None (stale, or no sample yet).
+
+    Why: staleAfterSeconds is the user's bound on how old the signals the policy acts on may be. Treating one failed
+    scrape as stale marked the decision held and flipped MetricsAvailable to False and back on the next tick: four
+    status writes (the autoscaler's and the reconcile loop's) per hiccup, at 1000 models a steady trickle of writes
+    although nothing had changed. The decision is kept all the same (nothing is decided on old numbers)."""
+    if not signals.error or history.sampled_at is None:
+        return None
+    age = now - history.sampled_at
+    return age if 0 <= age <= spec.stale_after_seconds else None
+
+
+def _sampled(history: History, signals: Signals) -> History:
+    """Remember when each measured pool's sample was taken (for `_missed`)."""
+    for pool in ("gpu", "cpu"):
+        taken = signals.pool(pool).sampled_at
+        if taken is not None:
+            history = history.with_pool(pool, replace(history.pool(pool), sampled_at=taken))
+    return history
+
+
 def _static(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, why: str,
-            held: bool = False) -> Decision:
+            held: bool = False, missed: bool = False) -> Decision:
     """Keep replicas (within bounds) and split, except where a pool without ready replicas forces the split."""
     external = spec.replica_management == "external"
     gpu = current.gpu_replicas if external else spec.gpu.clamp(current.gpu_replicas)
@@ -150,7 +185,7 @@ def _static(spec: AutoscalingSpec, signals: Signals, current: Current, history: 
     reasons = [why]
     if cpu_percent != current.cpu_percent:
         reasons.append(f"traffic to {'CPU' if cpu_percent == 100 else 'GPU'}: the other pool has no ready replica")
-    decision = Decision(gpu, cpu, cpu_percent, "; ".join(reasons), held=held, history=history)
+    decision = Decision(gpu, cpu, cpu_percent, "; ".join(reasons), held=held, missed=missed, history=history)
     return replace(decision, events=_events(current, decision))
 
 

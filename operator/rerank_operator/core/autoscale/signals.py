@@ -7,7 +7,7 @@ lifetime of a pod: a pod that was slow an hour ago must not look slow now.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from rerank_operator.core.autoscale.exposition import Histogram
@@ -33,7 +33,6 @@ class PoolSignals:
     latency: Histogram | None = field(default=None, compare=False, repr=False)
     sampled_at: float | None = None        # unix seconds of the newest observation used
     error: str | None = None               # why the source could not measure, if it could not
-    carried: str | None = None             # set when this is an earlier tick's sample standing in (carry_over)
 
     @property
     def queue_per_replica(self) -> float | None:
@@ -71,7 +70,6 @@ class PoolSignals:
             "queueTimeP95Ms": _round(self.queue_time_p95_ms, 1),
             "gpuMemoryFraction": _round(self.gpu_memory_fraction, 3),
             "error": self.error,
-            "carriedOver": self.carried,
         }
         return {key: value for key, value in values.items() if value is not None}
 
@@ -95,29 +93,6 @@ class Signals:
 
     def to_status(self) -> dict[str, Any]:
         return {"gpu": self.gpu.to_status(), "cpu": self.cpu.to_status()}
-
-
-def carry_over(last: Signals | None, measured: Signals, now: float, stale_after_seconds: float) -> Signals:
-    """``measured``, with each pool its source could not measure this tick (one slow pod, one failed query) given
-    the last tick's signals while those are younger than ``stale_after_seconds``.
-
-    Why: ``staleAfterSeconds`` is the user's bound on how old the signals the policy acts on may be; one missed
-    scrape leaves a sample one interval old, not a stale one. Treating the miss as stale held the decision and
-    flipped MetricsAvailable to False and back a tick later: two status writes (and the reconcile loop's two) per
-    hiccup, at a fleet's scale a steady trickle of writes although nothing changed. A source that stays down is
-    stale once its last sample ages past the bound, and the policy holds then, as before.
-    """
-    if last is None:
-        return measured
-    pools: dict[str, PoolSignals] = {}
-    for name in ("gpu", "cpu"):
-        now_pool, before = measured.pool(name), last.pool(name)
-        if (now_pool.error and now_pool.ready_replicas > 0 and before.error is None
-                and before.staleness(now, stale_after_seconds) is None and before.ready_replicas > 0):
-            age = now - (before.sampled_at or now)
-            pools[name] = replace(before, ready_replicas=now_pool.ready_replicas,
-                                  carried=f"{now_pool.error}; the sample of {age:.0f}s ago stands in")
-    return replace(measured, gpu=pools.get("gpu", measured.gpu), cpu=pools.get("cpu", measured.cpu))
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -33,6 +33,19 @@ def data_file_name(graph: Path) -> str:
     return graph.name + DATA_FILE_SUFFIX
 
 
+#: At most this many source files are open at once (torch.onnx.export writes one file per tensor: hundreds).
+MAX_OPEN_FILES = 16
+
+
+def location(t: Any) -> str | None:
+    """The file an external tensor's data is in, else None."""
+    from onnx.external_data_helper import uses_external_data
+
+    if not uses_external_data(t):
+        return None
+    return next((e.value for e in t.external_data if e.key == "location"), None)
+
+
 class TensorReader:
     """Initializers of a graph at ``src``: inline ones decoded, external ones read from their files."""
 
@@ -50,9 +63,7 @@ class TensorReader:
     @staticmethod
     def external(t: Any) -> tuple[str, int, int] | None:
         """(location, offset, length) of an external tensor, else None."""
-        from onnx.external_data_helper import uses_external_data
-
-        if not uses_external_data(t):
+        if location(t) is None:
             return None
         info = {e.key: e.value for e in t.external_data}
         loc, off = info["location"], int(info.get("offset", 0))
@@ -65,7 +76,9 @@ class TensorReader:
 
     def read(self, loc: str, offset: int, length: int) -> bytes:
         if loc not in self._files:
-            self._files[loc] = open(self.base / loc, "rb")  # noqa: SIM115 - closed by __exit__
+            if len(self._files) >= MAX_OPEN_FILES:  # the oldest opened goes: files are mostly read in order
+                self._files.pop(next(iter(self._files))).close()
+            self._files[loc] = open(self.base / loc, "rb")  # noqa: SIM115 - closed by __exit__ or above
         data = os.pread(self._files[loc].fileno(), length, offset)
         if len(data) != length:
             raise OSError(f"external data {loc} is shorter than recorded")
@@ -98,12 +111,15 @@ class DataWriter:
         try:
             if exc_type is None:
                 self.out.flush()
-                os.fsync(self.out.fileno())
-        finally:
+                os.fsync(self.out.fileno())  # a full disk often shows only here
             self.out.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
+            if exc_type is None:
+                os.replace(self.tmp, self.path)
+        except BaseException:
+            self.out.close()
+            self.tmp.unlink(missing_ok=True)
+            raise
+        if exc_type is not None:
             self.tmp.unlink(missing_ok=True)
 
     def add(self, name: str, arr: np.ndarray) -> Any:
@@ -150,20 +166,30 @@ class DataWriter:
 def consolidate(graph: Path) -> int:
     """Gather every external tensor of the graph at ``graph`` (initializers, constants, subgraphs) into
     ``<graph>_data``, a tensor at a time, and remove the files they came from. Returns the data file's size (0 if
-    the graph keeps all tensors inline)."""
+    the graph keeps all tensors inline).
+
+    The new graph is written (to ``<graph>.part``) before the data file takes its name, so a failure anywhere leaves
+    the graph and its files as they were; only a crash between the two renames leaves the old graph beside the new
+    data file (which matters only if the old graph used that name too)."""
     import onnx
     from onnx.external_data_helper import _get_all_tensors
 
     model = onnx.load(str(graph), load_external_data=False)
+    tensors = [(t, loc) for t in _get_all_tensors(model) if (loc := location(t)) is not None]
+    if not tensors:
+        return 0
     data_name = data_file_name(graph)
-    with TensorReader(graph) as reader:
-        tensors = [(t, ext[0]) for t in _get_all_tensors(model) if (ext := reader.external(t)) is not None]
-        if not tensors:
-            return 0
-        with DataWriter(graph.with_name(data_name)) as writer:
+    part: Path | None = None
+    try:
+        with TensorReader(graph) as reader, DataWriter(graph.with_name(data_name)) as writer:
             for t, _ in tensors:
                 writer.copy(t, reader)
-    save_graph(model, graph)
+            part = _graph_part(model, graph)
+    except BaseException:
+        if part is not None:
+            part.unlink(missing_ok=True)
+        raise
+    os.replace(part, graph)
     for loc in {loc for _, loc in tensors} - {data_name}:
         with contextlib.suppress(FileNotFoundError):
             os.remove(graph.parent / loc)
@@ -172,12 +198,14 @@ def consolidate(graph: Path) -> int:
 
 def name_data_file(graph: Path) -> None:
     """Make the graph's external data (if any) one file named ``<graph>_data`` beside it: a single file under
-    another name is renamed, several are consolidated."""
+    another name gets that name (its layout as its saver wrote it), several are consolidated. The graph is never
+    left pointing at a file that is gone: the data is linked under the new name, the graph saved, then the old name
+    removed."""
     import onnx
     from onnx.external_data_helper import _get_all_tensors
 
     model = onnx.load(str(graph), load_external_data=False)
-    tensors = [(t, ext[0]) for t in _get_all_tensors(model) if (ext := TensorReader.external(t)) is not None]
+    tensors = [(t, loc) for t in _get_all_tensors(model) if (loc := location(t)) is not None]
     locations = {loc for _, loc in tensors}
     want = data_file_name(graph)
     if not locations or locations == {want}:
@@ -190,12 +218,31 @@ def name_data_file(graph: Path) -> None:
         for e in t.external_data:
             if e.key == "location":
                 e.value = want
-    os.replace(graph.parent / old, graph.parent / want)
+    (graph.parent / want).unlink(missing_ok=True)  # not the graph's: it names only ``old``
+    try:
+        os.link(graph.parent / old, graph.parent / want)
+    except OSError:  # a volume without hard links: rename, then save (a crash in between needs a new Job anyway)
+        os.replace(graph.parent / old, graph.parent / want)
+        save_graph(model, graph)
+        return
     save_graph(model, graph)
+    os.remove(graph.parent / old)
 
 
 def save_graph(model: Any, graph: Path) -> None:
-    """Write the graph (its tensors' data already in place) by a rename, never half-written."""
-    tmp = graph.with_name(graph.name + ".part")
-    tmp.write_bytes(model.SerializeToString())
-    os.replace(tmp, graph)
+    """Write the graph (its tensors' data already in place) by a rename: never half-written."""
+    os.replace(_graph_part(model, graph), graph)
+
+
+def _graph_part(model: Any, graph: Path) -> Path:
+    """The serialized graph in ``<graph>.part``, synced; nothing left behind on failure."""
+    part = graph.with_name(graph.name + ".part")
+    try:
+        with open(part, "wb") as f:
+            f.write(model.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return part

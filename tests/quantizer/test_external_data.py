@@ -105,3 +105,41 @@ def test_a_failed_consolidation_leaves_the_graph_as_it_was(tmp_path: Path) -> No
     with pytest.raises(OSError, match="shorter than recorded"):
         external_data.consolidate(graph)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files   # no .part, nothing removed or rewritten
+
+
+def test_many_source_files_are_read_with_few_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(external_data, "MAX_OPEN_FILES", 1)   # three tensor files, one open at a time
+    graph = tmp_path / "model.onnx"
+    x = _graph(graph, one_file=None)
+    before = _scores(graph, x)
+    external_data.consolidate(graph)
+    np.testing.assert_array_equal(_scores(graph, x), before)
+
+
+def test_a_full_disk_at_the_sync_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = tmp_path / "model.onnx"
+    _graph(graph, one_file=None)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(external_data.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        external_data.consolidate(graph)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
+def test_renaming_falls_back_where_the_volume_has_no_hard_links(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = tmp_path / "model.onnx"
+    x = _graph(graph, one_file="weights.bin")
+    before = _scores(graph, x)
+
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(external_data.os, "link", no_links)
+    external_data.name_data_file(graph)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx_data"]
+    np.testing.assert_array_equal(_scores(graph, x), before)

@@ -80,3 +80,28 @@ def test_stored_objects_lose_what_the_operator_never_reads_and_keep_what_it_comp
     assert kept is not None and "managedFields" not in kept["metadata"]
     assert kept["spec"]["template"]["spec"]["containers"] == [{"name": "tei"}]  # drift compares the whole spec
     assert store.get("ns", "j") == {**job, "spec": {"backoffLimit": 2}}
+
+
+def test_stored_objects_share_their_keys_and_short_strings_and_stay_equal() -> None:
+    import json
+
+    from rerank_operator.adapters.informer import SHARED_STRING_MAX
+
+    long = "x" * (SHARED_STRING_MAX + 1)
+    text = json.dumps({"kind": "Service", "metadata": {"name": "m-cpu", "namespace": "ns", "resourceVersion": "3",
+                                                       "labels": {"app.kubernetes.io/name": "rerank"}},
+                       "spec": {"ports": [{"port": 8080}], "note": long}})
+    first, second = json.loads(text), json.loads(text)
+    second["metadata"]["name"] = "m-gpu"
+    assert first["metadata"]["labels"] is not second["metadata"]["labels"]
+    key = next(iter(first["metadata"]["labels"]))
+    assert key is not next(iter(second["metadata"]["labels"]))   # json.loads copies every key, per object
+    store = Store()
+    store.replace([second], listed_at=10, namespace="ns")   # a LIST stores compact copies
+    store.record(first)                                      # so does a watch event or our own write
+    a, b = store.get("ns", "m-cpu"), store.get("ns", "m-gpu")
+    assert a == json.loads(text) and b is not None and b["spec"] == a["spec"]
+    label_a, label_b = next(iter(a["metadata"]["labels"].items())), next(iter(b["metadata"]["labels"].items()))
+    assert label_a[0] is label_b[0] and label_a[1] is label_b[1]   # one copy of the label's key and value
+    assert next(iter(a["spec"])) is next(iter(b["spec"]))
+    assert a["spec"]["note"] is not b["spec"]["note"]                # long strings stay per object

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, WatchExpired
 from rerank_operator.core import names
@@ -69,6 +70,26 @@ def trim(obj: Obj) -> Obj:
         for key in _DROP_SPEC_KEYS.get(kind, ()):
             spec.pop(key, None)
     return obj
+
+
+#: Strings up to this length are shared between stored objects (``compact``); longer ones are mostly unique.
+SHARED_STRING_MAX = 64
+
+
+def compact(value: Any) -> Any:
+    """A copy of a decoded object whose keys and short strings are shared with every other stored object.
+
+    Why: each ``json.loads`` makes its own copy of every key ("metadata", "labels", "containers", ...) and of every
+    repeated value (label values, namespaces, images, probe paths): at 1000 models they were a third of the caches'
+    memory (measured: 120 -> 80 MB for the models, Deployments, pods and Services; interning every string would save
+    little more, the rest being uids, timestamps and versions that are unique anyway)."""
+    if isinstance(value, dict):
+        return {sys.intern(k): compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if type(value) is str and len(value) <= SHARED_STRING_MAX:
+        return sys.intern(value)
+    return value
 
 
 def resource_version(obj: Obj) -> int | None:
@@ -157,13 +178,13 @@ class Store:
         """Store ``obj`` (trimmed) unless the stored copy is as new; returns whether it was stored (False for the
         watch's echo of our own write, which ``Caches.record`` stored already)."""
         key = _key(obj)
-        trim(obj)
+        stored = compact(trim(obj))
         with self._lock:
             old = self._items.get(key)
-            if not _newer(obj, old):
+            if not _newer(stored, old):
                 return False
             self._unindex(key, old)
-            self._index(key, obj)
+            self._index(key, stored)
             return True
 
     def remove(self, obj: Obj) -> None:
@@ -176,7 +197,7 @@ class Store:
         """The result of a LIST at revision ``listed_at`` (for ``namespace``, or all): it replaces what was stored,
         except copies newer than the list (our own writes that landed after it)."""
         with self._lock:
-            fresh = {_key(o): trim(o) for o in items}
+            fresh = {_key(o): compact(trim(o)) for o in items}
             for key in [k for k in self._items if namespace is None or k[0] == namespace]:
                 if key not in fresh:
                     kept = resource_version(self._items[key])

@@ -74,6 +74,9 @@ def trim(obj: Obj) -> Obj:
 
 #: Strings up to this length are shared between stored objects (``compact``); longer ones are mostly unique.
 SHARED_STRING_MAX = 64
+#: Python 3.12.0-3.12.5 made interned strings immortal (cpython#113993): there, values (uids, versions, pod IPs)
+#: would never be freed, so only keys (a bounded set) are shared.
+_SHARE_VALUES = not ((3, 12, 0) <= sys.version_info[:3] < (3, 12, 6))
 
 
 def compact(value: Any) -> Any:
@@ -87,7 +90,7 @@ def compact(value: Any) -> Any:
         return {sys.intern(k): compact(v) for k, v in value.items()}
     if isinstance(value, list):
         return [compact(v) for v in value]
-    if type(value) is str and len(value) <= SHARED_STRING_MAX:
+    if _SHARE_VALUES and type(value) is str and len(value) <= SHARED_STRING_MAX:
         return sys.intern(value)
     return value
 
@@ -178,13 +181,13 @@ class Store:
         """Store ``obj`` (trimmed) unless the stored copy is as new; returns whether it was stored (False for the
         watch's echo of our own write, which ``Caches.record`` stored already)."""
         key = _key(obj)
-        stored = compact(trim(obj))
+        trim(obj)
         with self._lock:
             old = self._items.get(key)
-            if not _newer(stored, old):
+            if not _newer(obj, old):  # the echo is not copied at all
                 return False
             self._unindex(key, old)
-            self._index(key, stored)
+            self._index(key, compact(obj))  # one object's copy: short enough to take under the lock
             return True
 
     def remove(self, obj: Obj) -> None:
@@ -196,8 +199,8 @@ class Store:
     def replace(self, items: Iterable[Obj], listed_at: int | None, namespace: str | None) -> None:
         """The result of a LIST at revision ``listed_at`` (for ``namespace``, or all): it replaces what was stored,
         except copies newer than the list (our own writes that landed after it)."""
+        fresh = {_key(o): compact(trim(o)) for o in items}  # a whole LIST's copy: before taking the lock
         with self._lock:
-            fresh = {_key(o): compact(trim(o)) for o in items}
             for key in [k for k in self._items if namespace is None or k[0] == namespace]:
                 if key not in fresh:
                     kept = resource_version(self._items[key])

@@ -295,6 +295,8 @@ class ModelAutoscaler:
         if key != self.source_key:  # a new source: the direct one's rates need a second scrape, one interval later
             self.source_key = key
             self.priming = auto.source != "prometheus"
+            if self.history is not None:  # the old source's samples say nothing about the new one's
+                self.history = self.history.without_samples()
         return Prepared(owner, body, spec, auto, view, {p: view.ready(p) for p in config.POOLS},
                         {p: view.ready_pods(p) for p in config.POOLS if auto.bounds(p).enabled},
                         _guard_target(view) if self.guarded else None)
@@ -385,7 +387,8 @@ class ModelAutoscaler:
         self.history = decision.history
         if decision.missed:  # nothing in the status says so (that is the point): the log does
             log.info("autoscaler %s/%s: %s", self.namespace, self.name, decision.reason)
-        gpu_only = self._meter(p.auto, p.view, signals)
+        # A miss meters nothing: the next measured tick accrues the whole span (up to METER_GAP_TICKS).
+        gpu_only = None if decision.missed else self._meter(p.auto, p.view, signals)
         record: dict[str, Any] = {"signals": signals.to_status(), "fresh": not decision.held,
                                   "lastDecision": decision_status(p.auto, decision, self.now_iso())}
         if self.pricing is not None:

@@ -116,7 +116,7 @@ def test_stale_or_missing_gpu_metrics_hold_replicas_and_split(stale):
     decision = run(Signals(stale, pool(2, rate=10, p95=900, queue=50)), Current(3, 2, 25), history)
     assert (decision.gpu_replicas, decision.cpu_replicas, decision.cpu_percent) == (3, 2, 25)
     assert decision.held and "holding" in decision.reason and "gpu" in decision.reason
-    assert decision.history == history         # nothing stale enters the windows
+    assert decision.history.without_samples() == history   # nothing stale enters the windows
     assert decision.events == ()
 
 
@@ -128,13 +128,22 @@ def test_a_failed_measurement_within_stale_after_is_a_miss_not_a_hold():
     decision = run(Signals(failed, HOT_GPU), Current(3, 2, 25), history)
     assert (decision.gpu_replicas, decision.cpu_replicas, decision.cpu_percent) == (3, 2, 25)
     assert not decision.held and decision.missed and "a miss" in decision.reason and "timed out" in decision.reason
-    assert decision.history == history and decision.events == ()
+    assert decision.history.without_samples() == history.without_samples() and decision.events == ()
+    assert decision.history.gpu.sampled_at == NOW - 15   # the missed pool's sample time stays what it was
+    assert decision.history.cpu.sampled_at == NOW        # the pool measured meanwhile keeps its own
+    # a replaced pod's first scrape (no rate yet) is a miss too
+    replaced = replace(pool(2), request_rate=None)
+    assert run(Signals(replaced, HOT_GPU), Current(3, 2, 25), history).missed
     # at the bound it is stale: held, as without a sample
     old = replace(history, gpu=replace(history.gpu, sampled_at=NOW - 61))
     assert run(Signals(failed, HOT_GPU), Current(3, 2, 25), old).held
-    # a miss of one pool and a pool without a complete sample: held
+    # a miss of one pool and a pool never measured since the operator started: held
     first = replace(pool(2), request_rate=None)
     assert run(Signals(failed, first), Current(3, 2, 25), history).held
+    # two pools missing in turn, each measured within the bound: misses, not holds
+    turn = run(Signals(failed, HOT_GPU), Current(3, 2, 25), history)
+    later = replace(pool(2, at=NOW + 15), error=None)
+    assert run(Signals(later, replace(HOT_GPU, error="timed out")), Current(3, 2, 25), turn.history).missed
 
 
 def test_a_measured_tick_remembers_when_its_samples_were_taken():

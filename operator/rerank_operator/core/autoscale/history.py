@@ -95,6 +95,10 @@ class History:
     def pool(self, name: str) -> PoolHistory:
         return self.gpu if name == "gpu" else self.cpu
 
+    def without_samples(self) -> History:
+        """This memory with no sample times: what a new metrics source starts from (its first failure holds)."""
+        return replace(self, gpu=replace(self.gpu, sampled_at=None), cpu=replace(self.cpu, sampled_at=None))
+
     def with_pool(self, name: str, pool: PoolHistory) -> History:
         return replace(self, gpu=pool) if name == "gpu" else replace(self, cpu=pool)
 

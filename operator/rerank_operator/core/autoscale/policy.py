@@ -19,6 +19,7 @@ No I/O and no clock: `now` is an argument, so every behaviour is reproducible in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +28,7 @@ from rerank_operator.core.autoscale import scaling
 from rerank_operator.core.autoscale import split as routing
 from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool
 from rerank_operator.core.autoscale.history import History, PoolHistory
-from rerank_operator.core.autoscale.signals import PoolSignals, Signals
+from rerank_operator.core.autoscale.signals import Signals
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,10 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
              if spec.bounds(pool).enabled
              and (why := signals.pool(pool).staleness(now, spec.stale_after_seconds)) is not None}
     if stale:
-        missed = {pool: age for pool in stale if (age := _missed(spec, signals.pool(pool), history.pool(pool), now))}
+        # The pools measured this tick keep their sample time, so two pools missing in turn are not stale.
+        history = _sampled(history, signals, [p for p in ("gpu", "cpu") if p not in stale])
+        missed = {pool: age for pool in stale
+                  if (age := _missed(spec, history.pool(pool), now)) is not None}
         if len(missed) == len(stale):
             ages = ", ".join(f"{pool} {age:.0f}s" for pool, age in missed.items())
             return _static(spec, signals, current, history,
@@ -91,7 +95,7 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
                            missed=True)
         return _static(spec, signals, current, history,
                        "holding last decision; " + "; ".join(f"{p} metrics: {w}" for p, w in stale.items()), held=True)
-    history = _sampled(history, signals)
+    history = _sampled(history, signals, ("gpu", "cpu"))
 
     gpu_load = loads.assess(spec, "gpu", signals.gpu)
     cpu_load = loads.assess(spec, "cpu", signals.cpu)
@@ -152,23 +156,24 @@ def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load,
     return result.replicas, history.with_pool(pool, result.history)
 
 
-def _missed(spec: AutoscalingSpec, signals: PoolSignals, history: PoolHistory, now: float) -> float | None:
-    """How old the pool's last acted-on sample is, when this tick's measurement failed (one slow pod, one failed
-    query) while that sample is younger than staleAfterSeconds; else None (stale, or no sample yet).
+def _missed(spec: AutoscalingSpec, history: PoolHistory, now: float) -> float | None:
+    """How old the pool's last acted-on sample is, when this tick could not measure it (one slow pod, one failed
+    query, a replaced pod's first scrape) while that sample is younger than staleAfterSeconds; else None (stale, or
+    no sample since the operator started).
 
     Why: staleAfterSeconds is the user's bound on how old the signals the policy acts on may be. Treating one failed
     scrape as stale marked the decision held and flipped MetricsAvailable to False and back on the next tick: four
     status writes (the autoscaler's and the reconcile loop's) per hiccup, at 1000 models a steady trickle of writes
     although nothing had changed. The decision is kept all the same (nothing is decided on old numbers)."""
-    if not signals.error or history.sampled_at is None:
+    if history.sampled_at is None:
         return None
     age = now - history.sampled_at
-    return age if 0 <= age <= spec.stale_after_seconds else None
+    return age if age <= spec.stale_after_seconds else None
 
 
-def _sampled(history: History, signals: Signals) -> History:
-    """Remember when each measured pool's sample was taken (for `_missed`)."""
-    for pool in ("gpu", "cpu"):
+def _sampled(history: History, signals: Signals, pools: Iterable[Pool]) -> History:
+    """Remember when each of ``pools``' samples was taken (for `_missed`)."""
+    for pool in pools:
         taken = signals.pool(pool).sampled_at
         if taken is not None:
             history = history.with_pool(pool, replace(history.pool(pool), sampled_at=taken))

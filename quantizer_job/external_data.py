@@ -46,6 +46,13 @@ def location(t: Any) -> str | None:
     return next((e.value for e in t.external_data if e.key == "location"), None)
 
 
+def external_tensors(model: Any) -> list[tuple[Any, str]]:
+    """Every tensor of a loaded graph (initializers, constants, subgraphs) whose data is external, with its file."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    return [(t, loc) for t in _get_all_tensors(model) if (loc := location(t)) is not None]
+
+
 class TensorReader:
     """Initializers of a graph at ``src``: inline ones decoded, external ones read from their files."""
 
@@ -172,10 +179,9 @@ def consolidate(graph: Path) -> int:
     the graph and its files as they were; only a crash between the two renames leaves the old graph beside the new
     data file (which matters only if the old graph used that name too)."""
     import onnx
-    from onnx.external_data_helper import _get_all_tensors
 
     model = onnx.load(str(graph), load_external_data=False)
-    tensors = [(t, loc) for t in _get_all_tensors(model) if (loc := location(t)) is not None]
+    tensors = external_tensors(model)
     if not tensors:
         return 0
     data_name = data_file_name(graph)
@@ -202,10 +208,9 @@ def name_data_file(graph: Path) -> None:
     left pointing at a file that is gone: the data is linked under the new name, the graph saved, then the old name
     removed."""
     import onnx
-    from onnx.external_data_helper import _get_all_tensors
 
     model = onnx.load(str(graph), load_external_data=False)
-    tensors = [(t, loc) for t in _get_all_tensors(model) if (loc := location(t)) is not None]
+    tensors = external_tensors(model)
     locations = {loc for _, loc in tensors}
     want = data_file_name(graph)
     if not locations or locations == {want}:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from . import external_data
 from .errors import JobError
 from .textenc import ROBERTA_FAMILY
 
@@ -155,13 +156,7 @@ def check_tei_dir(d: Path, expect_token_type_ids: bool | None = None) -> list[st
         problems.append("graph output 'logits' missing")
     elif outs["logits"].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
         problems.append("logits is not float32")
-    locs: set[str] = set()
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    for t in _get_all_tensors(m):
-        if uses_external_data(t):
-            locs.update(e.value for e in t.external_data if e.key == "location")
-    for loc in locs:
+    for loc in {loc for _, loc in external_data.external_tensors(m)}:
         if "/" in loc or not (d / loc).is_file():
             problems.append(f"external data {loc} is not a file next to {MODEL_FILE}")
     return problems

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import evaldata, isa, layout, outliers, publish, search, serving, textenc, verify
+from . import evaldata, external_data, isa, layout, outliers, publish, search, serving, textenc, verify
 from . import quantize as Q
 from .contract import CPU_SUBDIR, EVALUATION_FILE, MANIFEST_FILE, ORIGINAL_SUBDIR, JobRequest, JobResult
 from .errors import EXIT_CODES, JobError
@@ -368,7 +368,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
     cpu.mkdir()
     chosen = choice.trial.path
     os.replace(chosen, cpu / layout.MODEL_FILE)
-    data = chosen.with_name(chosen.name + "_data")
+    data = chosen.with_name(external_data.data_file_name(chosen))
     if data.exists():
         os.replace(data, cpu / layout.DATA_FILE)
     fixed_cfg = layout.tei_config(source.config, tok_json)

@@ -121,7 +121,7 @@ def _set_ir_version(path: Path) -> None:
 def model_bytes(path: Path) -> int:
     """Size of an ONNX graph with its external data file (``model.onnx_data``)."""
     total = path.stat().st_size
-    data = path.with_name(path.name + "_data")
+    data = path.with_name(external_data.data_file_name(path))
     if data.exists():
         total += data.stat().st_size
     return total
@@ -290,9 +290,9 @@ def quantize_embeddings(path: Path) -> dict[str, Any]:
         big = sum(t.ByteSize() for t in m.graph.initializer) > TWO_GB * 0.9
         if big:
             onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=path.name + "_data", size_threshold=1024)
+                            location=external_data.data_file_name(path), size_threshold=1024)
         else:
-            stale = path.with_name(path.name + "_data")
+            stale = path.with_name(external_data.data_file_name(path))
             onnx.save_model(m, str(path))
             stale.unlink(missing_ok=True)
         _finish_saved_model(path)

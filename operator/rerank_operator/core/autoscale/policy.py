@@ -87,14 +87,12 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
         history = _sampled(history, signals, [p for p in ("gpu", "cpu") if p not in stale])
         missed = {pool: age for pool in stale
                   if (age := _missed(spec, history.pool(pool), now)) is not None}
+        why = "; ".join(f"{p} metrics: {w}" for p, w in stale.items())
         if len(missed) == len(stale):
             ages = ", ".join(f"{pool} {age:.0f}s" for pool, age in missed.items())
-            return _static(spec, signals, current, history,
-                           "keeping replicas and split: " + "; ".join(f"{p} metrics: {w}" for p, w in stale.items())
-                           + f" (a miss: the last sample is younger than {spec.stale_after_seconds:.0f}s: {ages})",
-                           missed=True)
-        return _static(spec, signals, current, history,
-                       "holding last decision; " + "; ".join(f"{p} metrics: {w}" for p, w in stale.items()), held=True)
+            return _static(spec, signals, current, history, f"keeping replicas and split: {why} (a miss: the last "
+                           f"sample is younger than {spec.stale_after_seconds:.0f}s: {ages})", missed=True)
+        return _static(spec, signals, current, history, f"holding last decision; {why}", held=True)
     history = _sampled(history, signals, ("gpu", "cpu"))
 
     gpu_load = loads.assess(spec, "gpu", signals.gpu)

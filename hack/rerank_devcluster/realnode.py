@@ -23,6 +23,8 @@ import json
 import secrets
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,7 +230,9 @@ def kubelet_config(*, root: Path, ca: Path, port: int, healthz_port: int, runtim
         "makeIPTablesUtilChains": False,
         "serializeImagePulls": False,
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+        # Absolute, small: a percentage of a shared 250 GB disk is gigabytes that other work on the machine may
+        # hold, and a pod evicted for DiskPressure there fails a test for a reason that is not the test's.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "256Mi", "imagefs.available": "256Mi",
                          "nodefs.inodesFree": "1%"},
         "podLogsDir": str(pod_logs),
         "staticPodPath": "",
@@ -269,6 +273,9 @@ class RealNode:
     def create(cls, processes: Processes, *, tag: str, workdir: Path, server: str, kubelet: Path) -> RealNode:
         """The node's paths and images (built or taken from the cache); nothing runs yet."""
         images = nodeimage.ensure_images()
+        for abandoned in reap_abandoned():
+            print(f"removed {abandoned}: a real node that no process uses (a run killed before its teardown)",
+                  file=sys.stderr)
         root = node_root(tag)
         link = workdir / "node"  # where the cluster's other files are: a link to the short root
         link.unlink(missing_ok=True)
@@ -363,8 +370,7 @@ class RealNode:
 
     def teardown(self) -> None:
         """After containerd has stopped: mounts, network namespaces, the bridge and the cgroups."""
-        for mount in sorted(_mounts_under(self.root), key=len, reverse=True):
-            subprocess.run(["umount", "-l", mount], capture_output=True)
+        _unmount_under(self.root)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         # containerd's images, unpacked (~8 GB with the quantizer's): worthless once it has stopped, even where the
         # cluster's work directory is kept (the demo keeps its logs).
@@ -373,11 +379,58 @@ class RealNode:
     def remove(self) -> None:
         """After :meth:`teardown`, when the cluster's work directory goes too: the node's directory."""
         shutil.rmtree(self.root, ignore_errors=True)
-        for controller in _cgroup_controllers():
-            top = CGROUP_V1 / controller / self.cgroup_root.lstrip("/")
-            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                _rmdir_cgroup(d)
-            _rmdir_cgroup(top)
+        _remove_cgroups(self.cgroup_root)
+
+
+def reap_abandoned(tmp: Path = Path("/tmp"), *, min_age_s: float = 600) -> list[Path]:
+    """Remove the node directories that no running process uses, with their mounts, bridge and cgroups.
+
+    A run killed before its teardown (a CI job's time limit, a session's end, SIGKILL) leaves its node behind:
+    ~8 GB of unpacked images and the overlay mounts that pin them. Left to pile up they filled this machine's
+    disk until the next run's kubelet reported DiskPressure and evicted the test's own pods. A node is in use
+    while a process names its directory (containerd's and the kubelet's ``--config``, every shim's
+    ``-address``); a directory younger than ``min_age_s`` may be a run that is starting up, and is left alone.
+    """
+    live = _command_lines()
+    reaped = []
+    for root in sorted(tmp.glob("rerank-node-*")):
+        if not root.is_dir() or root.is_symlink() or any(str(root) in line for line in live):
+            continue
+        with contextlib.suppress(OSError):
+            if time.time() - root.stat().st_mtime < min_age_s:
+                continue
+        tag = root.name.removeprefix("rerank-node-")
+        _unmount_under(root)
+        subprocess.run(["ip", "link", "delete", f"rrk{tag}"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+        _remove_cgroups(f"/rerank-{tag}")
+        reaped.append(root)
+    return reaped
+
+
+def _command_lines() -> list[str]:
+    """Every running process's command line, arguments joined by spaces (processes that end meanwhile skipped)."""
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return lines
+
+
+def _unmount_under(root: Path) -> None:
+    """Lazily unmount everything mounted under ``root``, deepest first (overlay rootfs, shm, netns, volumes)."""
+    for mount in sorted(_mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+def _remove_cgroups(cgroup_root: str) -> None:
+    """The node's cgroups in every v1 hierarchy, leaves first."""
+    for controller in _cgroup_controllers():
+        top = CGROUP_V1 / controller / cgroup_root.lstrip("/")
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            _rmdir_cgroup(d)
+        _rmdir_cgroup(top)
 
 
 def _cgroup_controllers() -> list[str]:

@@ -7,6 +7,12 @@ and the outlier coarseness :mod:`quantizer_job.outliers` ranks FFN down-projecti
 
 This is what chose the mixed-precision recipe (``fp32_ffn_down``): the group whose FP32 copy buys the most quality
 per speed lost, and whether the coarseness ranking picks the layers that matter.
+
+``--smooth 0.5,0.7,0.8`` adds SmoothQuant rows (Xiao et al. 2022), the other answer to activation outliers: each FFN
+down-projection reads ``x / s`` (one FP32 Mul) and its weight rows are multiplied by ``s``, with
+``s_j = max|x_j|^alpha / max|W_j|^(1 - alpha)`` measured on calibration batches, so the graph computes the same
+function while the per-tensor activation scale no longer follows a few huge channels. It did not beat all-INT8 on
+the trained fixture (docs/quantization.md), so no recipe uses it.
 """
 
 from __future__ import annotations
@@ -46,10 +52,41 @@ def roles(model: Any) -> dict[str, str]:
     return out
 
 
+def smoothed(graph: Path, dst: Path, feeds: list[dict[str, Any]], alpha: float, threads: int) -> Path:
+    """``graph`` with SmoothQuant applied to every FFN down-projection (see the module docstring)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    m = onnx.load(str(graph))
+    targets = outliers.ffn_down_inputs(m)
+    seen = outliers.exposed(graph, feeds, list(dict.fromkeys(targets.values())), threads)
+    act = {t: np.max([np.abs(v.reshape(-1, v.shape[-1])).max(axis=0) for v in vs], axis=0) for t, vs in seen.items()}
+    inits = {t.name: t for t in m.graph.initializer}
+    nodes = []
+    for n in m.graph.node:
+        if n.name in targets:
+            w = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
+            a = np.maximum(act[n.input[0]], 1e-5)
+            s = np.clip(a ** alpha / np.maximum(np.abs(w).max(axis=1), 1e-5) ** (1 - alpha), 1e-2, 1e4)
+            inits[n.input[1]].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), n.input[1]))
+            m.graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), n.name + "_smooth"))
+            nodes.append(helper.make_node("Mul", [n.input[0], n.name + "_smooth"], [n.name + "_smoothed"],
+                                          name=n.name + "_smooth"))
+            n.input[0] = n.name + "_smoothed"
+        nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(m, str(dst))
+    return dst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixture", default="minilm-ce")
     ap.add_argument("--per-layer", action="store_true", help="also each FFN down-projection alone")
+    ap.add_argument("--smooth", default="", help="SmoothQuant migration strengths to try, e.g. 0.5,0.7,0.8")
     a = ap.parse_args()
     import onnx
 
@@ -79,9 +116,9 @@ def main() -> None:
         coarse = outliers.measure(graph, outliers.spread(batches, Q.PROBE_BATCHES), threads)
         rows: dict[str, dict[str, Any]] = {}
 
-        def trial(name: str, keep: list[str]) -> None:
+        def trial(name: str, keep: list[str], src: Path = graph) -> None:
             dst = work / name / "model.onnx"
-            Q.quantize_dynamic(graph, dst, BASE, exclude=keep)
+            Q.quantize_dynamic(src, dst, BASE, exclude=keep)
             Q.quantize_embeddings(dst)
             got = score(dst)
             rows[name] = {"kept_fp32": len(keep), "spearman": round(metrics.spearman(ref.scores, got.scores), 5),
@@ -98,6 +135,12 @@ def main() -> None:
                 trial(f"fp32_ffn_down_layer{i}", [n])
         for share in (1 / 3, 2 / 3):
             trial(f"fp32_ffn_down_coarsest_{round(share * 100)}pct", outliers.keep_fp32(coarse, share))
+        calib = [(p.query, p.text) for p in evaldata.load_jsonl(fx["calib_jsonl"])]
+        calib_batches = textenc.make_batches(tok, calib, layout.pad_token_id(cfg, tok_json), batch_size=8)
+        for alpha in [float(x) for x in a.smooth.split(",") if x]:
+            sm = smoothed(graph, work / f"smoothed-{alpha}" / "model.onnx", outliers.spread(calib_batches, 8), alpha,
+                          threads)
+            trial(f"smooth_ffn_down_alpha_{alpha}", [], sm)
     print(json.dumps({"fixture": a.fixture, "pairs": len(pairs), "threads": threads,
                       "fp32_pairs_per_s": round(ref.pairs_per_s, 2), "base_recipe": BASE.name,
                       "ffn_down_coarseness_in_layer_order": [round(coarse[n], 1) for n in downs],

@@ -57,34 +57,42 @@ def coarseness(values: Sequence[np.ndarray]) -> float:
 
 
 def measure(model_path: Path, feeds: Sequence[dict[str, np.ndarray]], threads: int) -> dict[str, float]:
-    """Coarseness of every FFN down-projection's input on ``feeds`` (the graph is run with those tensors exposed
-    as extra outputs, in a temporary copy next to it, so the model itself is not touched)."""
+    """Coarseness of every FFN down-projection's input on ``feeds``."""
+    import onnx
+
+    targets = ffn_down_inputs(onnx.load(str(model_path), load_external_data=False))
+    if not targets or not feeds:
+        return {}
+    seen = exposed(model_path, feeds, list(dict.fromkeys(targets.values())), threads)
+    return {node: coarseness(seen[t]) for node, t in targets.items()}
+
+
+def exposed(model_path: Path, feeds: Sequence[dict[str, np.ndarray]], tensors: Sequence[str],
+            threads: int) -> dict[str, list[np.ndarray]]:
+    """The values the intermediate ``tensors`` take on each of ``feeds``. The graph is run with them exposed as
+    extra outputs, from a temporary copy next to it (so an external data file still resolves; removed whatever
+    happens): the model itself is not touched."""
     import onnx
 
     from . import verify
 
     m = onnx.load(str(model_path), load_external_data=False)
-    targets = ffn_down_inputs(m)
-    if not targets or not feeds:
-        return {}
     known = {o.name for o in m.graph.output}
-    for tensor in dict.fromkeys(targets.values()):
+    for tensor in tensors:
         if tensor not in known:
             m.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
-    # Next to the model, so an external data file (big models) still resolves; removed whatever happens.
     probe = model_path.with_name(model_path.stem + ".probe.onnx")
+    seen: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
     try:
         probe.write_bytes(m.SerializeToString())
         sess = verify.make_session(probe, threads)
         names = [i.name for i in sess.get_inputs()]
-        wanted = list(dict.fromkeys(targets.values()))
-        seen: dict[str, list[np.ndarray]] = {t: [] for t in wanted}
         for f in feeds:
-            for t, v in zip(wanted, sess.run(wanted, {k: f[k] for k in names}), strict=True):
+            for t, v in zip(tensors, sess.run(list(tensors), {k: f[k] for k in names}), strict=True):
                 seen[t].append(np.asarray(v, dtype=np.float32))
     finally:
         probe.unlink(missing_ok=True)
-    return {node: coarseness(seen[t]) for node, t in targets.items()}
+    return seen
 
 
 def spread(batches: Sequence[dict[str, np.ndarray]], n: int) -> list[dict[str, np.ndarray]]:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -196,12 +197,15 @@ def tei_dir(onnx_path: Path, src: Path, tok_json: Path, dst: Path) -> Path:
     return dst
 
 
-def run_job(fx: dict, work: Path, eval_jsonl: Path, prefix: list[str]) -> tuple[Path | None, dict]:
-    """``rerank-quantize --recipe auto`` on the profiled pairs, under ``prefix`` (taskset): its artifact and figures."""
+def run_job(fx: dict, work: Path, eval_jsonl: Path, prefix: list[str],
+            serve_batch_tokens: int = 0) -> tuple[Path | None, dict]:
+    """``rerank-quantize --recipe auto`` on the profiled pairs, under ``prefix`` (taskset): its artifact and figures.
+    ``serve_batch_tokens``: the routers' --max-batch-tokens when set by hand (0: the Job's default, the pool's)."""
     src, vol = Path(fx["model_dir"]), work / "vol"
     cmd = [*prefix, sys.executable, "-m", "quantizer_job", "--model", str(src), "--output", str(vol),
            "--artifact-id", "bench", "--recipe", "auto", "--eval-pairs", str(eval_jsonl),
-           "--calibration-pairs", fx["calib_jsonl"], "--no-keep-original"]
+           "--calibration-pairs", fx["calib_jsonl"], "--no-keep-original",
+           *(["--serve-batch-tokens", str(serve_batch_tokens)] if serve_batch_tokens else [])]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
     (work / "job.stderr.log").write_text(proc.stderr)
@@ -219,7 +223,7 @@ def run_job(fx: dict, work: Path, eval_jsonl: Path, prefix: list[str]) -> tuple[
 
 
 def prepare(fx: dict, work: Path, variants: list[str], threads: int, eval_jsonl: Path,
-            job_prefix: list[str]) -> tuple[dict[str, Path], dict]:
+            job_prefix: list[str], serve_batch_tokens: int = 0) -> tuple[dict[str, Path], dict]:
     src = Path(fx["model_dir"])
     cfg = layout.read_config(src)
     exp = export.run({"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tok"),
@@ -233,7 +237,7 @@ def prepare(fx: dict, work: Path, variants: list[str], threads: int, eval_jsonl:
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     for v in variants:
         if v == "auto":
-            d, notes["auto"] = run_job(fx, work, eval_jsonl, job_prefix)
+            d, notes["auto"] = run_job(fx, work, eval_jsonl, job_prefix, serve_batch_tokens)
             if d is not None:
                 dirs["auto"] = d
             continue
@@ -259,7 +263,8 @@ def calib_feeds(fx: dict, tok_json: Path, cfg: dict) -> list[dict]:
 
 # --- servers ----------------------------------------------------------------------------------------------------------
 class FallbackServer:
-    """TEI's ORT backend in-process: FIFO queue of pairs, one worker running batches of <= 8 pairs.
+    """TEI's ORT backend in-process: FIFO queue of pairs, one worker running batches of <= 8 pairs whose padded size
+    stays within ``budget`` (--max-batch-tokens; TEI's queue rule, ``serving.batch_spans``).
 
     Not :func:`quantizer_job.serving.serve_pass`: that serves a fixed list of batches formed up front, with no
     requests, so it has no per-request latency and no interleaving of concurrent clients' pairs, which this server
@@ -268,8 +273,10 @@ class FallbackServer:
 
     harness = "ort-fallback"
 
-    def __init__(self, model_dir: Path, threads: int):
+    def __init__(self, model_dir: Path, threads: int, budget: int):
         cfg = layout.read_config(model_dir)
+        self.budget = budget
+        self.held: tuple | None = None  # a pair that did not fit the last batch: the next one's first
         self.tok = textenc.load_tokenizer(str(model_dir / "tokenizer.json"), textenc.max_input_length(cfg))
         self.pad = layout.pad_token_id(cfg, model_dir / "tokenizer.json")
         self.sess = verify.make_session(model_dir / layout.MODEL_FILE, threads)
@@ -280,7 +287,7 @@ class FallbackServer:
 
     def _loop(self) -> None:
         while True:
-            first = self.q.get()
+            first, self.held = (self.held or self.q.get()), None
             if first is None:
                 return
             items = [first]
@@ -291,6 +298,9 @@ class FallbackServer:
                     break
                 if nxt is None:
                     self.q.put(None)
+                    break
+                if max(len(nxt[0].ids), *(len(e.ids) for e, _ in items)) * (len(items) + 1) > self.budget:
+                    self.held = nxt
                     break
                 items.append(nxt)
             n = max(len(e.ids) for e, _ in items)
@@ -327,7 +337,7 @@ class RouterServer:
 
     harness = "tei-router"
 
-    def __init__(self, binary: str, model_dir: Path, log: Path, prefix: list[str] | None = None):
+    def __init__(self, binary: str, model_dir: Path, log: Path, budget: int, prefix: list[str] | None = None):
         ports = []
         for _ in range(2):
             with socket.socket() as s:
@@ -337,7 +347,8 @@ class RouterServer:
         self.logf = open(log, "w")  # noqa: SIM115 - the router writes to it until close()
         self.proc = subprocess.Popen([*(prefix or []), binary, "--model-id", str(model_dir), "--hostname", "127.0.0.1",
                                       "--port", str(self.port), "--prometheus-port", str(ports[1]),
-                                      "--dtype", "float32", "--max-client-batch-size", "64"],
+                                      "--dtype", "float32", "--max-client-batch-size", "64",
+                                      "--max-batch-tokens", str(budget)],
                                      stdout=self.logf, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, HOSTNAME="127.0.0.1"))
         deadline = time.monotonic() + 300
@@ -422,17 +433,19 @@ def interleaved(servers: dict, groups: list[tuple[str, list[str]]], clients: int
 
 
 def job_harness(dirs: dict[str, Path], pairs: list[evaldata.Pair], threads: int, rounds: int,
-                timed_pairs: int | None) -> dict[str, dict]:
+                timed_pairs: int | None, budget: int) -> dict[str, dict]:
     """The Job's served measurement (quantizer_job.serving) on every variant: all variants in turns, over all the
-    profiled pairs, and over the prefix of ``timed_pairs`` pairs the Job timed (when known)."""
+    profiled pairs, and over the prefix of ``timed_pairs`` pairs the Job timed (when known); batches within
+    ``budget`` tokens, as the routers'."""
     d0 = dirs["fp32"]
     cfg = layout.read_config(d0)
     tok = textenc.load_tokenizer(str(d0 / "tokenizer.json"), textenc.max_input_length(cfg))
     encode = serving.encoder(tok, layout.pad_token_id(cfg, d0 / "tokenizer.json"))
-    every = serving.served_batches(pairs)
+    every = serving.served_batches(pairs, textenc.token_lengths(tok, [(p.query, p.text) for p in pairs]), budget)
     sets = {"all": every}
     if timed_pairs:
-        sets["job_prefix"] = every[:max(1, math.ceil(timed_pairs / TEI_MAX_BATCH))]
+        ends = list(itertools.accumulate(len(b) for b in every))
+        sets["job_prefix"] = every[:1 + next((i for i, n in enumerate(ends) if n >= timed_pairs), len(every) - 1)]
     servers = {v: serving.Server(verify.make_session(d / layout.MODEL_FILE, threads), encode, every,
                                  serving.tokenization_workers(threads)) for v, d in dirs.items()}
     for s in servers.values():
@@ -482,14 +495,16 @@ def dir_bytes(d: Path) -> int:
     return sum((d / n).stat().st_size for n in (layout.MODEL_FILE, layout.DATA_FILE) if (d / n).exists())
 
 
-def job_timed_pairs(groups: list[tuple[str, list[str]]], kernel_fp32_pairs_per_s: float | None) -> int | None:
+def job_timed_pairs(groups: list[tuple[str, list[str]]], kernel_fp32_pairs_per_s: float | None,
+                    lengths: list[int], budget: int) -> int | None:
     """How many pairs the Job timed a round: ``serving.round_batches``, the Job's own rule
-    (RERANK_QUANTIZE_TIMING_SECONDS is 2 s unless set), at its kernel FP32 speed (quantizer_job/pipeline.py)."""
+    (RERANK_QUANTIZE_TIMING_SECONDS is 2 s unless set), at its kernel FP32 speed (quantizer_job/pipeline.py), on
+    batches within ``budget`` tokens (the pairs' token ``lengths``)."""
     if not kernel_fp32_pairs_per_s:
         return None
     pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
     secs = float(os.environ.get("RERANK_QUANTIZE_TIMING_SECONDS", "2.0"))
-    return sum(len(b) for b in serving.round_batches(pairs, kernel_fp32_pairs_per_s, secs))
+    return sum(len(b) for b in serving.round_batches(pairs, kernel_fp32_pairs_per_s, secs, lengths, budget=budget))
 
 
 def compare_job(rows: dict, notes: dict) -> dict | None:
@@ -522,7 +537,10 @@ def compare_job(rows: dict, notes: dict) -> dict | None:
 
 
 def run(fixture: str, variants: list[str], router: str | None, clients: int, rounds: int, queries: int,
-        work: Path, chunk: int = 8, profile: str = "fixture", pin: bool = True, with_job_harness: bool = True) -> dict:
+        work: Path, chunk: int = 8, profile: str = "fixture", pin: bool = True, with_job_harness: bool = True,
+        max_batch_tokens: int = 0) -> dict:
+    """``max_batch_tokens``: the routers' --max-batch-tokens (0: the operator's default for the CPU pool, TEI's
+    maximum input length of the model; 16384 is TEI's own default)."""
     serve_cpus, client_cpus = placement(pin)
     pinned = serve_cpus != client_cpus
     threads = len(serve_cpus)  # what TEI and the Job size their threads from, on the serving CPUs
@@ -531,7 +549,8 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
     groups = profile_groups(groups[:queries], profile)
     eval_jsonl = write_groups(work / f"eval-{profile}.jsonl", groups)
     prefix = taskset(serve_cpus, pinned)
-    dirs, notes = prepare(fx, work, variants, isa.cpu_budget(), eval_jsonl, prefix)
+    dirs, notes = prepare(fx, work, variants, isa.cpu_budget(), eval_jsonl, prefix, max_batch_tokens)
+    budget = max_batch_tokens or textenc.tei_max_input_length(dirs["fp32"], layout.read_config(dirs["fp32"]))
     keys = [q for q, ts in groups for _ in ts]
     with on_cpus(serve_cpus):
         tref = torch_fp32(Path(fx["model_dir"]), groups, threads)
@@ -539,20 +558,23 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
     try:
         with on_cpus(serve_cpus):  # routers (taskset) or the fallback's worker threads start on the serving CPUs
             for v, d in dirs.items():
-                servers[v] = (RouterServer(router, d, work / f"router-{v}.log", prefix) if router
-                              else FallbackServer(d, threads))
+                servers[v] = (RouterServer(router, d, work / f"router-{v}.log", budget, prefix) if router
+                              else FallbackServer(d, threads, budget))
         with on_cpus(client_cpus):  # the clients' threads are started (and stay) on the other CPUs
             runs = interleaved(servers, groups, clients, rounds, chunk)
     finally:
         for srv in servers.values():
             srv.close()
-    timed = job_timed_pairs(groups, notes.get("auto", {}).get("job_speed", {}).get("kernel_fp32_pairs_per_s"))
+    tok = textenc.load_tokenizer(str(dirs["fp32"] / "tokenizer.json"), 512)
+    lengths = textenc.token_lengths(tok, [(q, t) for q, ts in groups for t in ts])
+    timed = job_timed_pairs(groups, notes.get("auto", {}).get("job_speed", {}).get("kernel_fp32_pairs_per_s"),
+                            lengths, budget)
     jh = {}
     with on_cpus(serve_cpus):
         torch_again = torch_fp32(Path(fx["model_dir"]), groups, threads)
         if with_job_harness:
             pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
-            jh = job_harness(dirs, pairs, threads, rounds, timed)
+            jh = job_harness(dirs, pairs, threads, rounds, timed, budget)
     torch_pps = statistics.median([tref["pairs_per_s"], torch_again["pairs_per_s"]])
     fp32 = runs["fp32"]
     fp32_bytes = dir_bytes(dirs["fp32"])
@@ -572,14 +594,14 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
                    "model_bytes": dir_bytes(dirs[v]), "size_vs_fp32": round(dir_bytes(dirs[v]) / fp32_bytes, 3),
                    "rounds_pairs_per_s": [round(x, 2) for x in r["rounds"]],
                    **({"job_harness": jh[v]} if v in jh else {}), **notes.get(v, {})}
-    tok = textenc.load_tokenizer(str(dirs["fp32"] / "tokenizer.json"), 512)
     for v, n in notes.items():
         if v not in rows:
             rows[v] = {"not_served": "the Job published nothing", **n}
     return {"fixture": fixture, "profile": profile, "profile_lengths": profile_stats(groups, tok),
             "eval_jsonl": str(eval_jsonl), "harness": RouterServer.harness if router else FallbackServer.harness,
             "router": router, "pinned": pinned, "serve_cpus": serve_cpus, "client_cpus": client_cpus,
-            "clients": clients, "rounds": rounds, "chunk_queries": chunk, "threads": threads, "queries": len(groups),
+            "clients": clients, "rounds": rounds, "max_batch_tokens": budget,
+            "chunk_queries": chunk, "threads": threads, "queries": len(groups),
             "pairs": len(keys), "job_timed_pairs": timed, "torch_fp32_pairs_per_s": round(torch_pps, 2),
             "fixture_training": fx.get("heldout_vs_teacher"), "job_vs_router": compare_job(rows, notes),
             "variants": rows}
@@ -600,6 +622,9 @@ def main() -> None:
                     help="routers and the Job on the first CPU (taskset), clients on the others")
     ap.add_argument("--job-harness", action=argparse.BooleanOptionalAction, default=True,
                     help="also time every variant with the Job's own served harness (quantizer_job.serving)")
+    ap.add_argument("--max-batch-tokens", type=int, default=0,
+                    help="the routers' --max-batch-tokens (0: the CPU pool's default, the model's maximum input "
+                         "length; 16384: TEI's own default)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (under --workdir) after the run")
     a = ap.parse_args()
@@ -609,7 +634,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(dir=a.workdir, prefix="tei-rerank-")
     try:
         out = run(a.fixture, variants, a.router, a.clients, a.rounds, a.queries, Path(tmp), a.chunk, a.profile,
-                  a.pin, a.job_harness)
+                  a.pin, a.job_harness, a.max_batch_tokens)
     finally:
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -99,6 +99,10 @@ class JobRequest:
     #: CPUs of the pool that will serve the artifact: speed is measured with that many ONNX Runtime threads (as TEI
     #: sizes them), at most the Job's own; 0: the Job's own CPUs. Measurement only: not part of the artifact's id.
     serve_threads: int = 0
+    #: The CPU pool's ``--max-batch-tokens`` when its spec sets one: served batches are timed within that token budget
+    #: (TEI's queue rule); 0: the pool's default, the model's maximum input length. Measurement only, like
+    #: ``serve_threads``.
+    serve_batch_tokens: int = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the evaluation pairs beside the artifact (evaluation.jsonl)")
     parser.add_argument("--serve-threads", type=int, default=0,
                         help="CPUs of the serving CPU pool: speed is measured with that many threads (0: the Job's)")
+    parser.add_argument("--serve-batch-tokens", type=int, default=0,
+                        help="the CPU pool's --max-batch-tokens: served batches are timed within it "
+                             "(0: the model's maximum input length, the pool's default)")
 
 
 def build_args(req: JobRequest) -> list[str]:
@@ -156,6 +163,8 @@ def build_args(req: JobRequest) -> list[str]:
         args += ["--calibration-pairs", req.calibration_pairs]
     if req.serve_threads:
         args += ["--serve-threads", str(req.serve_threads)]
+    if req.serve_batch_tokens:
+        args += ["--serve-batch-tokens", str(req.serve_batch_tokens)]
     return args
 
 
@@ -188,6 +197,9 @@ class JobResult:
     quality: dict[str, float] = field(default_factory=dict)  # spearman, topk_agreement, max_abs_diff
     speed: dict[str, float] = field(default_factory=dict)  # fp32_pairs_per_s, int8_pairs_per_s, speedup
     recipe: dict[str, Any] = field(default_factory=dict)
+    #: TEI's maximum input length for the CPU directory (tokens per pair): the CPU pool's default
+    #: ``--max-batch-tokens`` (0: not reported, from a Job before it was).
+    max_input_tokens: int = 0
     version: int = RESULT_VERSION
 
     def to_message(self) -> str:

@@ -70,11 +70,13 @@ class Context:
 
 @dataclass(frozen=True)
 class Source:
-    """The fetched model: its directory, its config.json, and TEI's max input length for it."""
+    """The fetched model: its directory, its config.json, the Job's max input length for it (export, verification
+    and timing) and TEI's (``tei_max_length``: what the CPU pool's default ``--max-batch-tokens`` is)."""
 
     fetched: Fetched
     config: dict[str, Any]
     max_length: int
+    tei_max_length: int
 
     @property
     def path(self) -> Path:
@@ -143,7 +145,8 @@ def fetch_source(ctx: Context) -> Source:
         layout.validate_source_config(cfg)
         rec.update(source=fetched.source, resolved_revision=fetched.revision, files=len(fetched.files),
                    bytes=sum(p.stat().st_size for p in src.iterdir() if p.is_file()), model_type=cfg["model_type"])
-    return Source(fetched=fetched, config=cfg, max_length=textenc.max_input_length(cfg))
+    return Source(fetched=fetched, config=cfg, max_length=textenc.max_input_length(cfg),
+                  tei_max_length=textenc.tei_max_input_length(src, cfg))
 
 
 def load_inputs(req: JobRequest) -> Inputs:
@@ -177,9 +180,10 @@ def export_model(ctx: Context, source: Source, inputs: Inputs) -> Exported:
                     pad_id=layout.pad_token_id(cfg, tok_json), original_weights=orig_tmp)
 
 
-def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
+def reference(ctx: Context, exported: Exported, inputs: Inputs, batch_tokens: int = 0) -> Reference:
     """Score the evaluation pairs with the FP32 graph (part of verify): the scores the gate compares with, and the
-    throughput the speedup is measured against. Also prepares the calibration feeds."""
+    throughput the speedup is measured against. Also prepares the calibration feeds. ``batch_tokens``: the CPU
+    pool's ``--max-batch-tokens`` (``serve_batch_tokens``), which shapes the served batches timed."""
     req, tok, pad_id = ctx.req, exported.tokenizer, exported.pad_id
     fp32_sess = verify.make_session(exported.onnx, ctx.threads)
     eval_pairs = inputs.eval_pairs
@@ -210,8 +214,9 @@ def reference(ctx: Context, exported: Exported, inputs: Inputs) -> Reference:
         padded_tokens = sum(int(b["input_ids"].size) for b in batches)
         tokens_per_s = ref.pairs_per_s * padded_tokens / max(1, len(pairs))
         served = serving.round_batches(eval_pairs, ref.pairs_per_s, _timing_seconds(), lengths=lengths,
-                                       kernel_tokens_per_s=tokens_per_s)
-        rounds = serving.rounds_for(served, serving.first_batch_seconds(lengths, tokens_per_s), _timing_seconds())
+                                       kernel_tokens_per_s=tokens_per_s, budget=batch_tokens)
+        rounds = serving.rounds_for(served, serving.first_batch_seconds(lengths, tokens_per_s, batch_tokens),
+                                    _timing_seconds())
         fp32_rounds = None
         large = too_large_to_fuse(exported.onnx)  # also too large to keep loaded beside each candidate
         if large and serve_threads(ctx) == ctx.threads:
@@ -412,7 +417,9 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
         "quality": finite_values(best.quality),
         "gate": {"min_spearman": req.min_spearman, "min_topk_agreement": req.min_topk_agreement, "topk": req.topk},
         "speed": finite_values(best.speed),
+        "max_input_tokens": source.tei_max_length,
         "speed_settings": {"measured": "served", "max_batch_entries": serving.MAX_BATCH_ENTRIES,
+                           "max_batch_tokens": serve_batch_tokens(ctx, source),
                            "intra_op_threads": serve_threads(ctx), "job_threads": ctx.threads,
                            "pool_threads": req.serve_threads,
                            "tokenization_workers": serving.tokenization_workers(serve_threads(ctx)),
@@ -443,7 +450,7 @@ def publish_artifact(ctx: Context, choice: Choice, manifest: dict[str, Any]) -> 
                      manifest_sha256=layout.sha256_file(final / MANIFEST_FILE),
                      size_bytes=int(json.loads((final / MANIFEST_FILE).read_text())["size_bytes"]),
                      quality=rounded(best.quality), speed=rounded(best.speed, 3),
-                     recipe=_result_recipe(choice.recipe_info))
+                     recipe=_result_recipe(choice.recipe_info), max_input_tokens=int(manifest["max_input_tokens"]))
 
 
 def already_published(req: JobRequest, manifest: dict[str, Any]) -> JobResult:
@@ -455,7 +462,8 @@ def already_published(req: JobRequest, manifest: dict[str, Any]) -> JobResult:
                      manifest_sha256=layout.sha256_file(final / MANIFEST_FILE),
                      size_bytes=int(manifest.get("size_bytes", 0)),
                      quality=rounded(manifest.get("quality", {})), speed=rounded(manifest.get("speed", {})),
-                     recipe=_result_recipe(manifest.get("recipe", {})))
+                     recipe=_result_recipe(manifest.get("recipe", {})),
+                     max_input_tokens=int(manifest.get("max_input_tokens") or 0))
 
 
 # -- the run --------------------------------------------------------------------------------------------------------
@@ -512,7 +520,7 @@ class Job:
         source = fetch_source(ctx)
         inputs = load_inputs(ctx.req)
         exported = export_model(ctx, source, inputs)
-        ref = reference(ctx, exported, inputs)
+        ref = reference(ctx, exported, inputs, serve_batch_tokens(ctx, source))
         choice = search_recipes(ctx, source, exported, ref)
         with stage("publish", ctx.timings) as rec:
             manifest = lay_out(ctx, source, exported, choice, inputs.eval_pairs)
@@ -614,6 +622,13 @@ def _score(ctx: Context, model: Path, batches: list[dict[str, np.ndarray]], inve
     del sess
     trim_memory()
     return timed
+
+
+def serve_batch_tokens(ctx: Context, source: Source) -> int:
+    """The CPU pool's ``--max-batch-tokens`` the Job times with: the pool's own when its spec sets one, else the
+    operator's default for the CPU pool, TEI's maximum input length of this model (a batch pads to at most one
+    longest pair's worth of tokens)."""
+    return ctx.req.serve_batch_tokens or source.tei_max_length
 
 
 def serve_threads(ctx: Context) -> int:

@@ -6,9 +6,11 @@ reported 2.0-2.2x, and candidates the Job called tied ranked differently through
 What the sorted timing hides, and this harness keeps, is how TEI serves a CPU pod:
 
 - **Arrival order, TEI's batches.** Each query of the evaluation set is one ``/rerank`` request with its texts;
-  TEI's queue holds one entry per (query, text) pair and the ORT backend takes at most ``max_batch_requests`` (8)
-  entries a batch, in arrival order, padded to the longest pair in the batch. Nothing sorts by length, so a long
-  passage pads the short ones batched with it: INT8 and FP32 pay that padding differently.
+  TEI's queue holds one entry per (query, text) pair and the ORT backend takes at most 8 entries a batch (its
+  ``max_batch_size``, which overrides ``--max-batch-requests``), in arrival order, padded to the longest pair in the
+  batch, and only while the padded batch stays within ``--max-batch-tokens`` (``batch_spans``: TEI's queue rule for
+  a padded backend). Nothing sorts by length, so a long passage pads the short ones batched with it: INT8 and FP32
+  pay that padding differently, and the CPU pool's token budget decides how much of it there is.
 - **Tokenization on the same cores.** TEI tokenizes in ``tokenization_workers`` threads (cores - 1, at least one)
   while the backend runs the previous batch, on the pod's CPUs. Here worker threads tokenize ahead of the inference
   thread through the same fast tokenizer (it releases the GIL), so its cost competes with ONNX Runtime's threads as
@@ -55,25 +57,51 @@ Session = Any  # onnxruntime.InferenceSession (no type information shipped)
 Batch = list[tuple[str, str]]
 
 
-def served_batches(pairs: Sequence[Pair], max_entries: int = MAX_BATCH_ENTRIES) -> list[Batch]:
-    """The batches TEI's queue forms from ``pairs`` in arrival order: consecutive entries, ``max_entries`` at a time
-    (a request's texts are consecutive entries, so one request may span two batches, as in TEI)."""
+def batch_spans(count: int, lengths: Sequence[int] = (), budget: int = 0,
+                max_entries: int = MAX_BATCH_ENTRIES) -> list[tuple[int, int]]:
+    """The [start, end) entries of each batch TEI's queue forms, in arrival order (its core/src/queue.rs for a padded
+    backend such as ONNX Runtime): an entry joins the batch while the batch has fewer than ``max_entries`` and, with
+    a ``budget`` (``--max-batch-tokens``) and the entries' token ``lengths``, while ``max(longest, its length) x
+    (entries + 1)`` stays within the budget; an entry is never left out, so a batch holds at least one.
+
+    Why it matters on CPUs: a batch costs its entries times its longest pair. With the budget at the model's maximum
+    input length, one long passage no longer pads seven short ones: on the long-tail profile FP32 and INT8 served
+    about 2.4x more pairs a second than with the 16384 default (docs/quantization.md)."""
+    spans: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i in range(count):
+        n = lengths[i] if budget and lengths else 0
+        full = i - start == max_entries or (budget > 0 and max(longest, n) * (i - start + 1) > budget)
+        if i > start and full:
+            spans.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    if count > start:
+        spans.append((start, count))
+    return spans
+
+
+def served_batches(pairs: Sequence[Pair], lengths: Sequence[int] = (), budget: int = 0,
+                   max_entries: int = MAX_BATCH_ENTRIES) -> list[Batch]:
+    """The batches TEI's queue forms from ``pairs`` in arrival order (``batch_spans``; a request's texts are
+    consecutive entries, so one request may span two batches, as in TEI)."""
     flat = [(p.query, p.text) for p in pairs]
-    return [flat[i : i + max_entries] for i in range(0, len(flat), max_entries)]
+    return [flat[a:b] for a, b in batch_spans(len(flat), lengths, budget, max_entries)]
 
 
 def round_batches(pairs: Sequence[Pair], kernel_pairs_per_s: float, timing_seconds: float,
-                  lengths: Sequence[int] = (), kernel_tokens_per_s: float = 0.0) -> list[Batch]:
+                  lengths: Sequence[int] = (), kernel_tokens_per_s: float = 0.0, budget: int = 0) -> list[Batch]:
     """One round's requests: the first served batches worth ``ROUND_UNITS`` x ``timing_seconds`` of FP32 work at its
     kernel speed (the Job's and the benchmarks' one rule, so a benchmark can time exactly what the Job timed), and at
-    least two batches, unless the first alone is worth that much already (``first_batch_seconds``)."""
+    least two batches, unless the first alone is worth that much already (``first_batch_seconds``). ``budget``: the
+    CPU pool's ``--max-batch-tokens`` (0: none), which needs the pairs' token ``lengths``."""
     seconds = ROUND_UNITS * timing_seconds
-    batches = served_batches(pairs)
-    one_fills = first_batch_seconds(lengths, kernel_tokens_per_s) >= seconds
+    batches = served_batches(pairs, lengths, budget)
+    one_fills = first_batch_seconds(lengths, kernel_tokens_per_s, budget) >= seconds
     return batches[:1] if one_fills else take_seconds(batches, kernel_pairs_per_s, seconds)
 
 
-def first_batch_seconds(lengths: Sequence[int], kernel_tokens_per_s: float) -> float:
+def first_batch_seconds(lengths: Sequence[int], kernel_tokens_per_s: float, budget: int = 0) -> float:
     """The first served batch's FP32 seconds, estimated from its padded tokens (0 without lengths or a rate).
 
     The pair count does not see that arrival-order batches pad to their longest pair: with the pairs' token
@@ -82,7 +110,7 @@ def first_batch_seconds(lengths: Sequence[int], kernel_tokens_per_s: float) -> f
     rounds: 2 minutes of a 5-minute Job); a MiniLM-size model's batch is a fraction of its round."""
     if not lengths or kernel_tokens_per_s <= 0:
         return 0.0
-    return padded_seconds(lengths[:MAX_BATCH_ENTRIES], kernel_tokens_per_s)[0]
+    return padded_seconds(lengths[:MAX_BATCH_ENTRIES], kernel_tokens_per_s, budget)[0]
 
 
 def rounds_for(served: Sequence[Batch], first_seconds: float, timing_seconds: float) -> int:
@@ -102,10 +130,11 @@ def round_count(round_seconds: float, timing_seconds: float) -> int:
     return max(2, min(ROUNDS, math.ceil(ROUNDS * intended / round_seconds)))
 
 
-def padded_seconds(lengths: Sequence[int], tokens_per_s: float, max_entries: int = MAX_BATCH_ENTRIES) -> list[float]:
+def padded_seconds(lengths: Sequence[int], tokens_per_s: float, budget: int = 0,
+                   max_entries: int = MAX_BATCH_ENTRIES) -> list[float]:
     """Each served batch's estimated seconds: its entries times its longest pair's tokens, at ``tokens_per_s``."""
-    return [len(lengths[i : i + max_entries]) * max(lengths[i : i + max_entries]) / tokens_per_s
-            for i in range(0, len(lengths), max_entries)]
+    return [(b - a) * max(lengths[a:b]) / tokens_per_s for a, b in batch_spans(len(lengths), lengths, budget,
+                                                                                max_entries)]
 
 
 def take_seconds(batches: Sequence[Batch], pairs_per_s: float, seconds: float, min_batches: int = 2) -> list[Batch]:

@@ -30,7 +30,7 @@ requests = st.builds(
     eval_pairs=st.none() | _text, calibration_pairs=st.none() | _text,
     min_spearman=st.floats(0, 1), min_topk_agreement=st.floats(0, 1),
     topk=st.integers(1, 50), time_budget_seconds=st.integers(1, 10_000), keep_original=st.booleans(),
-    serve_threads=st.integers(0, 64),
+    serve_threads=st.integers(0, 64), serve_batch_tokens=st.integers(0, 1 << 20),
 )
 
 

@@ -35,6 +35,24 @@ def test_batches_follow_arrival_order_with_at_most_eight_entries_and_no_length_s
     assert batches[0][:5] == [(p.query, p.text) for p in ps[:5]] and batches[0][5][0] == "q2"  # a request spans two
 
 
+def test_a_token_budget_closes_a_batch_before_its_padding_would_exceed_it() -> None:
+    """TEI's queue for a padded backend (core/src/queue.rs): an entry joins while max(longest, its tokens) x
+    (entries + 1) <= --max-batch-tokens, and a batch is never empty. Budget 512 on a long-tail arrival order:
+    100, 60 -> 2 x 100 = 200 fits; + 500 -> 3 x 500 = 1500 does not, so 500 starts the next batch alone (2 x 500);
+    then 40 x 8 = 320 <= 512 for the next eight, and the ninth waits for a third batch."""
+    lengths = [100, 60, 500, 40, 40, 40, 40, 40, 40, 40, 40, 40]
+    assert serving.batch_spans(len(lengths), lengths, 512) == [(0, 2), (2, 3), (3, 11), (11, 12)]
+    assert serving.batch_spans(len(lengths), lengths, 1000) == [(0, 2), (2, 4), (4, 12)]  # 2 x 500 fits
+    assert serving.batch_spans(len(lengths), lengths, 1500) == [(0, 3), (3, 11), (11, 12)]  # 3 x 500 fits
+    assert serving.batch_spans(len(lengths), lengths) == [(0, 8), (8, 12)]  # no budget: 8 at a time
+    ps = pairs({"q1": 3, "q2": 9})
+    batches = serving.served_batches(ps, lengths, 512)
+    assert [len(b) for b in batches] == [2, 1, 8, 1] and [t for b in batches for _, t in b] == [p.text for p in ps]
+    # The budget bounds what a round costs: the same pairs pad to 4160 tokens in 8s, to 1060 within 512.
+    assert sum(serving.padded_seconds(lengths, 1.0)) == 8 * 500 + 4 * 40
+    assert sum(serving.padded_seconds(lengths, 1.0, 512)) == 200 + 500 + 320 + 40
+
+
 def test_one_round_takes_about_the_timing_budget_and_at_least_two_batches() -> None:
     ps = pairs({f"q{i}": 8 for i in range(10)})
     assert serving.round_batches(ps, 16.0, 2.0 / serving.ROUND_UNITS) == serving.served_batches(ps)[:4]

@@ -141,6 +141,11 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     # The reported speed is the served-like one (serving.py), FP32 and INT8 in turns, with its range over rounds.
     assert man["speed_settings"]["measured"] == "served" and man["speed"]["served_in_turns"] == 1.0
     assert res.speed["speedup_low"] <= res.speed["speedup"] <= res.speed["speedup_high"]
+    # TEI's maximum input length (its router: max_position_embeddings, less pad_token_id + 1 for XLM-R) is the CPU
+    # pool's default --max-batch-tokens, and the served batches were timed within it.
+    offset = cfg["pad_token_id"] + 1 if cfg["model_type"] == "xlm-roberta" else 0
+    assert res.max_input_tokens == man["max_input_tokens"] == cfg["max_position_embeddings"] - offset
+    assert man["speed_settings"]["max_batch_tokens"] == res.max_input_tokens
     # Stage logs are JSON lines with timings.
     stages = {json.loads(line)["stage"] for line in run.stderr.splitlines() if line.startswith("{")}
     assert stages >= {"download", "export", "optimize", "quantize", "verify", "publish"}

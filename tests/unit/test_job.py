@@ -54,6 +54,10 @@ def mounts(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     ((set_("pools.cpu.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "6"}}),), {"serve_threads": 6}),
     ((set_("pools.cpu.resources", {"limits": {"memory": "4Gi"}}),), {"serve_threads": 0}),
     ((set_("pools.cpu.enabled", False), set_("pools.gpu", {})), {"serve_threads": 0}),
+    # ... and within its token budget: the pool's own, else the model's maximum input length, which the Job knows (0).
+    ((), {"serve_batch_tokens": 0}),
+    ((set_("pools.cpu.tei.maxBatchTokens", 2048),), {"serve_batch_tokens": 2048}),
+    ((set_("pools.cpu.enabled", False), set_("pools.gpu", {})), {"serve_batch_tokens": 0}),
 ])
 def test_args_round_trip_through_the_quantizers_parser(mods: tuple[Mod, ...], expect: dict[str, Any]) -> None:
     manifest, request = build(*mods)

@@ -112,6 +112,36 @@ def test_first_artifact_then_serving() -> None:
     assert {e.reason for e in life.events} >= {"QuantizationStarted", "ArtifactPublished", "Ready"}
 
 
+def max_batch_tokens(life: Life, pool: str) -> str:
+    args = life.world.objects[("Deployment", f"bge-m3-{pool}")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    return str(args[args.index("--max-batch-tokens") + 1])
+
+
+def test_the_cpu_pools_token_budget_is_the_published_models_maximum_input_length() -> None:
+    """The Job reports TEI's maximum input length of what it published; the CPU pool batches within it unless its
+    spec sets a budget. The GPU pool keeps TEI's default, and so does a CPU pool whose artifact came from a Job that
+    did not report it (no rollout of running pools on upgrade)."""
+    life = Life(model())
+    life.step()
+    artifact_id = artifact.artifact_id(spec_of(life.body))
+    assert artifact_id
+    life.finish_job(True, published(artifact_id, max_input_tokens=510))
+    life.settle()
+    assert life.status["artifact"]["maxInputTokens"] == 510
+    assert (max_batch_tokens(life, "cpu"), max_batch_tokens(life, "gpu")) == ("510", "16384")
+    body = copy.deepcopy(life.body)
+    set_("pools.cpu.tei.maxBatchTokens", 4096)(body)
+    life.step(body)
+    life.settle()
+    assert max_batch_tokens(life, "cpu") == "4096"
+
+    old = Life(model())
+    old.step()
+    old.finish_job(True, published(artifact_id))
+    old.settle()
+    assert "maxInputTokens" not in old.status["artifact"] and max_batch_tokens(old, "cpu") == "16384"
+
+
 def serving_life() -> tuple[Life, str]:
     life = Life(model())
     life.step()

@@ -106,9 +106,15 @@ def artifact_record(result: contract.JobResult, artifact_id: str, now: str, sour
         "quality": {k: float(v) for k, v in result.quality.items()},
         "speed": {k: float(v) for k, v in result.speed.items()},
         "recipe": dict(result.recipe),
+        **({"maxInputTokens": int(result.max_input_tokens)} if result.max_input_tokens else {}),
         "publishedAt": now,
         **({"source": source} if source else {}),
     }
+
+
+def max_input_tokens(record: Mapping[str, Any] | None) -> int:
+    """An artifact record's ``maxInputTokens`` (0: a record from a Job that did not report it, or none)."""
+    return int((record or {}).get("maxInputTokens") or 0)
 
 
 def _jobs_for(observed: Observed, artifact_id: str | None) -> list[Obj]:
@@ -303,7 +309,8 @@ def compute(
     for pool in spec.enabled_pools:
         replicas[pool.name] = _replicas(spec, pool.name, autoscaler)
         if pools_deployed:
-            desired.append(deployment.build_deployment(owner, spec, pool, serving, None, claim))
+            desired.append(deployment.build_deployment(owner, spec, pool, serving, None, claim,
+                                                       max_input_tokens=max_input_tokens(decision.served)))
             scale = _scale(owner, pool.name, replicas[pool.name], observed.deployments.get(pool.name))
             if scale:
                 scales.append(scale)
@@ -321,7 +328,8 @@ def compute(
                                                     claim=claim, artifact_id=serving))
         desired.append(guard.build_guard_service(owner))
     if canary_id and pools_deployed:
-        desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True))
+        desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True,
+                                                   max_input_tokens=max_input_tokens(decision.canary)))
         desired.append(service.build_canary_service(owner))
 
     to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))

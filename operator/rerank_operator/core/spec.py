@@ -132,9 +132,16 @@ class Storage:
     reclaim_policy: Literal["Retain", "Delete"] = "Retain"
 
 
+#: TEI's own ``--max-batch-tokens`` default: the GPU pool's, and the CPU pool's when its artifact does not report the
+#: model's maximum input length.
+TEI_MAX_BATCH_TOKENS = 16384
+
+
 @dataclass(frozen=True)
 class TeiSettings:
-    max_batch_tokens: int = 16384
+    #: ``--max-batch-tokens``; None (the CPU pool's default): the served model's maximum input length
+    #: (``deployment.batch_tokens``).
+    max_batch_tokens: int | None = TEI_MAX_BATCH_TOKENS
     max_concurrent_requests: int = 512
     max_client_batch_size: int = 32
     auto_truncate: bool = True
@@ -564,14 +571,16 @@ def _storage(section: Mapping[str, Any]) -> Storage:
     )
 
 
-def _tei(section: Mapping[str, Any], path: str) -> TeiSettings:
+def _tei(section: Mapping[str, Any], path: str, cpu: bool) -> TeiSettings:
+    """``cpu``: the CPU pool, whose unset ``maxBatchTokens`` is left to the served artifact (None)."""
     d = TeiSettings()
     extra = _strings(section, "extraArgs", f"{path}.extraArgs")
     refused = tei_flags.refusals(extra, f"{path}.extraArgs")
     if refused:
         raise SpecError("; ".join(refused))
     return TeiSettings(
-        max_batch_tokens=_int(section, "maxBatchTokens", f"{path}.maxBatchTokens", d.max_batch_tokens, 1),
+        max_batch_tokens=(None if cpu and section.get("maxBatchTokens") is None else
+                          _int(section, "maxBatchTokens", f"{path}.maxBatchTokens", TEI_MAX_BATCH_TOKENS, 1)),
         max_concurrent_requests=_int(section, "maxConcurrentRequests", f"{path}.maxConcurrentRequests",
                                      d.max_concurrent_requests, 1),
         max_client_batch_size=_int(section, "maxClientBatchSize", f"{path}.maxClientBatchSize",
@@ -626,7 +635,7 @@ def parse_pool(name: names.PoolName, section: Mapping[str, Any], *, present: boo
         node_selector=selector,
         tolerations=tolerations,
         affinity=affinity,
-        tei=_tei(_obj(section, "tei", f"{path}.tei"), f"{path}.tei"),
+        tei=_tei(_obj(section, "tei", f"{path}.tei"), f"{path}.tei", cpu),
         dtype=_choice(section, "dtype", f"{path}.dtype", "float16", ("float16", "float32")),
         allow_without_gpu_resource=_bool(section, "allowWithoutGPUResource", f"{path}.allowWithoutGPUResource", False),
     )

@@ -20,7 +20,7 @@ from quantizer_job import contract
 from rerank_operator.core import names
 from rerank_operator.core.builders import pods
 from rerank_operator.core.quantities import parse_quantity
-from rerank_operator.core.spec import Pool, RerankModelSpec
+from rerank_operator.core.spec import TEI_MAX_BATCH_TOKENS, Pool, RerankModelSpec, TeiSettings
 
 CONTAINER = "tei"
 MODEL_MOUNT = "/model"
@@ -40,8 +40,23 @@ def artifact_subdir(pool: Pool, artifact_id: str) -> str:
     return f"{contract.ARTIFACTS_DIR}/{artifact_id}/{sub}"
 
 
-def tei_args(spec: RerankModelSpec, pool: Pool, artifact_id: str | None) -> list[str]:
-    """TEI's command line. Kubernetes args replace the image's CMD, so --json-output and --port are ours to pass."""
+def batch_tokens(tei: TeiSettings, max_input_tokens: int = 0) -> int:
+    """``--max-batch-tokens``: the pool's own setting; unset (the CPU pool's default), the served model's maximum
+    input length as its artifact reports it (``max_input_tokens``), else TEI's default.
+
+    Why the maximum input length: TEI's ONNX Runtime backend pads every batch of up to 8 pairs to its longest, and
+    takes a pair into a batch only while entries x longest stays within this budget. At TEI's 16384 one long passage
+    pads seven short ones; at the maximum input length a batch never holds more than one longest pair's worth of
+    tokens, and nothing is truncated that TEI would not truncate anyway (TEI truncates pairs to this budget when it is
+    smaller). The Job times its candidates within the same budget (``--serve-batch-tokens``)."""
+    if tei.max_batch_tokens is not None:
+        return tei.max_batch_tokens
+    return max_input_tokens or TEI_MAX_BATCH_TOKENS
+
+
+def tei_args(spec: RerankModelSpec, pool: Pool, artifact_id: str | None, max_input_tokens: int = 0) -> list[str]:
+    """TEI's command line. Kubernetes args replace the image's CMD, so --json-output and --port are ours to pass.
+    ``max_input_tokens``: the served artifact's (``batch_tokens``)."""
     local = artifact_id is not None or spec.model.id is None
     args = ["--model-id", MODEL_MOUNT if local else str(spec.model.id)]
     if not local and spec.model.revision:
@@ -50,7 +65,7 @@ def tei_args(spec: RerankModelSpec, pool: Pool, artifact_id: str | None) -> list
     args += [
         "--port", str(names.TEI_PORT),
         "--json-output",
-        "--max-batch-tokens", str(tei.max_batch_tokens),
+        "--max-batch-tokens", str(batch_tokens(tei, max_input_tokens)),
         "--max-concurrent-requests", str(tei.max_concurrent_requests),
         "--max-client-batch-size", str(tei.max_client_batch_size),
     ]
@@ -101,10 +116,12 @@ def build_deployment(
     claim: str,
     *,
     canary: bool = False,
+    max_input_tokens: int = 0,
 ) -> dict[str, Any]:
     """A pool's TEI Deployment; ``canary``: the CPU pool's twin ``<name>-canary`` serving a new artifact beside the
     stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's
-    pool signals count its pods."""
+    pool signals count its pods. ``max_input_tokens``: what the served artifact reports (status.artifact), the CPU
+    pool's default token budget (``batch_tokens``)."""
     component = names.COMPONENT_CANARY if canary else names.pool_component(pool.name)
     env: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = [
@@ -125,7 +142,7 @@ def build_deployment(
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": pool.image,
-        "args": tei_args(spec, pool, artifact_id),
+        "args": tei_args(spec, pool, artifact_id, max_input_tokens),
         "ports": [{"name": "http", "containerPort": names.TEI_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
         # Loading a large model (GPU, cold volume) can take minutes: the startup probe covers 15 of them. Every 2 s:

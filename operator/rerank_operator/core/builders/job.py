@@ -69,6 +69,8 @@ def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
         keep_eval_pairs=not q.live_round,
         # The Job times candidates with the threads the CPU pool's TEI will use (not part of the artifact's id).
         serve_threads=deployment.pool_cpus(spec.cpu) if spec.cpu.enabled else 0,
+        # ... and within its batches' token budget (unset: the model's maximum input length, which the Job knows).
+        serve_batch_tokens=(spec.cpu.tei.max_batch_tokens or 0) if spec.cpu.enabled else 0,
     )
 
 

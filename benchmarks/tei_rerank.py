@@ -464,8 +464,9 @@ def job_harness(dirs: dict[str, Path], pairs: list[evaldata.Pair], threads: int,
     return out
 
 
-def torch_fp32(model_dir: Path, groups, threads: int) -> dict:
-    """transformers cross-encoder in PyTorch FP32: the same pairs in batches of 8, same threads."""
+def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int]] | None = None) -> dict:
+    """transformers cross-encoder in PyTorch FP32: the same pairs in batches of 8, same threads; ``spans``: other
+    batches ([start, end) pairs, e.g. within the routers' token budget, ``serving.batch_spans``)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -480,8 +481,8 @@ def torch_fp32(model_dir: Path, groups, threads: int) -> dict:
             b.pop("token_type_ids", None)
         model(**b)
         t0 = time.perf_counter()
-        for i in range(0, len(pairs), TEI_MAX_BATCH):
-            chunk = pairs[i:i + TEI_MAX_BATCH]
+        for a, b in spans or [(i, i + TEI_MAX_BATCH) for i in range(0, len(pairs), TEI_MAX_BATCH)]:
+            chunk = pairs[a:b]
             b = tok([p[0] for p in chunk], [p[1] for p in chunk], padding=True, truncation="longest_first",
                     max_length=512, return_tensors="pt")
             if model.config.type_vocab_size <= 1:  # XLM-R family: no segment embeddings
@@ -572,6 +573,8 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
     jh = {}
     with on_cpus(serve_cpus):
         torch_again = torch_fp32(Path(fx["model_dir"]), groups, threads)
+        torch_budget = torch_fp32(Path(fx["model_dir"]), groups, threads, serving.batch_spans(len(lengths), lengths,
+                                                                                             budget))
         if with_job_harness:
             pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
             jh = job_harness(dirs, pairs, threads, rounds, timed, budget)
@@ -586,6 +589,7 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
                    "x_fp32_ort": round(r["pairs_per_s"] / fp32["pairs_per_s"], 3),
                    "x_fp32_ort_per_round": [round(x, 3) for x in per_round],
                    "x_torch_fp32": round(r["pairs_per_s"] / torch_pps, 2),
+                   "x_torch_fp32_within_budget": round(r["pairs_per_s"] / torch_budget["pairs_per_s"], 2),
                    "p50_ms": round(r["p50_ms"], 1), "p95_ms": round(r["p95_ms"], 1),
                    "spearman_vs_torch": round(metrics.spearman(tref["scores"], s), 5),
                    "top3_vs_torch": round(metrics.topk_agreement(keys, tref["scores"], s, 3), 4),
@@ -603,6 +607,7 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
             "clients": clients, "rounds": rounds, "max_batch_tokens": budget,
             "chunk_queries": chunk, "threads": threads, "queries": len(groups),
             "pairs": len(keys), "job_timed_pairs": timed, "torch_fp32_pairs_per_s": round(torch_pps, 2),
+            "torch_fp32_within_budget_pairs_per_s": round(torch_budget["pairs_per_s"], 2),
             "fixture_training": fx.get("heldout_vs_teacher"), "job_vs_router": compare_job(rows, notes),
             "variants": rows}
 

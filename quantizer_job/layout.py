@@ -11,14 +11,14 @@ from typing import Any
 
 from . import external_data
 from .errors import JobError
-from .textenc import ROBERTA_FAMILY
+from .textenc import ROBERTA_FAMILY, ST_CONFIG_NAMES
 
 MODEL_FILE = "model.onnx"  # the only name TEI's ORT backend tries (besides onnx/model.onnx)
 DATA_FILE = "model.onnx_data"
 #: Tokenizer-side files copied next to the model when the source has them (tokenizer.json is required).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "sentencepiece.bpe.model", "spiece.model", "vocab.json", "merges.txt", "added_tokens.json",
-                   "sentence_bert_config.json")
+                   *ST_CONFIG_NAMES)  # TEI reads its max input length from the first of these it finds
 #: Types whose ONNX graph has no token_type_ids input (TEI feeds it only if declared).
 NO_TOKEN_TYPES = (*ROBERTA_FAMILY, "distilbert")
 REQUIRED_CONFIG_KEYS = ("architectures", "model_type", "max_position_embeddings", "hidden_size", "num_hidden_layers")

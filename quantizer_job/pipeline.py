@@ -71,7 +71,8 @@ class Context:
 @dataclass(frozen=True)
 class Source:
     """The fetched model: its directory, its config.json, the Job's max input length for it (export, verification
-    and timing) and TEI's (``tei_max_length``: what the CPU pool's default ``--max-batch-tokens`` is)."""
+    and timing) and TEI's (``tei_max_length``: the token budget the Job times with by default; the published CPU
+    directory's own figure, ``max_input_tokens`` in the manifest, is what the pool gets)."""
 
     fetched: Fetched
     config: dict[str, Any]
@@ -417,7 +418,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
         "quality": finite_values(best.quality),
         "gate": {"min_spearman": req.min_spearman, "min_topk_agreement": req.min_topk_agreement, "topk": req.topk},
         "speed": finite_values(best.speed),
-        "max_input_tokens": source.tei_max_length,
+        "max_input_tokens": textenc.tei_max_input_length(cpu, fixed_cfg),
         "speed_settings": {"measured": "served", "max_batch_entries": serving.MAX_BATCH_ENTRIES,
                            "max_batch_tokens": serve_batch_tokens(ctx, source),
                            "intra_op_threads": serve_threads(ctx), "job_threads": ctx.threads,

@@ -196,3 +196,23 @@ def test_saturation_hint_only_where_full_range_weights_saturate():
     assert isa.saturation_hint("avx2", reduce_range=True) is None
     assert isa.saturation_hint("avx512_vnni", reduce_range=False) is None
     assert isa.saturation_hint("arm64", reduce_range=False) is None
+
+
+@pytest.mark.parametrize("name", ["sentence_bert_config.json", "sentence_xlm-roberta_config.json"])
+def test_the_published_directory_keeps_the_max_input_length_tei_reads(tmp_path, name):
+    """TEI takes a Sentence Transformers config's max_seq_length over max_position_embeddings: the CPU and GPU
+    directories carry every such config the source has, so the length the Job reports for them (the CPU pool's token
+    budget) is the one TEI finds there. An XLM-R source with sentence_xlm-roberta_config.json said 256 here; without
+    the file TEI would read 8192 from max_position_embeddings (8194, less the position offset)."""
+    from quantizer_job import layout, textenc
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    (src / "tokenizer.json").write_text("{}")
+    (src / name).write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    assert name in layout.copy_tokenizer([src], dst)
+    cfg = {"model_type": "xlm-roberta", "max_position_embeddings": 8194, "pad_token_id": 1}
+    assert textenc.tei_max_input_length(dst, cfg) == textenc.tei_max_input_length(src, cfg) == 256
+    (dst / name).unlink()
+    assert textenc.tei_max_input_length(dst, cfg) == 8192

@@ -45,6 +45,8 @@ def test_a_token_budget_closes_a_batch_before_its_padding_would_exceed_it() -> N
     assert serving.batch_spans(len(lengths), lengths, 1000) == [(0, 2), (2, 4), (4, 12)]  # 2 x 500 fits
     assert serving.batch_spans(len(lengths), lengths, 1500) == [(0, 3), (3, 11), (11, 12)]  # 3 x 500 fits
     assert serving.batch_spans(len(lengths), lengths) == [(0, 8), (8, 12)]  # no budget: 8 at a time
+    with pytest.raises(ValueError, match="11 token lengths for 12 entries"):
+        serving.batch_spans(len(lengths), lengths[:-1], 512)
     ps = pairs({"q1": 3, "q2": 9})
     batches = serving.served_batches(ps, lengths, 512)
     assert [len(b) for b in batches] == [2, 1, 8, 1] and [t for b in batches for _, t in b] == [p.text for p in ps]

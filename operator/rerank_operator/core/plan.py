@@ -325,7 +325,8 @@ def compute(
         desired.extend(o for o in (route, network_policy) if o is not None)
     if guarding is not None:
         desired.append(guard.build_guard_deployment(owner, spec, guarding, below_floor, canary=bool(canary_id),
-                                                    claim=claim, artifact_id=serving))
+                                                    claim=claim, artifact_id=serving,
+                                                    max_input_tokens=max_input_tokens(decision.served)))
         desired.append(guard.build_guard_service(owner))
     if canary_id and pools_deployed:
         desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True,

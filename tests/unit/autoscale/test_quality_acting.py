@@ -36,7 +36,8 @@ def guarded_model(*mods: Any) -> dict[str, Any]:
 
 
 def served(artifact_id: str) -> dict[str, Any]:
-    return {"artifact": plans.artifact_record(contract.parse_result(published(artifact_id)), artifact_id, NOW)}
+    result = contract.parse_result(published(artifact_id, max_input_tokens=510))
+    return {"artifact": plans.artifact_record(result, artifact_id, NOW)}
 
 
 def plan_for(body: dict[str, Any], status: dict[str, Any], world: FakeWorld | None = None,
@@ -93,9 +94,10 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     # What the guard process makes of it: the FP32 reference over the mounted original/, and no GPU Service asked.
     assert config.reference == guard.LOCAL and config.reference_model == (
         f"{guard.ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}")
-    cpu_tei = spec_of(body).cpu.tei  # it truncates long pairs as the checked pool does
-    assert (config.reference_max_batch_tokens, config.reference_auto_truncate) == (cpu_tei.max_batch_tokens,
-                                                                                   cpu_tei.auto_truncate)
+    # It truncates long pairs as the checked pool does: the pool's token budget (the artifact's 510) and auto-truncate.
+    cpu_args = by_kind(plan, "Deployment")["bge-m3-cpu"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert config.reference_max_batch_tokens == int(cpu_args[cpu_args.index("--max-batch-tokens") + 1]) == 510
+    assert config.reference_auto_truncate == spec_of(body).cpu.tei.auto_truncate
     assert server.Guard(config).local is not None
     assert config.pools == {"cpu": "http://bge-m3-cpu.search.svc:80"} and "reference" not in config.api_key_env
     assert config.calls_per_sample == 2  # the budget counts the FP32 scoring as a call

@@ -22,7 +22,7 @@ from typing import Any
 
 from quantizer_job import contract
 from rerank_operator.core import names
-from rerank_operator.core.builders import pods
+from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.spec import RerankModelSpec
 
 #: The pool the guard checks and the one it checks against (the GPU pool serves the original weights in FP16).
@@ -139,7 +139,7 @@ def samples_live(spec: RerankModelSpec) -> bool:
 
 
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
-                 below_floor: Iterable[str], canary: bool = False) -> dict[str, Any]:
+                 below_floor: Iterable[str], canary: bool = False, max_input_tokens: int = 0) -> dict[str, Any]:
     """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
 
     The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
@@ -147,7 +147,8 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
     artifact is a canary (``canary``), the guard checks it too, against the same reference. Without a Gateway
     (``replays``) it replays the artifact's evaluation pairs as fast as its budget allows. Without a GPU pool
     (``local_reference``) the reference is FP32 of the artifact's original weights, scored in the guard; the budget
-    counts it as one call per sampled request, like a TEI reference, which bounds that compute too."""
+    counts it as one call per sampled request, like a TEI reference, which bounds that compute too; it truncates
+    pairs as the CPU pool does, whose token budget comes from the served artifact (``max_input_tokens``)."""
     gate = spec.quantization.quality_gate
     local = local_reference(spec)
     key_env = {}
@@ -172,7 +173,7 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
         "pools": pools,
         "reference": LOCAL if local else service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
         **({"reference_model": f"{ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}",
-            "reference_max_batch_tokens": spec.cpu.tei.max_batch_tokens,
+            "reference_max_batch_tokens": deployment.batch_tokens(spec.cpu.tei, max_input_tokens),
             "reference_auto_truncate": spec.cpu.tei.auto_truncate} if local else {}),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
         "k": gate.topk,
@@ -190,10 +191,11 @@ def _key_env(pool: names.PoolName) -> str:
 
 def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                            below_floor: Iterable[str], canary: bool = False, *, claim: str = "",
-                           artifact_id: str | None = None) -> dict[str, Any]:
+                           artifact_id: str | None = None, max_input_tokens: int = 0) -> dict[str, Any]:
     """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard reads it
-    (``mounts_artifact``); with the tenant's consent (``samples_live``) the model's ``samples/<model>`` read-write."""
-    config = guard_config(owner, spec, settings, below_floor, canary)
+    (``mounts_artifact``); with the tenant's consent (``samples_live``) the model's ``samples/<model>`` read-write.
+    ``max_input_tokens``: the served artifact's (``guard_config``)."""
+    config = guard_config(owner, spec, settings, below_floor, canary, max_input_tokens)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))}]
     local = local_reference(spec)

@@ -22,7 +22,10 @@ written as a JSONL file that is both the Job's ``--eval-pairs`` and what the cli
 
 Harness (``"harness"`` in the output):
 - ``tei-router``: ``--router`` given: each directory is served by a real ``text-embeddings-router`` (ORT backend)
-  on a local port, and the clients POST ``/rerank`` with ``raw_scores``.
+  on a local port, and the clients POST ``/rerank`` with ``raw_scores``. ``router_cpu`` splits each router's CPU
+  time over the timed rounds (``/proc``: the backend's inference thread, tokio's HTTP workers, the rest:
+  tokenization and the queue) per pair; ``inference_only_x_fp32`` is the speedup of the inference thread alone,
+  i.e. what the served ratio would be if the router's own work cost nothing.
 - ``ort-fallback``: no router: an in-process stand-in built as TEI's ORT backend is: one ONNX Runtime 1.22 session,
   ``ORT_ENABLE_ALL``, intra-op threads = the serving CPUs, one inference at a time, FIFO queue of pairs, batches of
   at most 8 pairs padded to their longest, tokenization in the client threads (pinned, on the clients' CPUs: the
@@ -372,6 +375,10 @@ class RouterServer:
             scores[r["index"]] = float(r["score"])
         return scores
 
+    def cpu(self) -> dict:
+        """The router's CPU seconds so far: in all (exited threads included) and per live thread (tid: name, s)."""
+        return process_cpu(self.proc.pid)
+
     def close(self) -> None:
         self.proc.terminate()
         try:
@@ -379,6 +386,37 @@ class RouterServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.logf.close()
+
+
+def _cpu_seconds(stat: Path) -> float:
+    """utime + stime of a /proc stat file, in seconds (fields 14 and 15; the name before them may hold spaces)."""
+    text = stat.read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> dict:
+    threads = {}
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            threads[t.name] = ((t / "comm").read_text().strip(), _cpu_seconds(t / "stat"))
+    return {"total": _cpu_seconds(Path(f"/proc/{pid}/stat")), "threads": threads}
+
+
+def cpu_split(before: dict, after: dict, pairs: int, seconds: float) -> dict:
+    """Where a router's CPU went between two ``process_cpu`` readings: the busiest thread that is not tokio's is the
+    backend's (TEI runs inference on one thread of its own: ONNX Runtime's intra-op work runs on it with one CPU);
+    tokio's workers do HTTP, JSON and the rerank response; the rest is the tokenization workers, the queue and
+    threads that exited. Per pair, and the share of the router's serving time it was on a CPU."""
+    delta = {tid: (name, cpu - before["threads"].get(tid, (name, 0.0))[1])
+             for tid, (name, cpu) in after["threads"].items()}
+    tokio = sum(c for name, c in delta.values() if name.startswith("tokio"))
+    inference = max((c for name, c in delta.values() if not name.startswith("tokio")), default=0.0)
+    total = after["total"] - before["total"]
+    per = lambda x: round(1e3 * x / pairs, 3)  # noqa: E731
+    return {"cpu_s": round(total, 2), "busy_share": round(total / seconds, 3),
+            "inference_ms_per_pair": per(inference), "tokio_ms_per_pair": per(tokio),
+            "other_ms_per_pair": per(total - inference - tokio), "all_ms_per_pair": per(total)}
 
 
 def drive(server, groups: list[tuple[str, list[str]]], clients: int) -> dict:
@@ -407,6 +445,7 @@ def interleaved(servers: dict, groups: list[tuple[str, list[str]]], clients: int
     for s in servers.values():  # warm-up (allocation, prepacking)
         s.rerank(groups[0][0], groups[0][1][:2])
     acc = {v: {"seconds": 0.0, "pairs": 0, "latencies": [], "rounds": [], "scores": None} for v in names}
+    cpu0 = {v: s.cpu() for v, s in servers.items() if hasattr(s, "cpu")}
     turn = 0
     for _ in range(rounds):
         per_round = {v: [0.0, 0] for v in names}
@@ -427,9 +466,11 @@ def interleaved(servers: dict, groups: list[tuple[str, list[str]]], clients: int
             acc[v]["rounds"].append(per_round[v][1] / per_round[v][0])
             if acc[v]["scores"] is None:
                 acc[v]["scores"] = np.concatenate([np.asarray(x) for x in scores[v]])
+    cpu = {v: cpu_split(c, servers[v].cpu(), acc[v]["pairs"], acc[v]["seconds"]) for v, c in cpu0.items()}
     return {v: {"scores": a["scores"], "pairs_per_s": a["pairs"] / a["seconds"], "rounds": a["rounds"],
                 "p50_ms": metrics.percentile(a["latencies"], 50) * 1e3,
-                "p95_ms": metrics.percentile(a["latencies"], 95) * 1e3} for v, a in acc.items()}
+                "p95_ms": metrics.percentile(a["latencies"], 95) * 1e3,
+                **({"router_cpu": cpu[v]} if v in cpu else {})} for v, a in acc.items()}
 
 
 def job_harness(dirs: dict[str, Path], pairs: list[evaldata.Pair], threads: int, rounds: int,
@@ -597,6 +638,10 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
                    "top3_vs_fp32_ort": round(metrics.topk_agreement(keys, fp32["scores"], s, 3), 4),
                    "model_bytes": dir_bytes(dirs[v]), "size_vs_fp32": round(dir_bytes(dirs[v]) / fp32_bytes, 3),
                    "rounds_pairs_per_s": [round(x, 2) for x in r["rounds"]],
+                   **({"router_cpu": r["router_cpu"],
+                       "inference_only_x_fp32": round(fp32["router_cpu"]["inference_ms_per_pair"]
+                                                      / r["router_cpu"]["inference_ms_per_pair"], 3)}
+                      if "router_cpu" in r else {}),
                    **({"job_harness": jh[v]} if v in jh else {}), **notes.get(v, {})}
     for v, n in notes.items():
         if v not in rows:

@@ -200,9 +200,10 @@ class Scorer:
                     out.append(logits.cpu().numpy())
         return np.concatenate(out).astype(np.float64)
 
-    def peaks(self, model: Any) -> list[dict[str, float]]:
-        """Per encoder layer, the largest |value| (unpadded pairs) of what FP16 could overflow: the attention block's
-        and the FFN's residual sums (LayerNorm inputs) and the FFN's intermediate activation."""
+    def scores_and_peaks(self, model: Any) -> tuple[np.ndarray, list[dict[str, float]]]:
+        """Unpadded scores, and per encoder layer the largest |value| seen while computing them of what FP16 could
+        overflow: the attention block's and the FFN's residual sums (LayerNorm inputs) and the FFN's intermediate
+        activation."""
         layers = model.base_model.encoder.layer
         found: list[dict[str, float]] = [{} for _ in layers]
         hooks = []
@@ -219,11 +220,10 @@ class Scorer:
             hooks.append(layer.output.LayerNorm.register_forward_pre_hook(record(i, "ffn_sum", True)))
             hooks.append(layer.intermediate.register_forward_hook(record(i, "ffn_activation", False)))
         try:
-            self.scores(model, padded=False)
+            return self.scores(model, padded=False), found
         finally:
             for h in hooks:
                 h.remove()
-        return found
 
     def with_fault(self, model: Any) -> Any:
         """The emulated overflow made real: the chosen LayerNorm's input times the emulation's scale."""
@@ -257,12 +257,16 @@ def measure_fixture(prepared: Path, device: str, limit: int | None) -> dict[str,
             ("bf16-unpadded", torch.bfloat16, "sdpa", False)]
     for name, dtype, attention, padded in plan:
         m = s.model(dtype, attention)
-        got[name] = s.scores(m, padded)
+        peaks = None
+        if name == "fp16-unpadded":
+            got[name], peaks = s.scores_and_peaks(m)
+        else:
+            got[name] = s.scores(m, padded)
         runs[name] = {"vs_fp32_onnx": compare(groups, ref, got[name])}
         if dtype == torch.float16:
             runs[name]["vs_cpu_emulation"] = versus_emulation(ref, got[name], emul)
-        if name == "fp16-unpadded":
-            runs[name]["activation_peaks"] = s.peaks(m)
+        if peaks is not None:
+            runs[name]["activation_peaks"] = peaks
         if name in ("fp32-on-fp16-weights", "fp16-padded"):
             runs[name]["pairs_per_s_batches_of_8"] = round(s.pairs_per_s(m, padded=True), 1)
         if name == "fp16-padded":
@@ -306,6 +310,7 @@ def measure_large(device: str, seed: int = 0) -> dict[str, Any]:
     fp16.half()
     g = torch.Generator(device="cpu").manual_seed(seed)
     out: dict[str, Any] = {"parameters": sum(p.numel() for p in fp32.parameters())}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for batch, length in ((8, 512), (32, 512), (1, 8192)):
         ids = torch.randint(5, 250000, (batch, length), generator=g).to(device)
         ids[:, 0] = 0
@@ -318,7 +323,6 @@ def measure_large(device: str, seed: int = 0) -> dict[str, Any]:
             row["fp32_logit_std"] = float(a.std()) if batch > 1 else None
             row["finite_fp16"] = bool(torch.isfinite(b).all())
             for name, m in (("fp32", fp32), ("fp16", fp16)):
-                sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
                 m(input_ids=ids, attention_mask=mask)
                 sync()
                 n, t0 = 0, time.perf_counter()

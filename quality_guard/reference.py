@@ -85,7 +85,7 @@ class LocalReference:
         self._tok.no_padding()
         self.max_length = textenc.tei_max_input_length(self.model_dir, cfg, self.max_batch_tokens)
         self._pad_id = layout.pad_token_id(cfg, tok_json)
-        self._token_types = cfg.get("model_type") not in layout.NO_TOKEN_TYPES  # TEI feeds them none
+        self._token_types = textenc.uses_token_types(cfg)  # as the model's own users call it
         self._model = model
 
     def _truncation(self, truncate: bool, direction: str) -> None:

@@ -57,6 +57,9 @@ FAILURE_REASONS = (
     "InvalidInput",  # bad eval/calibration pairs, bad flags
     "PublishFailed",
     "InternalError",
+    # The hub (or the class's mirror or proxy) did not answer, or answered 429/5xx: transient. Appended last so the
+    # exit codes of the reasons above keep their values.
+    "HubUnavailable",
 )
 
 #: Exit status per failure reason (0 is success; 1 is left to the interpreter's own crashes).
@@ -64,6 +67,9 @@ EXIT_CODES = {reason: 10 + i for i, reason in enumerate(FAILURE_REASONS)}
 #: Failures that another attempt of the same Job cannot fix: the operator's Job fails at once on these exit
 #: codes (podFailurePolicy) instead of retrying with backoff. A fixed spec makes a new Job.
 PERMANENT_FAILURES = ("UnsupportedModel", "QualityGateFailed", "InvalidInput")
+#: Failures the operator retries with a new Job after a backoff, with no spec edit (the Job fails at once on them:
+#: its own attempts already retried within seconds; the operator's backoff spans minutes).
+TRANSIENT_FAILURES = ("HubUnavailable",)
 
 
 def artifact_dir(root: str, artifact_id: str) -> str:
@@ -103,6 +109,10 @@ class JobRequest:
     #: (TEI's queue rule); 0: the pool's default, the model's maximum input length. Measurement only, like
     #: ``serve_threads``.
     serve_batch_tokens: int = 0
+    #: Run the Python code a model repository ships (config.json's ``auto_map``) when exporting it: only when the
+    #: model asks for it and its RerankClass allows it (``modelSources.allowRemoteCode``). Without it such a model is
+    #: refused (UnsupportedModel) naming its architecture.
+    trust_remote_code: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-batch-tokens", type=int, default=0,
                         help="the CPU pool's --max-batch-tokens: served batches are timed within it "
                              "(0: the model's maximum input length, the pool's default)")
+    parser.add_argument("--trust-remote-code", action="store_true", default=False,
+                        help="run the code a model repository ships (config.json auto_map) to export it")
 
 
 def build_args(req: JobRequest) -> list[str]:
@@ -165,6 +177,8 @@ def build_args(req: JobRequest) -> list[str]:
         args += ["--serve-threads", str(req.serve_threads)]
     if req.serve_batch_tokens:
         args += ["--serve-batch-tokens", str(req.serve_batch_tokens)]
+    if req.trust_remote_code:
+        args.append("--trust-remote-code")
     return args
 
 

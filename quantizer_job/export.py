@@ -5,11 +5,17 @@ child is the only process that holds the PyTorch weights, and the quantize/verif
 so at most one copy of the FP32 weights is alive at a time.
 
 Uses optimum's ONNX export configuration for the model type (input/output names, dynamic axes, model patching),
-which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` only for BERT-family) and ``logits``; then
+which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` where the family has token types) and ``logits``;
+then
 ``torch.onnx.export`` writes the graph directly, and tensors of models over 2 GB are gathered into one
 ``model.onnx_data`` next to ``model.onnx`` a tensor at a time (``external_data.consolidate``; optimum's own re-save
 loads the whole model again while the torch weights are still alive, which is how the plain recipe reaches 13 GB on
 bge-reranker-v2-m3).
+
+The child also reports what only the loaded model knows, so the parent never keeps lists of model types
+(:func:`describe`): the sizes TEI reads under the names transformers resolves them to (DistilBERT's ``dim`` is
+``hidden_size``), and how many tokens the model's position table really takes (a position embedding with a padding
+index, as RoBERTa's, starts after it).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import external_data
+from .textenc import uses_token_types
 
 OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
 
@@ -40,7 +47,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
+def _fast_tokenizer(src: Path, out_dir: Path, trust_remote_code: bool = False) -> Path:
     """``tokenizer.json`` of the model, converted from its slow tokenizer when it has none."""
     found = src / "tokenizer.json"
     if found.is_file():
@@ -48,7 +55,7 @@ def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(src), use_fast=True)
+        tok = AutoTokenizer.from_pretrained(str(src), use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many types here
         raise RuntimeError(f"UnsupportedModel: cannot build a fast tokenizer: {exc}") from exc
     if not getattr(tok, "is_fast", False):
@@ -60,6 +67,65 @@ def _fast_tokenizer(src: Path, out_dir: Path) -> Path:
     return out_dir / "tokenizer.json"
 
 
+#: config.json keys TEI reads (its router and ORT backend), resolved through transformers' ``attribute_map`` when a
+#: family names them differently.
+TEI_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "max_position_embeddings")
+#: Sizes the Job itself reads (the ORT transformer optimizer's head count).
+JOB_CONFIG_KEYS = ("num_attention_heads",)
+
+
+def position_offset(model: Any) -> int:
+    """Where the model's absolute position ids start: after the padding index of a position embedding that has one
+    (RoBERTa, XLM-R, CamemBERT and their kin: ``create_position_ids_from_input_ids``), else 0 (BERT-style tables,
+    relative or rotary positions)."""
+    import torch
+
+    for name, mod in model.named_modules():
+        if (isinstance(mod, torch.nn.Embedding) and "position" in name.rsplit(".", 1)[-1]
+                and mod.padding_idx is not None):
+            return int(mod.padding_idx) + 1
+    return 0
+
+
+def describe(model: Any, raw_config: dict[str, Any], cap: int) -> dict[str, Any]:
+    """What the parent needs of the loaded model: sizes under TEI's names (``resolved``: only those config.json does
+    not already spell so), the tokens a pair may have (``max_positions``: the position table less its offset) and
+    the Job's own max input length (``max_length``: that, capped at ``cap``)."""
+    cfg = model.config
+    resolved = {}
+    for key in (*TEI_CONFIG_KEYS, *JOB_CONFIG_KEYS):
+        value = getattr(cfg, key, None)
+        if key not in raw_config and isinstance(value, int) and not isinstance(value, bool):
+            resolved[key] = value
+    mpe = getattr(cfg, "max_position_embeddings", None)
+    offset = position_offset(model)
+    max_positions = int(mpe) - offset if isinstance(mpe, int) else cap
+    return {"resolved_config": resolved, "position_offset": offset, "max_positions": max_positions,
+            "max_length": max(8, min(cap, max_positions)),
+            "uses_token_types": uses_token_types({"type_vocab_size": getattr(cfg, "type_vocab_size", 0)}),
+            "pad_token_id": cfg.pad_token_id if isinstance(getattr(cfg, "pad_token_id", None), int) else None}
+
+
+def torch_inputs(model: Any, feed: dict[str, Any], uses_token_types: bool) -> dict[str, Any]:
+    """The inputs a user's transformers code gives the model: ids and mask, and token types only where the model
+    has more than one (a RoBERTa table of one row would be indexed out of range by a WordPiece tokenizer's 1s)."""
+    import inspect
+
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]), "attention_mask": torch.from_numpy(feed["attention_mask"])}
+    if uses_token_types and "token_type_ids" in params:
+        kwargs["token_type_ids"] = torch.from_numpy(feed["token_type_ids"])
+    return kwargs
+
+
+def remote_code(config: dict[str, Any]) -> dict[str, str]:
+    """config.json's ``auto_map``: the classes a repository implements in its own Python files."""
+    amap = config.get("auto_map")
+    return {str(k): str(v) for k, v in amap.items()} if isinstance(amap, dict) else {}
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -67,6 +133,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from .textenc import encode_pairs, load_tokenizer
 
     torch.set_num_threads(int(spec.get("threads") or os.cpu_count() or 1))
+    trust = bool(spec.get("trust_remote_code"))
     src = Path(spec["src_dir"])
     onnx_dir = Path(spec["onnx_dir"])
     onnx_dir.mkdir(parents=True, exist_ok=True)
@@ -74,30 +141,32 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {}
 
     t0 = time.monotonic()
-    tok_path = _fast_tokenizer(src, Path(spec["tokenizer_dir"]))
+    tok_path = _fast_tokenizer(src, Path(spec["tokenizer_dir"]), trust)
     result["tokenizer_json"] = str(tok_path)
     result["tokenizer_converted"] = tok_path.parent != src
     timings["tokenizer_s"] = time.monotonic() - t0
 
     t0 = time.monotonic()
     model = AutoModelForSequenceClassification.from_pretrained(str(src), dtype=torch.float32,
-                                                               low_cpu_mem_usage=True)
+                                                               low_cpu_mem_usage=True, trust_remote_code=trust)
     model.eval()
     timings["load_s"] = time.monotonic() - t0
     if int(model.config.num_labels) != 1:
         raise RuntimeError(f"UnsupportedModel: {model.config.num_labels} labels; a reranker has exactly one")
+    raw_config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    described = describe(model, raw_config, int(spec["max_length"]))
+    result.update(described)
 
     # Reference logits from PyTorch for a few pairs, to prove the exported graph computes the same function.
-    tok = load_tokenizer(str(tok_path), int(spec["max_length"]))
+    tok = load_tokenizer(str(tok_path), described["max_length"])
+    # The parent's padding id when config.json or tokenizer.json names one, else the loaded config's (RoBERTa's 1).
+    pad_id = spec["pad_id"] if spec.get("pad_id") is not None else (described["pad_token_id"] or 0)
+    result["pad_id"] = int(pad_id)
     ref_pairs = [tuple(p) for p in spec.get("ref_pairs", [])]
     if ref_pairs:
-        feed = encode_pairs(tok, ref_pairs, int(spec["pad_id"]))
-        kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]),
-                  "attention_mask": torch.from_numpy(feed["attention_mask"])}
-        if model.config.model_type not in ("xlm-roberta", "roberta", "camembert", "distilbert"):
-            kwargs["token_type_ids"] = torch.from_numpy(feed["token_type_ids"])
+        feed = encode_pairs(tok, ref_pairs, int(pad_id))
         with torch.no_grad():
-            logits = model(**kwargs).logits
+            logits = model(**torch_inputs(model, feed, described["uses_token_types"])).logits
         if tuple(logits.shape) != (len(ref_pairs), 1):
             raise RuntimeError(f"UnsupportedModel: logits shape {tuple(logits.shape)}, expected [batch, 1]")
         result["torch_ref_logits"] = logits[:, 0].tolist()

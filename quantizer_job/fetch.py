@@ -53,6 +53,27 @@ def fetch(model: str, revision: str | None, dest: Path, retries: int = 4) -> Fet
     return _fetch_hub(model, revision, dest, retries)
 
 
+#: HTTP statuses that say the hub (or the mirror or proxy in front of it) is down or busy, not that the model is
+#: wrong: the Job ends HubUnavailable and the operator retries with a new Job after a backoff.
+TRANSIENT_STATUSES = (408, 429, 500, 502, 503, 504)
+
+
+def hub_endpoint() -> str:
+    """The hub the Job downloads from: ``HF_ENDPOINT`` (the class's ``modelSources.hub.endpoint``, a mirror) or
+    huggingface.co."""
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a failed hub call says the hub is unreachable or failing (retry later) rather than that the request
+    is wrong (401/403/404: permanent). Connection errors, timeouts and a missing local cache entry (how
+    huggingface_hub reports an unreachable hub while downloading) count as unreachable."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return status in TRANSIENT_STATUSES
+    return True
+
+
 def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> Fetched:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
@@ -65,7 +86,7 @@ def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> 
     )
 
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
-    api = HfApi(token=token)
+    api = HfApi(endpoint=hub_endpoint(), token=token)
     delay = 2.0
     last: Exception | None = None
     for attempt in range(1, retries + 1):
@@ -75,7 +96,7 @@ def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> 
             patterns = choose_patterns(files)
             # Pin to the resolved commit so every file comes from the same revision.
             path = snapshot_download(repo_id, revision=info.sha, token=token, allow_patterns=patterns,
-                                     local_dir=str(dest))
+                                     local_dir=str(dest), endpoint=hub_endpoint())
             got = sorted(p.name for p in Path(path).iterdir() if p.is_file())
             return Fetched(path=Path(path), source="hub", revision=info.sha, files=got)
         except GatedRepoError:
@@ -84,8 +105,8 @@ def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> 
         except RevisionNotFoundError:
             raise JobError("ModelNotFound", f"revision {revision!r} does not exist in {repo_id}") from None
         except RepositoryNotFoundError:
-            raise JobError("ModelNotFound", f"{repo_id} does not exist on the hub, or is private and HF_TOKEN "
-                                            "is missing or lacks access") from None
+            raise JobError("ModelNotFound", f"{repo_id} does not exist on {hub_endpoint()}, or is private and "
+                                            "HF_TOKEN is missing or lacks access") from None
         except EntryNotFoundError as exc:
             raise JobError("ModelNotFound", f"{repo_id}: a file is missing: {exc}") from None
         except JobError:
@@ -94,9 +115,12 @@ def _fetch_hub(repo_id: str, revision: str | None, dest: Path, retries: int) -> 
             status = getattr(getattr(exc, "response", None), "status_code", None)
             if status in (401, 403):
                 raise JobError("ModelNotFound", f"{repo_id}: access denied ({status}); check HF_TOKEN") from None
+            if not unavailable(exc):
+                raise JobError("ModelNotFound", f"{repo_id}: {hub_endpoint()} answered {status}: {exc}"[:1000]
+                               ) from None
             last = exc
             if attempt < retries:
                 time.sleep(delay)
                 delay *= 2
-    raise JobError("ModelNotFound", f"{repo_id}: hub unreachable after {retries} attempts: "
-                                    f"{type(last).__name__}: {last}"[:1000])
+    raise JobError("HubUnavailable", f"{hub_endpoint()} did not answer for {repo_id} after {retries} attempts "
+                                     f"({type(last).__name__}: {last}); the operator retries with a new Job"[:1000])

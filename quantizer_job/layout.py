@@ -11,7 +11,7 @@ from typing import Any
 
 from . import external_data
 from .errors import JobError
-from .textenc import ROBERTA_FAMILY, ST_CONFIG_NAMES
+from .textenc import ST_CONFIG_NAMES, tei_max_input_length
 
 MODEL_FILE = "model.onnx"  # the only name TEI's ORT backend tries (besides onnx/model.onnx)
 DATA_FILE = "model.onnx_data"
@@ -19,9 +19,15 @@ DATA_FILE = "model.onnx_data"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "sentencepiece.bpe.model", "spiece.model", "vocab.json", "merges.txt", "added_tokens.json",
                    *ST_CONFIG_NAMES)  # TEI reads its max input length from the first of these it finds
-#: Types whose ONNX graph has no token_type_ids input (TEI feeds it only if declared).
-NO_TOKEN_TYPES = (*ROBERTA_FAMILY, "distilbert")
-REQUIRED_CONFIG_KEYS = ("architectures", "model_type", "max_position_embeddings", "hidden_size", "num_hidden_layers")
+#: config.json keys TEI parses, each with the aliases its serde structs accept (router/src/lib.rs ``ModelConfig``,
+#: backends/ort/src/lib.rs ``Config``): without one of them TEI does not start.
+REQUIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "architectures": (), "model_type": (), "max_position_embeddings": ("n_positions",),
+    "hidden_size": ("n_embd",), "num_hidden_layers": ("n_layer",)}
+#: Graph inputs TEI's ORT backend feeds (always the first two; the others only when the graph declares them).
+TEI_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+#: tokenizer_config.json's ``padding_side`` values TEI's ORT backend parses.
+PADDING_SIDES = ("left", "right")
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -43,22 +49,44 @@ def num_labels(cfg: dict[str, Any]) -> int:
     return 2  # transformers' default for a config without labels
 
 
-def validate_source_config(cfg: dict[str, Any]) -> None:
-    """A single-logit sequence classifier, or UnsupportedModel with what is wrong."""
-    archs = cfg.get("architectures") or []
-    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
-        raise JobError("UnsupportedModel", f"architectures {archs} has no *ForSequenceClassification: "
-                                           "a reranker is a cross-encoder with a classification head")
+#: What TEI's /rerank serves, said in every refusal: the user learns what to bring instead.
+TEI_SERVES = ("TEI's /rerank serves a cross-encoder: a *ForSequenceClassification with exactly one label, "
+              "exported to ONNX")
+
+
+def missing_config_keys(cfg: dict[str, Any]) -> list[str]:
+    """TEI's required config.json keys that are absent under every name TEI accepts for them."""
+    return [k for k, aliases in REQUIRED_CONFIG_KEYS.items() if all(n not in cfg for n in (k, *aliases))]
+
+
+def validate_source_config(cfg: dict[str, Any], trust_remote_code: bool = False) -> None:
+    """A single-logit sequence classifier transformers can load without running the repository's own code (unless
+    the class allows it), or UnsupportedModel saying what the model is and what TEI serves instead. The sizes TEI
+    reads are checked after the export, under the names transformers resolves (DistilBERT's ``dim``)."""
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    amap = cfg.get("auto_map") if isinstance(cfg.get("auto_map"), dict) else {}
+    if amap and not trust_remote_code:
+        named = amap.get("AutoModelForSequenceClassification") or next(iter(amap.values()))
+        raise JobError("UnsupportedModel", f"{'/'.join(archs) or 'this model'} needs the repository's own Python "
+                                           f"code (config.json auto_map: {named}); the Job runs it only for a model "
+                                           "with spec.model.trustRemoteCode under a RerankClass with "
+                                           "modelSources.allowRemoteCode")
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        decoder = [a for a in archs if a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))]
+        what = (f"{decoder[0]} is a decoder reranker (scored by a token's logit); " if decoder
+                else f"architectures {archs} has no *ForSequenceClassification; ")
+        raise JobError("UnsupportedModel", what + TEI_SERVES)
     n = num_labels(cfg)
     if n != 1:
-        raise JobError("UnsupportedModel", f"the classifier has {n} labels; a reranker has exactly one "
-                                           "(TEI answers /rerank with 424 otherwise)")
-    for key in ("model_type", "hidden_size", "num_hidden_layers", "max_position_embeddings"):
-        if key not in cfg:
-            raise JobError("UnsupportedModel", f"config.json lacks {key}")
+        raise JobError("UnsupportedModel", f"the classifier has {n} labels; {TEI_SERVES} (TEI answers /rerank "
+                                           "with 424 for more labels)")
+    if "model_type" not in cfg:
+        raise JobError("UnsupportedModel", "config.json lacks model_type")
 
 
-def pad_token_id(cfg: dict[str, Any], tokenizer_json: Path | None = None) -> int:
+def declared_pad_token_id(cfg: dict[str, Any], tokenizer_json: Path | None = None) -> int | None:
+    """The padding id config.json or tokenizer.json names (its padding, else a [PAD]/<pad> token); None if neither
+    does (then the loaded model's config knows: ``export.describe``)."""
     if cfg.get("pad_token_id") is not None:
         return int(cfg["pad_token_id"])
     if tokenizer_json and tokenizer_json.is_file():
@@ -69,24 +97,51 @@ def pad_token_id(cfg: dict[str, Any], tokenizer_json: Path | None = None) -> int
         for tok in tj.get("added_tokens", []):
             if tok.get("content") in ("[PAD]", "<pad>"):
                 return int(tok["id"])
-    return 1 if cfg.get("model_type") in ROBERTA_FAMILY else 0
+    return None
 
 
-def tei_config(cfg: dict[str, Any], tokenizer_json: Path | None = None) -> dict[str, Any]:
-    """config.json as TEI needs it: one label in id2label/label2id and every field the router/ORT backend reads."""
+def pad_token_id(cfg: dict[str, Any], tokenizer_json: Path | None = None, default: int | None = None) -> int:
+    """``declared_pad_token_id``, else ``default`` (the loaded model's), else 0 (TEI's own fallback)."""
+    found = declared_pad_token_id(cfg, tokenizer_json)
+    if found is not None:
+        return found
+    return default if default is not None else 0
+
+
+def tei_config(cfg: dict[str, Any], tokenizer_json: Path | None = None,
+               resolved: dict[str, Any] | None = None, pad_default: int | None = None) -> dict[str, Any]:
+    """config.json as TEI needs it: one label in id2label/label2id and every field the router/ORT backend reads.
+    ``resolved``: sizes the export child read from the loaded model under TEI's names (``export.describe``), added
+    where the family spells them otherwise; every original key is kept."""
     out = dict(cfg)
+    for key, value in (resolved or {}).items():
+        out.setdefault(key, value)
     archs = [a for a in out.get("architectures") or [] if str(a).endswith("ForSequenceClassification")]
     out["architectures"] = archs[:1]
     label = next(iter((cfg.get("id2label") or {}).values()), "LABEL_0")
     out["id2label"] = {"0": label}
     out["label2id"] = {label: 0}
     out.pop("num_labels", None)
-    out["pad_token_id"] = pad_token_id(cfg, tokenizer_json)
+    out["pad_token_id"] = pad_token_id(cfg, tokenizer_json, pad_default)
     out.setdefault("torch_dtype", "float32")
-    missing = [k for k in REQUIRED_CONFIG_KEYS if k not in out]
+    missing = missing_config_keys(out)
     if missing:
-        raise JobError("UnsupportedModel", f"config.json lacks {missing}")
+        raise JobError("UnsupportedModel", f"config.json lacks {missing} and transformers resolves no value for them")
     return out
+
+
+def cap_input_length(d: Path, cfg: dict[str, Any], max_positions: int) -> int | None:
+    """Keep TEI within the tokens the model's position table takes: TEI computes its maximum input length from a
+    list of model types (``textenc.tei_max_input_length``); where that exceeds ``max_positions`` (a RoBERTa-style
+    type TEI does not list, or a Sentence Transformers config asking for more), write the Sentence Transformers
+    config TEI reads first with ``max_seq_length`` = ``max_positions``. Returns the cap written, or None."""
+    if tei_max_input_length(d, cfg) <= max_positions:
+        return None
+    name = next((n for n in ST_CONFIG_NAMES if (d / n).is_file()), ST_CONFIG_NAMES[0])
+    st = json.loads((d / name).read_text(encoding="utf-8")) if (d / name).is_file() else {"do_lower_case": False}
+    st["max_seq_length"] = int(max_positions)
+    write_json(d / name, st)
+    return int(max_positions)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -116,8 +171,11 @@ def weight_files(src: Path) -> list[str]:
     return names
 
 
-def check_tei_dir(d: Path, expect_token_type_ids: bool | None = None) -> list[str]:
-    """Problems that would stop TEI's CPU image from serving ``d`` with ONNX Runtime (empty: fine)."""
+def check_tei_dir(d: Path, expect_inputs: Iterable[str] | None = None, max_positions: int | None = None) -> list[str]:
+    """Problems that would stop TEI's CPU image from serving ``d`` with ONNX Runtime (empty: fine), read as TEI reads
+    the directory (shared/tei-contract.md). ``expect_inputs``: the FP32 export's inputs, which the Job proved against
+    PyTorch fed as TEI feeds them: the published graph must take exactly those. ``max_positions``: the tokens the
+    model takes; TEI's maximum input length must not exceed it."""
     import onnx
 
     problems = []
@@ -131,26 +189,21 @@ def check_tei_dir(d: Path, expect_token_type_ids: bool | None = None) -> list[st
         if not (d / req).is_file():
             problems.append(f"{req} missing")
     if (d / "config.json").is_file():
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-        for k in REQUIRED_CONFIG_KEYS:
-            if k not in cfg:
-                problems.append(f"config.json lacks {k}")
-        if len(cfg.get("id2label") or {}) != 1 or len(cfg.get("label2id") or {}) != 1:
-            problems.append("config.json must have exactly one label in id2label and label2id")
-        if expect_token_type_ids is None:
-            expect_token_type_ids = cfg.get("model_type") not in NO_TOKEN_TYPES
+        problems += config_problems(json.loads((d / "config.json").read_text(encoding="utf-8")), d, max_positions)
+    problems += tokenizer_problems(d)
     m = onnx.load(str(d / MODEL_FILE), load_external_data=False)
     init = {i.name for i in m.graph.initializer}
     inputs = {i.name: i for i in m.graph.input if i.name not in init}
     for name, i in inputs.items():
-        if name not in ("input_ids", "attention_mask", "token_type_ids"):
-            problems.append(f"graph input {name} is not one TEI feeds")
+        if name not in TEI_INPUTS:
+            problems.append(f"graph input {name} is not one TEI feeds ({', '.join(TEI_INPUTS)})")
         if i.type.tensor_type.elem_type != onnx.TensorProto.INT64:
             problems.append(f"graph input {name} is not int64")
-    if "token_type_ids" in inputs and expect_token_type_ids is False:
-        problems.append("token_type_ids declared for a RoBERTa-family model")
-    if "token_type_ids" not in inputs and expect_token_type_ids:
-        problems.append("token_type_ids missing for a BERT-family model")
+    for name in TEI_INPUTS[:2]:
+        if name not in inputs:
+            problems.append(f"graph input {name} missing")
+    if expect_inputs is not None and set(inputs) != set(expect_inputs):
+        problems.append(f"graph inputs {sorted(inputs)} differ from the verified export's {sorted(expect_inputs)}")
     outs = {o.name: o for o in m.graph.output}
     if "logits" not in outs:
         problems.append("graph output 'logits' missing")
@@ -159,6 +212,52 @@ def check_tei_dir(d: Path, expect_token_type_ids: bool | None = None) -> list[st
     for loc in {loc for _, loc in external_data.external_tensors(m)}:
         if "/" in loc or not (d / loc).is_file():
             problems.append(f"external data {loc} is not a file next to {MODEL_FILE}")
+    return problems
+
+
+def config_problems(cfg: dict[str, Any], d: Path, max_positions: int | None = None) -> list[str]:
+    """config.json against what TEI's router and ORT backend parse: required keys (under their aliases), types, one
+    label, a classifier architecture, a maximum input length the model takes."""
+    problems = [f"config.json lacks {k}" for k in missing_config_keys(cfg)]
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or not any(str(a).endswith("Classification") for a in archs):
+        problems.append(f"config.json architectures {archs!r} has no *Classification entry (TEI's classifier test)")
+    if len(cfg.get("id2label") or {}) != 1 or len(cfg.get("label2id") or {}) != 1:
+        problems.append("config.json must have exactly one label in id2label and label2id")
+    for key, aliases in REQUIRED_CONFIG_KEYS.items():
+        value = next((cfg[n] for n in (key, *aliases) if n in cfg), 0)
+        if key not in ("architectures", "model_type") and (not isinstance(value, int) or isinstance(value, bool)
+                                                             or value < 0):
+            problems.append(f"config.json {key} is {value!r}, TEI parses a non-negative integer")
+    pad = cfg.get("pad_token_id")
+    if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool) or pad < 0):
+        problems.append(f"config.json pad_token_id is {pad!r}, TEI parses a non-negative integer or null")
+    if max_positions is not None and not missing_config_keys(cfg):
+        tei = tei_max_input_length(d, cfg)
+        if tei > max_positions:
+            problems.append(f"TEI would accept {tei} tokens a pair; the model's positions take {max_positions}")
+    return problems
+
+
+def tokenizer_problems(d: Path) -> list[str]:
+    """tokenizer.json must load in ``tokenizers`` (TEI's router loads it with the same Rust library) and
+    tokenizer_config.json's ``padding_side``, if set, must be one TEI parses."""
+    problems = []
+    if (d / "tokenizer.json").is_file():
+        import tokenizers
+
+        try:
+            tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as exc:  # the library raises a bare Exception on parse errors
+            problems.append(f"tokenizer.json does not load: {exc}")
+    if (d / "tokenizer_config.json").is_file():
+        try:
+            side = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8")).get("padding_side", "right")
+        except ValueError as exc:
+            problems.append(f"tokenizer_config.json is not JSON: {exc}")
+        else:
+            if side not in PADDING_SIDES:
+                problems.append(f"tokenizer_config.json padding_side {side!r} is not left or right")
     return problems
 
 

@@ -98,7 +98,11 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Exported:
-    """The FP32 ONNX graph, the export child's report, and the tokenizer TEI will load."""
+    """The FP32 ONNX graph, the export child's report, and the tokenizer TEI will load.
+
+    What the loaded model told the child (``export.describe``) replaces what the parent could only guess from
+    config.json: the graph's inputs, the padding id, the tokens its position table takes and the sizes under TEI's
+    names, whatever the family calls them."""
 
     onnx: Path
     info: dict[str, Any]
@@ -107,6 +111,14 @@ class Exported:
     pad_id: int
     #: Safetensors the export wrote for the GPU pool when the source had only .bin weights.
     original_weights: Path | None
+    #: config.json with the sizes transformers resolved added under TEI's names (DistilBERT's ``dim`` as
+    #: ``hidden_size``); every original key kept.
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_positions(self) -> int:
+        """Tokens a pair may have: the position table less its offset (the child's ``max_positions``)."""
+        return int(self.info["max_positions"])
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,7 @@ def fetch_source(ctx: Context) -> Source:
         fetched = fetch(req.model, req.revision, ctx.work / "src")
         src = fetched.path
         cfg = layout.read_config(src)
-        layout.validate_source_config(cfg)
+        layout.validate_source_config(cfg, req.trust_remote_code)
         rec.update(source=fetched.source, resolved_revision=fetched.revision, files=len(fetched.files),
                    bytes=sum(p.stat().st_size for p in src.iterdir() if p.is_file()), model_type=cfg["model_type"])
     return Source(fetched=fetched, config=cfg, max_length=textenc.max_input_length(cfg),
@@ -167,7 +179,8 @@ def export_model(ctx: Context, source: Source, inputs: Inputs) -> Exported:
     orig_tmp = work / "original-weights" if (ctx.req.keep_original and not has_st) else None
     spec = {"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tokenizer"),
             "original_dir": str(orig_tmp) if orig_tmp else None, "max_length": source.max_length,
-            "pad_id": layout.pad_token_id(cfg, src / "tokenizer.json"), "threads": ctx.threads,
+            "pad_id": layout.declared_pad_token_id(cfg, src / "tokenizer.json"), "threads": ctx.threads,
+            "trust_remote_code": ctx.req.trust_remote_code,
             "ref_pairs": [[p.query, p.text] for p in inputs.eval_pairs[:EXPORT_CHECK_PAIRS]],
             "parent_pid": os.getpid()}
     with stage("export", ctx.timings) as rec:
@@ -177,8 +190,9 @@ def export_model(ctx: Context, source: Source, inputs: Inputs) -> Exported:
                    opset=info["opset"], tokenizer_converted=info["tokenizer_converted"], child=info["timings"])
     tok_json = Path(info["tokenizer_json"])
     return Exported(onnx=fp32, info=info, tokenizer_json=tok_json,
-                    tokenizer=textenc.load_tokenizer(str(tok_json), source.max_length),
-                    pad_id=layout.pad_token_id(cfg, tok_json), original_weights=orig_tmp)
+                    tokenizer=textenc.load_tokenizer(str(tok_json), int(info["max_length"])),
+                    pad_id=layout.pad_token_id(cfg, tok_json, info.get("pad_token_id")), original_weights=orig_tmp,
+                    config={**cfg, **info.get("resolved_config", {})})
 
 
 def reference(ctx: Context, exported: Exported, inputs: Inputs, batch_tokens: int = 0) -> Reference:
@@ -275,8 +289,8 @@ def evaluator(ctx: Context, source: Source, exported: Exported,
               ref: Reference) -> Callable[[int, Recipe], search.Trial]:
     """The search's ``evaluate``: optimize, quantize and verify one recipe (fused graphs shared between recipes)."""
     req, fp32, work = ctx.req, exported.onnx, ctx.work
-    heads = int(source.config.get("num_attention_heads") or 0)
-    hidden = int(source.config["hidden_size"])
+    heads = int(exported.config.get("num_attention_heads") or 0)
+    hidden = int(exported.config["hidden_size"])
     fp32_bytes = model_bytes(fp32)
     large = too_large_to_fuse(fp32)  # unfused recipes, quantized a weight at a time (quantize.build_int8)
     optimized: Q.GraphCache = {}
@@ -377,10 +391,16 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
     data = chosen.with_name(external_data.data_file_name(chosen))
     if data.exists():
         os.replace(data, cpu / layout.DATA_FILE)
-    fixed_cfg = layout.tei_config(source.config, tok_json)
+    fixed_cfg = layout.tei_config(source.config, tok_json, resolved=exported.info.get("resolved_config"),
+                                  pad_default=exported.pad_id)
     layout.write_json(cpu / "config.json", fixed_cfg)
     layout.copy_tokenizer(tok_dirs, cpu)
-    problems = layout.check_tei_dir(cpu, expect_token_type_ids=source.model_type not in layout.NO_TOKEN_TYPES)
+    capped = layout.cap_input_length(cpu, fixed_cfg, exported.max_positions)
+    if capped is not None:
+        log("publish", "max_input_length_capped", tokens=capped, reason="TEI's own rule would exceed the model's "
+            "position table")
+    problems = layout.check_tei_dir(cpu, expect_inputs=exported.info["input_names"],
+                                    max_positions=exported.max_positions)
     if problems:
         raise JobError("PublishFailed", "CPU directory is not TEI-loadable: " + "; ".join(problems))
     if req.keep_original:
@@ -398,6 +418,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
                 shutil.copyfile(wsrc / name, orig / name)
         layout.write_json(orig / "config.json", fixed_cfg)
         layout.copy_tokenizer(tok_dirs, orig)
+        layout.cap_input_length(orig, fixed_cfg, exported.max_positions)
     if eval_pairs and ctx.req.keep_eval_pairs:
         with open(tmp / EVALUATION_FILE, "w", encoding="utf-8") as f:
             for pair in eval_pairs:

@@ -1,7 +1,7 @@
 """Tokenize query/text pairs the way TEI does: with the model's ``tokenizer.json`` (``tokenizers``, no transformers).
 
 TEI's ONNX Runtime backend pads each batch to its longest sequence and feeds int64 ``input_ids``,
-``attention_mask`` and, only if the graph declares it, ``token_type_ids``.
+``attention_mask`` and, only if the graph declares them, ``token_type_ids`` and ``position_ids``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,21 @@ import numpy as np
 #: ``tokenizers.Tokenizer`` (the library ships no type information).
 Tokenizer = Any
 
-ROBERTA_FAMILY = ("xlm-roberta", "roberta", "camembert", "xlm-roberta-xl")
+
+def uses_token_types(config: Mapping[str, Any]) -> bool:
+    """Whether the model distinguishes token types (a table of more than one row): then a user's transformers code,
+    and the guard's FP32 reference, pass the tokenizer's type ids, as TEI does to a graph that declares them. A
+    table of one row (RoBERTa, XLM-R) or none (DistilBERT, DeBERTa-v3, ModernBERT) takes none."""
+    value = config.get("type_vocab_size", 0)
+    return isinstance(value, int) and not isinstance(value, bool) and value > 1
 
 
 def max_input_length(config: dict[str, Any], cap: int = 512) -> int:
-    """The Job's max input length (its export, verification and timing): ``max_position_embeddings``, minus
-    ``pad_token_id + 1`` for RoBERTa-family models, capped at ``cap``. TEI's own limit, which has no such cap, is
-    ``tei_max_input_length``."""
-    mpe = int(config.get("max_position_embeddings") or cap)
-    if config.get("model_type") in ROBERTA_FAMILY:
-        mpe -= int(config.get("pad_token_id") or 1) + 1
+    """The longest input the Job asks of the export child (its export, verification and timing):
+    ``max_position_embeddings`` capped at ``cap``. The child lowers it to what the model's position table takes
+    (``export.describe``: a RoBERTa-style table starts after its padding index); TEI's own limit, which has no such
+    cap, is ``tei_max_input_length``."""
+    mpe = int(config.get("max_position_embeddings") or config.get("n_positions") or cap)
     return max(8, min(cap, mpe))
 
 
@@ -48,7 +53,7 @@ def tei_max_input_length(model_dir: Path, config: Mapping[str, Any], max_batch_t
             break
     else:
         offset = int(config.get("pad_token_id") or 0) + 1 if config.get("model_type") in POSITION_OFFSET_TYPES else 0
-        base = int(config["max_position_embeddings"]) - offset
+        base = int(config.get("max_position_embeddings", config.get("n_positions", 0))) - offset
     return min(base, max_batch_tokens) if max_batch_tokens else base
 
 
@@ -67,7 +72,9 @@ def encode_pairs(tok: Tokenizer, pairs: Sequence[tuple[str, str]], pad_id: int) 
 
 
 def pad_encodings(encs: Sequence[Any], pad_id: int) -> dict[str, np.ndarray]:
-    """Encodings already made (``tokenizers.Encoding``) as one batch padded to its longest, as ``encode_pairs``."""
+    """Encodings already made (``tokenizers.Encoding``) as one batch padded to its longest, as ``encode_pairs``.
+    ``position_ids`` are what TEI feeds a graph that declares them: 0..n-1 on every row, padding included (its
+    right-padding branch counts on through the pads), with no RoBERTa offset."""
     n = max(len(e.ids) for e in encs)
     b = len(encs)
     ids = np.full((b, n), pad_id, dtype=np.int64)
@@ -78,7 +85,8 @@ def pad_encodings(encs: Sequence[Any], pad_id: int) -> dict[str, np.ndarray]:
         ids[i, :k] = e.ids
         mask[i, :k] = 1
         tt[i, :k] = e.type_ids
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
+    pos = np.broadcast_to(np.arange(n, dtype=np.int64), (b, n)).copy()
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "position_ids": pos}
 
 
 def make_batches(tok: Tokenizer, pairs: Sequence[tuple[str, str]], pad_id: int,

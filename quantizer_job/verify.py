@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import metrics
+from .layout import TEI_INPUTS
 
 #: ``onnxruntime.InferenceSession`` (the library ships no type information).
 Session = Any
@@ -86,11 +87,13 @@ def score_timed(sess: Session, batches: Sequence[dict[str, np.ndarray]], min_sec
 def check_output(sess: Session) -> list[str]:
     """What TEI requires of the graph's signature: int64 inputs it knows, float32 ``logits`` [batch, 1]."""
     problems: list[str] = []
-    allowed = {"input_ids", "attention_mask", "token_type_ids"}
+    allowed = TEI_INPUTS
     names = [i.name for i in sess.get_inputs()]
     for i in sess.get_inputs():
-        if i.name not in allowed:
-            problems.append(f"input {i.name!r} is not one TEI feeds")
+        if i.name.startswith("past_key_values"):
+            problems.append(f"input {i.name!r}: TEI would feed a key/value cache; export the model without one")
+        elif i.name not in allowed:
+            problems.append(f"input {i.name!r} is not one TEI feeds ({', '.join(allowed)})")
         if i.type != "tensor(int64)":
             problems.append(f"input {i.name} is {i.type}, TEI feeds int64")
     for req in ("input_ids", "attention_mask"):

@@ -31,10 +31,12 @@ SECURE: dict[str, Any] = {"security": {"requireApiKey": True}}
 DIRECT_ONLY: dict[str, Any] = {"metrics": {"allowedSources": ["direct"]}}
 PLACEMENT: dict[str, Any] = {"pools": {"cpu": {"allowTenantPlacement": True}}}
 GPU_ONLY: dict[str, Any] = {"pools": {"cpu": {"allowed": False}}}
+REMOTE_CODE: dict[str, Any] = {"modelSources": {"allowRemoteCode": True}}
 
 # Every class a case names, by a short key; the cluster test creates one RerankClass per key.
 CLASSES: dict[str, dict[str, Any]] = {"limits": LIMITS, "defaults": DEFAULTS, "secure": SECURE,
-                                      "direct-only": DIRECT_ONLY, "placement": PLACEMENT, "gpu-only": GPU_ONLY}
+                                      "direct-only": DIRECT_ONLY, "placement": PLACEMENT, "gpu-only": GPU_ONLY,
+                                      "remote-code": REMOTE_CODE}
 
 GPU_POOL: dict[str, Any] = {"enabled": True, "resources": {"limits": {"nvidia.com/gpu": 1}}}
 API_KEY: dict[str, Any] = {"tei": {"apiKeySecretRef": {"name": "tei", "key": "api-key"}}}
@@ -116,6 +118,11 @@ CASES: list[Case] = [
     Case("hub organisation in another case", "limits", {"model": {"id": "baai/bge-reranker-base"}}),
     Case("local path not allowed", "defaults", {"model": {"path": "uploads/m"}, "storage": {"existingClaim": "data"}},
          "model.path is not allowed by RerankClass {cls} (modelSources.allowLocalPaths: false)"),
+    Case("remote code not allowed", "limits", {"model": {"id": "BAAI/jina-like", "trustRemoteCode": True}},
+         "model.trustRemoteCode is not allowed by RerankClass {cls} (modelSources.allowRemoteCode: false)"),
+    Case("remote code where the class allows it", "remote-code",
+         {"model": {"id": "BAAI/jina-like", "trustRemoteCode": True}}),
+    Case("remote code off needs no permission", "limits", {"model": {"id": "BAAI/x", "trustRemoteCode": False}}),
     # -- storage -----------------------------------------------------------------------------------------------------
     Case("storage above the class", "limits", {"storage": {"size": "51Gi"}},
          "storage.size 51Gi is above the limit of RerankClass {cls}: storage.maxSize is 50Gi"),

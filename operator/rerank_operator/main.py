@@ -20,6 +20,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import DEFAULT_LEASE_NAME, LeaderElectionSettings
 from rerank_operator.core.settings import DEFAULT_RESYNC_SECONDS, Settings
 
@@ -39,6 +40,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--watch-server-timeout", type=int, default=None,
                         help="seconds one watch request of kopf's (RerankClasses) lasts before kopf renews it "
                              "(default: kopf's; the informers' last 240-420 s)")
+    parser.add_argument("--hub-retry-seconds", type=float, default=RetryBackoff().base_seconds,
+                        help="after a quantization Job failed because the hub (or the class's mirror or proxy) did "
+                             "not answer, start the next attempt this long after it, doubling per failure in a row")
+    parser.add_argument("--hub-retry-max-seconds", type=float, default=RetryBackoff().max_seconds,
+                        help="the longest wait between such attempts (they go on until the hub answers)")
     prom = parser.add_argument_group("metrics sources", "the Prometheus server the autoscaler queries for models "
                                      "with autoscaling.metrics.source prometheus whose RerankClass names none")
     prom.add_argument("--prometheus-url", default="", help="base URL of the Prometheus HTTP API")
@@ -75,7 +81,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
             renew_deadline_seconds=args.leader_election_renew_seconds,
             retry_period_seconds=args.leader_election_retry_seconds)
         return Settings.from_env(env, prometheus=prometheus, resync_seconds=args.resync_seconds,
-                                 watch_server_timeout=args.watch_server_timeout, leader_election=election)
+                                 watch_server_timeout=args.watch_server_timeout, leader_election=election,
+                                 hub_retry=RetryBackoff(args.hub_retry_seconds, args.hub_retry_max_seconds))
     except ValueError as exc:  # inconsistent flags: refuse to start, saying which, as argparse would
         raise SystemExit(f"rerank-operator: error: {exc}") from exc
 

@@ -282,7 +282,8 @@ def test_empty_class_is_valid_and_defaulted(kube: client.ApiClient, crds_install
     created = api.create_cluster_custom_object(GROUP, VERSION, "rerankclasses", rrc(name, {}))
     try:
         assert created["spec"]["pools"]["cpu"]["maxReplicas"] == 8
-        assert created["spec"]["modelSources"] == {"hubOrganizations": ["*"], "allowLocalPaths": False}
+        assert created["spec"]["modelSources"] == {"hubOrganizations": ["*"], "allowLocalPaths": False,
+                                                  "allowRemoteCode": False}
     finally:
         api.delete_cluster_custom_object(GROUP, VERSION, "rerankclasses", name)
 

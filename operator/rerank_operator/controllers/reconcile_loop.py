@@ -119,7 +119,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=tenant.network_policy(body, tenancy, settings),
-                         guard_settings=guard.GuardSettings.from_class(class_spec))
+                         guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry)
     executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
@@ -150,7 +150,8 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     # A Job without pods changes nothing we watch while a quota refuses them (their FailedCreate Events are read,
     # not watched): look again soon.
     waiting = any(job_builder.waiting_for_pods(j) for j in observed.jobs)
-    return Result(writes, ready, requeue_after=JOB_WAIT_RECHECK_SECONDS if waiting else None,
+    recheck = [t for t in (JOB_WAIT_RECHECK_SECONDS if waiting else None, plan.artifact.recheck_after) if t is not None]
+    return Result(writes, ready, requeue_after=max(1.0, min(recheck)) if recheck else None,
                   spec_changed=_spec_changed(cluster, owner))
 
 

@@ -7,7 +7,8 @@ The artifact decision comes first because everything else follows from it:
   switch to it in this same plan); succeeded but its result lost with its pod -> attempt n+1, which finds the
   artifact published on the volume and returns its manifest at once (at most ``MAX_RESULT_RECOVERIES`` in a row);
   failed -> stay failed, unless the spec changed since that Job started (a fix retries at once, as attempt n+1).
-  Deleting a failed Job by hand also retries.
+  Deleting a failed Job by hand also retries. Failed transiently (the hub unavailable) -> wait, then attempt n+1
+  after a backoff that doubles per transient failure in a row (``job.RetryBackoff``), with no spec edit.
 Jobs for artifacts that are neither desired nor served are deleted (a superseded build is wasted work); the pools
 keep serving the served artifact until the desired one is published.
 Objects that already match (``drift.needs_apply``) are left out, so a reconcile with nothing to change plans no
@@ -26,7 +27,7 @@ from rerank_operator.core.builders import deployment, guard, job, routing, servi
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.spec import RerankModelSpec
 
-PendingState = Literal["Creating", "Running", "Failed", "Canary", "RolledBack"]
+PendingState = Literal["Creating", "Running", "Waiting", "Failed", "Canary", "RolledBack"]
 #: Attempts in a row that may be started to recover a finished Job's lost result; beyond, the model reports
 #: ResultLost as a failure (a message that is never a result would otherwise start Jobs forever).
 MAX_RESULT_RECOVERIES = 3
@@ -55,6 +56,8 @@ class ArtifactDecision:
     # ("RolledBack"): status.canary keeps it, so neither depends on the Job still being there.
     canary: Mapping[str, Any] | None = None
     canary_since: str | None = None
+    #: Seconds until the plan changes with no event (a transient failure's next attempt is due): look again then.
+    recheck_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -169,11 +172,35 @@ def canary_policy(spec: RerankModelSpec, settings: guard.GuardSettings | None) -
     return CanaryPolicy(settings.canary_percent, settings.canary_requests)
 
 
+def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
+                     latest: Obj, out: job.JobOutcome, claim: str, now: str,
+                     backoff: job.RetryBackoff) -> tuple[ArtifactDecision, Obj | None]:
+    """A Job that failed transiently: the next attempt once its backoff has passed, else wait for it (a spec change
+    meanwhile starts it at once: the hub may be the fix's)."""
+    name, attempt = latest["metadata"]["name"], job.attempt_of(latest)
+    in_a_row = job.transient_retries_of(latest) + 1
+    wait = backoff.delay(in_a_row)
+    left = wait
+    at, now_s = job.failed_at(latest), job.unix_time(now)
+    if at is not None and now_s is not None:
+        left = at + wait - now_s
+    if left <= 0 or job.spec_generation_of(latest) < owner.generation:
+        new = job.build_job(owner, spec, desired, attempt + 1, claim, transient_retries=in_a_row)
+        return ArtifactDecision(desired, served, pending=Pending(
+            desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_QUANTIZING,
+            f"{name} failed transiently ({out.reason}, {in_a_row} in a row): retrying")), new
+    message = (f"{out.message}; attempt {attempt + 1} starts in {int(left + 0.999)} s (backoff {int(wait)} s after "
+               f"{in_a_row} transient failure(s) in a row; nothing in the spec needs to change)")
+    return ArtifactDecision(desired, served, recheck_after=left, pending=Pending(
+        desired, name, attempt, "Waiting", out.reason, message)), None
+
+
 def decide_artifact(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
-    canary: CanaryPolicy | None = None,
+    canary: CanaryPolicy | None = None, backoff: job.RetryBackoff = job.RetryBackoff(),
 ) -> tuple[ArtifactDecision, Obj | None]:
-    """The artifact decision and the Job to create (if any). ``canary``: new artifacts first serve as a canary."""
+    """The artifact decision and the Job to create (if any). ``canary``: new artifacts first serve as a canary.
+    ``backoff``: when a Job that failed transiently is retried (the operator's ``--hub-retry-*`` flags)."""
     desired = artifact.artifact_id(spec)
     served = status.get("artifact") or None
     if desired is None:
@@ -212,6 +239,8 @@ def decide_artifact(
         return ArtifactDecision(desired, served, pending=Pending(
             desired, name, attempt, "Failed", out.reason,
             f"{out.message}; {MAX_RESULT_RECOVERIES} attempts in a row could not recover it")), None
+    if out.state == "Failed" and out.reason in contract.TRANSIENT_FAILURES:
+        return _retry_transient(owner, spec, desired, served, latest, out, claim, now, backoff)
     if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(
@@ -282,14 +311,15 @@ def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> 
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
     network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
+    backoff: job.RetryBackoff = job.RetryBackoff(),
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
-    artifacts go through a canary."""
+    artifacts go through a canary. ``backoff``: the retry of a Job that failed transiently."""
     canary = canary_policy(spec, guard_settings)
     # After a re-quantization round on drift, the artifact is planned on the live sample (requantize.py).
     decision, new_job = decide_artifact(owner, requantize.effective(spec, status, owner.name), observed, status, now,
-                                        canary)
+                                        canary, backoff)
     canary_running = decision.pending is not None and decision.pending.state == "Canary" and decision.canary
     canary_id = str((decision.canary or {}).get("id")) if canary_running else None
     claim = storage.claim_name(owner, spec)

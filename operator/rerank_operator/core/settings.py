@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import LeaderElectionSettings
 
 #: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
@@ -28,7 +29,9 @@ class Settings:
     and then no peer), the Prometheus server the platform configured (``--prometheus-url``), how often every model
     is reconciled without a change (``--resync-seconds``) and, when set, how long one watch request of kopf's lasts
     (``--watch-server-timeout``; kopf's default otherwise; the informers' own last 240-420 s), and whether replicas
-    elect one writer through a Lease (``--leader-election*``; its namespace defaults to the operator's own)."""
+    elect one writer through a Lease (``--leader-election*``; its namespace defaults to the operator's own), and
+    when a quantization Job that failed transiently is tried again (``--hub-retry-seconds``,
+    ``--hub-retry-max-seconds``)."""
 
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))
@@ -36,11 +39,13 @@ class Settings:
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     watch_server_timeout: int | None = None
     leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+    hub_retry: RetryBackoff = field(default_factory=RetryBackoff)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None,
-                 leader_election: LeaderElectionSettings | None = None) -> Settings:
+                 leader_election: LeaderElectionSettings | None = None,
+                 hub_retry: RetryBackoff | None = None) -> Settings:
         """The pod's own identity from ``env``; the rest as main.py parsed it from the flags. An enabled election
         without a namespace of its own takes the pod's; with neither (not in a pod, no flag) it cannot name its
         Lease, which is refused here, at start-up, rather than at the first election."""
@@ -55,7 +60,7 @@ class Settings:
                    operator_pod_labels=operator_pod_labels(env),
                    prometheus=prometheus or PrometheusSettings(),
                    resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout,
-                   leader_election=election)
+                   leader_election=election, hub_retry=hub_retry or RetryBackoff())
 
 
 def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:

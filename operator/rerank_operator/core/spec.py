@@ -67,11 +67,24 @@ class DataSource:
 
 
 @dataclass(frozen=True)
+class HubAccess:
+    """How the quantization Job reaches the hub: the class's ``modelSources.hub`` (a tenant cannot set it: the
+    effective spec carries the class's, ``tenancy.resolve``). Empty: huggingface.co directly."""
+
+    endpoint: str | None = None
+    proxy: str | None = None
+    no_proxy: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelSource:
     id: str | None = None
     path: str | None = None
     revision: str | None = None
     token_secret: SecretKeyRef | None = None
+    #: Run the repository's own code (config.json ``auto_map``) in the Job; the class must allow it.
+    trust_remote_code: bool = False
+    hub: HubAccess = field(default_factory=HubAccess)
 
     @property
     def display(self) -> str:
@@ -439,10 +452,19 @@ def _model(section: Mapping[str, Any]) -> ModelSource:
                           "a revision (starting with a letter or digit; no '..', '//', or trailing '/' or '.')"),
         token_secret=_secret(_obj(section, "tokenSecretRef", "model.tokenSecretRef"), "model.tokenSecretRef",
                              default_key="token"),
+        trust_remote_code=_bool(section, "trustRemoteCode", "model.trustRemoteCode", False),
+        hub=_hub(_obj(section, "hub", "model.hub")),
     )
     if (source.id is None) == (source.path is None):
         raise SpecError("model needs exactly one of id or path")
     return source
+
+
+def _hub(section: Mapping[str, Any]) -> HubAccess:
+    """The class's hub access as the effective spec carries it (``model.hub``); the CRD checked the URLs."""
+    return HubAccess(endpoint=_str(section, "endpoint", "model.hub.endpoint"),
+                     proxy=_str(section, "proxy", "model.hub.proxy"),
+                     no_proxy=_str(section, "noProxy", "model.hub.noProxy"))
 
 
 def _resources(section: Mapping[str, Any], path: str) -> dict[str, Any]:

@@ -96,6 +96,9 @@ def model_ready(spec: RerankModelSpec, plan: Plan) -> Condition:
     if pending.state == "Failed":
         return Condition(conditions.MODEL_READY, "False", pending.reason,
                          f"Job {pending.job} (attempt {pending.attempts}) failed: {pending.message}{still}")
+    if pending.state == "Waiting":
+        return Condition(conditions.MODEL_READY, "False", pending.reason,
+                         f"Job {pending.job} (attempt {pending.attempts}) failed transiently: {pending.message}{still}")
     return Condition(conditions.MODEL_READY, "False", pending.reason,
                      f"Job {pending.job} (attempt {pending.attempts}) is building artifact {pending.id}: "
                      f"{pending.message}{still}")

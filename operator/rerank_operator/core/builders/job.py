@@ -24,7 +24,7 @@ from typing import Any, Literal
 from quantizer_job import contract
 from rerank_operator.core import conditions, names
 from rerank_operator.core.builders import deployment, pods
-from rerank_operator.core.spec import DataSource, RerankModelSpec
+from rerank_operator.core.spec import DataSource, HubAccess, RerankModelSpec
 
 CONTAINER = "quantizer"
 EVAL_MOUNT = "/etc/rerank/evaluation"
@@ -71,7 +71,20 @@ def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
         serve_threads=deployment.pool_cpus(spec.cpu) if spec.cpu.enabled else 0,
         # ... and within its batches' token budget (unset: the model's maximum input length, which the Job knows).
         serve_batch_tokens=(spec.cpu.tei.max_batch_tokens or 0) if spec.cpu.enabled else 0,
+        trust_remote_code=spec.model.trust_remote_code,
     )
+
+
+def hub_env(hub: HubAccess) -> list[dict[str, Any]]:
+    """The class's way to the hub as the environment huggingface_hub and its HTTP client read: ``HF_ENDPOINT`` (a
+    mirror), the proxy in both spellings (Python's HTTP clients read either) and what bypasses it."""
+    env: list[dict[str, Any]] = []
+    if hub.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": hub.endpoint})
+    for value, keys in ((hub.proxy, ("HTTPS_PROXY", "HTTP_PROXY")), (hub.no_proxy, ("NO_PROXY",))):
+        if value:
+            env += [{"name": k, "value": value} for key in keys for k in (key, key.lower())]
+    return env
 
 
 def _config_map_volume(volume: str, source: DataSource | None) -> dict[str, Any] | None:
@@ -82,9 +95,11 @@ def _config_map_volume(volume: str, source: DataSource | None) -> dict[str, Any]
 
 
 def build_job(
-    owner: names.Owner, spec: RerankModelSpec, artifact_id: str, attempt: int, claim: str, recovers: int = 0
+    owner: names.Owner, spec: RerankModelSpec, artifact_id: str, attempt: int, claim: str, recovers: int = 0,
+    transient_retries: int = 0,
 ) -> dict[str, Any]:
-    """``recovers``: attempts in a row (this one included) started because a finished Job's result was lost."""
+    """``recovers``: attempts in a row (this one included) started because a finished Job's result was lost.
+    ``transient_retries``: attempts in a row before this one that failed transiently (the hub unavailable)."""
     q = spec.quantization
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
@@ -92,6 +107,7 @@ def build_job(
     ]
     if spec.model.token_secret:
         env.append(pods.secret_env("HF_TOKEN", spec.model.token_secret.name, spec.model.token_secret.key))
+    env += hub_env(spec.model.hub)
     mounts: list[dict[str, Any]] = [
         {"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
         {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
@@ -132,6 +148,7 @@ def build_job(
                 names.ANNOTATION_ATTEMPT: str(attempt),
                 names.ANNOTATION_SPEC_GENERATION: str(owner.generation),
                 **({names.ANNOTATION_RECOVERS: str(recovers)} if recovers else {}),
+                **({names.ANNOTATION_TRANSIENT_RETRIES: str(transient_retries)} if transient_retries else {}),
             },
         ),
         "spec": {
@@ -156,9 +173,11 @@ def build_job(
 
 
 def pod_failure_policy() -> dict[str, Any]:
-    """Fail the Job at once when retrying cannot help (quality gate, unsupported model, bad input), and do not
-    count an evicted or preempted pod against ``backoffLimit``."""
-    permanent = sorted(contract.EXIT_CODES[r] for r in contract.PERMANENT_FAILURES)
+    """Fail the Job at once when retrying cannot help (quality gate, unsupported model, bad input) or when the
+    operator retries it on its own schedule (the hub unavailable: the quantizer already retried within seconds, and
+    a new Job after a backoff of minutes is the retry that spans an outage), and do not count an evicted or
+    preempted pod against ``backoffLimit``."""
+    permanent = sorted(contract.EXIT_CODES[r] for r in (*contract.PERMANENT_FAILURES, *contract.TRANSIENT_FAILURES))
     return {"rules": [
         {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": permanent}},
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
@@ -198,6 +217,37 @@ def spec_generation_of(job: Mapping[str, Any]) -> int:
 
 def recovers_of(job: Mapping[str, Any]) -> int:
     return _int_annotation(job, names.ANNOTATION_RECOVERS)
+
+
+def transient_retries_of(job: Mapping[str, Any]) -> int:
+    return _int_annotation(job, names.ANNOTATION_TRANSIENT_RETRIES)
+
+
+@dataclass(frozen=True)
+class RetryBackoff:
+    """When the operator starts a new Job after one failed transiently (``contract.TRANSIENT_FAILURES``: the hub,
+    or the mirror or proxy in front of it, did not answer): ``base_seconds`` after the first, doubling per failure
+    in a row, at most ``max_seconds``; forever, since an outage ends without anyone editing the spec."""
+
+    base_seconds: float = 30.0
+    max_seconds: float = 600.0
+
+    def delay(self, failures_in_a_row: int) -> float:
+        return float(min(self.max_seconds, self.base_seconds * 2 ** max(0, failures_in_a_row - 1)))
+
+
+def failed_at(job: Mapping[str, Any]) -> float | None:
+    """Unix time of the Job's Failed (or FailureTarget) condition; None when it has none that parses."""
+    cond = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    return unix_time((cond or {}).get("lastTransitionTime"))
+
+
+def unix_time(stamp: object) -> float | None:
+    """An RFC 3339 timestamp of the API server's as unix seconds; None when it does not parse."""
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 #: Reason of a Job that succeeded but whose result can no longer be read (pod gone, or a message that is no result).

@@ -16,12 +16,19 @@ def resolve(model_spec: Obj, class_spec: Obj | None) -> dict[str, Any]:
     """The spec the operator serves: the model's values, with what it left out taken from the class.
 
     A pool's ``resourceProfile`` becomes ``resources`` (an unknown profile is left in place for ``violations``).
-    The class's nodeSelector and tolerations are added to the pool's and win on conflicting keys.
+    The class's nodeSelector and tolerations are added to the pool's and win on conflicting keys. How the Job
+    reaches the hub (``modelSources.hub``) is the class's alone: it becomes ``model.hub``.
     """
     spec: dict[str, Any] = copy.deepcopy(dict(model_spec))
     spec.pop("className", None)
+    model = spec.get("model")
+    if isinstance(model, dict):
+        model.pop("hub", None)  # the class's alone (the CRD prunes it from a model; a hand-made body too)
     if not class_spec:
         return spec
+    hub = fields.get(class_spec, "modelSources", "hub")
+    if hub and isinstance(model, dict):
+        model["hub"] = copy.deepcopy(dict(hub))
     pools = spec.setdefault("pools", {})
     pools.setdefault("cpu", {})  # the CPU pool is enabled unless disabled; an absent GPU pool stays absent
     for pool in names.POOLS:

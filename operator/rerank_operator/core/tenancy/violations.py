@@ -103,6 +103,9 @@ def _source_violations(model: Obj, cls: Obj, where: str) -> list[str]:
     if model.get("path") and not cls.get("allowLocalPaths", False):
         found.append(f"model.path is not allowed by {where} (modelSources.allowLocalPaths: false): "
                      "use model.id from an allowed hub organisation")
+    if model.get("trustRemoteCode") and not cls.get("allowRemoteCode", False):
+        found.append(f"model.trustRemoteCode is not allowed by {where} (modelSources.allowRemoteCode: false): "
+                     "the Job would run the Python code the model repository ships")
     return found
 
 

@@ -114,7 +114,8 @@ def torch_inputs(model: Any, feed: dict[str, Any], uses_token_types: bool) -> di
     import torch
 
     params = inspect.signature(model.forward).parameters
-    kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]), "attention_mask": torch.from_numpy(feed["attention_mask"])}
+    kwargs = {"input_ids": torch.from_numpy(feed["input_ids"]),
+              "attention_mask": torch.from_numpy(feed["attention_mask"])}
     if uses_token_types and "token_type_ids" in params:
         kwargs["token_type_ids"] = torch.from_numpy(feed["token_type_ids"])
     return kwargs

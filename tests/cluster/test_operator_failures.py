@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from rrm_harness import Env, eventually, refused
 
+from quantizer_job import contract
+
 pytestmark = pytest.mark.cluster
 
 
@@ -110,3 +112,32 @@ def test_quality_gate_exit_code_fails_the_job_at_once_despite_retries_left(rrm_e
     assert conds[0]["reason"] == "PodFailurePolicy"
     pods = env.kube.pods(ns, "app.kubernetes.io/component=quantizer")
     assert len(pods) == 1  # no second attempt with backoff
+
+
+def test_a_hub_outage_is_retried_by_new_jobs_until_the_hub_answers(rrm_env: Env) -> None:
+    """HubUnavailable fails the Job at once (podFailurePolicy: the quantizer already retried within seconds); the
+    operator starts the next attempt after its backoff, again and again, until one succeeds, with no spec edit."""
+    env, ns = rrm_env, rrm_env.namespace
+    env.operator.stop()
+    env.operator.extra_args = [*env.operator.extra_args, "--hub-retry-seconds", "2", "--hub-retry-max-seconds", "4"]
+    env.operator.start()
+    env.kube.create_model(env.model())
+    down = "https://huggingface.co did not answer for BAAI/bge-reranker-v2-m3 after 4 attempts (ConnectionError)"
+    code = contract.EXIT_CODES["HubUnavailable"]
+    pods = []
+    for _ in (1, 2):
+        pods.append(env.finish_quantizer(ok=False, message=refused("HubUnavailable", down), exit_code=code))
+        cond = env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "HubUnavailable", timeout=30)
+        assert down in cond["message"] and "nothing in the spec needs to change" in cond["message"]
+    assert status(env)["phase"] == "Quantizing"
+
+    third = env.running_quantizer()  # the operator's own attempt 3, after the backoff
+    # Each pod is a new Job's (the operator's attempts), never the Job controller's retry within the failed Job.
+    assert len({p["metadata"]["labels"]["job-name"] for p in [*pods, third]}) == 3
+    assert third["metadata"]["labels"]["job-name"].endswith("-3")
+    env.finish_quantizer(ok=True)
+    env.kube.wait_condition(ns, "bge-m3", "Ready", "True", "Serving")
+    body = env.kube.model(ns, "bge-m3")
+    assert body is not None and body["metadata"]["generation"] == 1  # nobody edited the spec
+    assert status(env)["artifact"]["id"] == third["metadata"]["labels"]["rerank.io/artifact"]
+    eventually(lambda: len(env.kube.jobs(ns)) == 1, 30, "the failed attempts' Jobs are cleaned up")

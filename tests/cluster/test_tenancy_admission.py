@@ -288,6 +288,30 @@ def test_empty_class_is_valid_and_defaulted(kube: client.ApiClient, crds_install
         api.delete_cluster_custom_object(GROUP, VERSION, "rerankclasses", name)
 
 
+@pytest.mark.parametrize(("hub", "refused"), [
+    ({"endpoint": "https://hf-mirror.internal/hub", "proxy": "http://proxy.internal:3128",
+      "noProxy": "10.0.0.0/8,.svc.cluster.local"}, None),
+    ({"endpoint": "ftp://mirror.internal"}, "hub.endpoint must be an http(s) URL"),
+    ({"endpoint": "https://mirror.internal/"}, "hub.endpoint must be an http(s) URL"),
+    ({"endpoint": "https://mirror.internal/?token=x"}, "hub.endpoint must be an http(s) URL"),
+    ({"proxy": "http://proxy.internal:3128/path"}, "hub.proxy must be an http(s) URL of a proxy"),
+    ({"noProxy": "a b"}, "spec.modelSources.hub.noProxy"),
+])
+def test_class_hub_access_is_checked_by_the_api_server(kube: client.ApiClient, crds_installed: list[str],
+                                                       hub: dict[str, Any], refused: str | None) -> None:
+    api = client.CustomObjectsApi(kube)
+    name = f"t-{RUN}-hub-{uuid.uuid4().hex[:4]}"
+    body = rrc(name, {"modelSources": {"hub": hub, "allowRemoteCode": True}})
+    if refused is None:
+        created = api.create_cluster_custom_object(GROUP, VERSION, "rerankclasses", body)
+        api.delete_cluster_custom_object(GROUP, VERSION, "rerankclasses", name)
+        assert created["spec"]["modelSources"]["hub"] == hub and created["spec"]["modelSources"]["allowRemoteCode"]
+        return
+    with pytest.raises(ApiException) as err:
+        api.create_cluster_custom_object(GROUP, VERSION, "rerankclasses", body)
+    assert err.value.status == 422 and refused in str(err.value.body), err.value.body
+
+
 # -- RBAC ---------------------------------------------------------------------------------------------------------
 def test_edit_role_manages_models_in_its_namespace_and_nothing_cluster_scoped(cluster: Cluster, tenant_ns: str) -> None:
     def can(*args: str) -> bool:

@@ -110,6 +110,7 @@ def families_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_is_published_and_served_as_tei_serves_it(family: str, families_dir: Path, tmp_path: Path) -> None:
     import onnx
+
     from rerank_devcluster import devmodels
 
     source = devmodels.family_cross_encoder(family, families_dir / family, seed=3)

@@ -44,7 +44,7 @@ ANNOTATION_ARTIFACT = f"{GROUP}/artifact"  # on pool pod templates: a new artifa
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"  # on Jobs: 1, 2, ... per artifact
 ANNOTATION_SPEC_GENERATION = f"{GROUP}/spec-generation"  # on Jobs: the RerankModel generation that started it
 ANNOTATION_RECOVERS = f"{GROUP}/recovers-result"  # on Jobs: how many attempts in a row lost a finished result
-ANNOTATION_TRANSIENT_RETRIES = f"{GROUP}/transient-retries"  # on Jobs: attempts in a row before it that failed transiently
+ANNOTATION_TRANSIENT_RETRIES = f"{GROUP}/transient-retries"  # on Jobs: transient failures in a row before it
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
 
 Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy",

@@ -31,6 +31,8 @@ PendingState = Literal["Creating", "Running", "Waiting", "Failed", "Canary", "Ro
 #: Attempts in a row that may be started to recover a finished Job's lost result; beyond, the model reports
 #: ResultLost as a failure (a message that is never a result would otherwise start Jobs forever).
 MAX_RESULT_RECOVERIES = 3
+#: The operator's default retry of a Job that failed transiently (``--hub-retry-*``).
+DEFAULT_BACKOFF = job.RetryBackoff()
 DEFAULT_DEPLOYMENT_REPLICAS = 1  # what the API server gives a Deployment created without replicas
 
 
@@ -197,7 +199,7 @@ def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, se
 
 def decide_artifact(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
-    canary: CanaryPolicy | None = None, backoff: job.RetryBackoff = job.RetryBackoff(),
+    canary: CanaryPolicy | None = None, backoff: job.RetryBackoff = DEFAULT_BACKOFF,
 ) -> tuple[ArtifactDecision, Obj | None]:
     """The artifact decision and the Job to create (if any). ``canary``: new artifacts first serve as a canary.
     ``backoff``: when a Job that failed transiently is retried (the operator's ``--hub-retry-*`` flags)."""
@@ -311,7 +313,7 @@ def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> 
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
     network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
-    backoff: job.RetryBackoff = job.RetryBackoff(),
+    backoff: job.RetryBackoff = DEFAULT_BACKOFF,
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new

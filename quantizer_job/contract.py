@@ -66,7 +66,7 @@ FAILURE_REASONS = (
 EXIT_CODES = {reason: 10 + i for i, reason in enumerate(FAILURE_REASONS)}
 #: Failures that another attempt of the same Job cannot fix: the operator's Job fails at once on these exit
 #: codes (podFailurePolicy) instead of retrying with backoff. A fixed spec makes a new Job.
-PERMANENT_FAILURES = ("UnsupportedModel", "QualityGateFailed", "InvalidInput")
+PERMANENT_FAILURES = ("ModelNotFound", "UnsupportedModel", "QualityGateFailed", "InvalidInput")
 #: Failures the operator retries with a new Job after a backoff, with no spec edit (the Job fails at once on them:
 #: its own attempts already retried within seconds; the operator's backoff spans minutes).
 TRANSIENT_FAILURES = ("HubUnavailable",)

@@ -138,7 +138,7 @@ def test_transient_failures_fail_the_job_at_once_for_the_operator_to_retry() -> 
     after minutes is the retry that spans an outage."""
     [fail_rule] = [r for r in jobs.pod_failure_policy()["rules"] if r["action"] == "FailJob"]
     codes = set(fail_rule["onExitCodes"]["values"])
-    assert contract.EXIT_CODES["HubUnavailable"] in codes and contract.EXIT_CODES["ModelNotFound"] not in codes
+    assert contract.EXIT_CODES["HubUnavailable"] in codes and contract.EXIT_CODES["ExportFailed"] not in codes
     assert set(contract.TRANSIENT_FAILURES).isdisjoint(contract.PERMANENT_FAILURES)
 
 

@@ -47,7 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
 
-from quantizer_job import metrics
+from quantizer_job import metrics, textenc
 from rerank_devcluster import devmodels
 
 FIXTURE_VERSION = 2
@@ -199,6 +199,121 @@ def build_xlmr_student(out: Path):
     return model, AutoTokenizer.from_pretrained(str(devmodels.minilm_dir()))
 
 
+#: Fixtures of the other families tenants bring (issue: every reranker), each an architecture of its own with
+#: MiniLM's layers moved in where the family has a counterpart, then fine-tuned the same way. None is multilingual or
+#: pretrained in its own family: what they exercise is each family's graph (inputs, positions, attention, FFN, head)
+#: with trained weights, which is what INT8 perturbs. Tokenizer: MiniLM's WordPiece tokenizer.json (its pair
+#: template gives type ids that families without token types ignore).
+FAMILY_FIXTURES = ("distilbert-ce", "electra-ce", "deberta-v2-ce", "modernbert-ce")
+
+
+def _minilm_parts():
+    from transformers import BertModel
+
+    bert = BertModel.from_pretrained(str(devmodels.minilm_dir()))
+    return bert, bert.config
+
+
+def _copy_linear(dst, src) -> None:
+    dst.weight.copy_(src.weight)
+    if dst.bias is not None and src.bias is not None:
+        dst.bias.copy_(src.bias)
+
+
+def _wordpiece_tokenizer(out: Path) -> None:
+    devmodels._copy_minilm_tokenizer(out)
+    (out / "vocab.txt").unlink(missing_ok=True)
+    tok_cfg = {"model_max_length": 512, "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]",
+               "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]"}
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+
+
+def build_family_student(name: str, out: Path):
+    """``<family>-ce``: DistilBERT (BERT's layers as they are; segment A's type embedding folded into the positions),
+    ELECTRA (the same layer names as BERT; its own head), DeBERTa-v2/v3 (mxbai-rerank-v1's shape: no token types,
+    relative positions only, so BERT's absolute positions are dropped), ModernBERT (pre-norm, fused QKV, GeGLU,
+    rotary positions and alternating local/global attention: BERT's projections moved in, the gate set to one)."""
+    import torch
+    import transformers as tf
+
+    bert, bc = _minilm_parts()
+    h, n_layers, heads, inter = bc.hidden_size, bc.num_hidden_layers, bc.num_attention_heads, bc.intermediate_size
+    be, layers = bert.embeddings, bert.encoder.layer
+    family = name.removesuffix("-ce")
+    with torch.no_grad():
+        if family == "distilbert":
+            model = tf.DistilBertForSequenceClassification(tf.DistilBertConfig(
+                vocab_size=bc.vocab_size, dim=h, n_layers=n_layers, n_heads=heads, hidden_dim=inter,
+                max_position_embeddings=512, activation="gelu", num_labels=1, pad_token_id=0)).eval()
+            e = model.distilbert.embeddings
+            e.word_embeddings.weight.copy_(be.word_embeddings.weight)
+            e.position_embeddings.weight.copy_(be.position_embeddings.weight + be.token_type_embeddings.weight[0])
+            e.LayerNorm.load_state_dict(be.LayerNorm.state_dict())
+            for dst, src in zip(model.distilbert.transformer.layer, layers, strict=True):
+                a = src.attention
+                for d, s_ in ((dst.attention.q_lin, a.self.query), (dst.attention.k_lin, a.self.key),
+                              (dst.attention.v_lin, a.self.value), (dst.attention.out_lin, a.output.dense),
+                              (dst.ffn.lin1, src.intermediate.dense), (dst.ffn.lin2, src.output.dense)):
+                    _copy_linear(d, s_)
+                dst.sa_layer_norm.load_state_dict(a.output.LayerNorm.state_dict())
+                dst.output_layer_norm.load_state_dict(src.output.LayerNorm.state_dict())
+            _copy_linear(model.pre_classifier, bert.pooler.dense)
+        elif family == "electra":
+            model = tf.ElectraForSequenceClassification(tf.ElectraConfig(
+                vocab_size=bc.vocab_size, embedding_size=h, hidden_size=h, num_hidden_layers=n_layers,
+                num_attention_heads=heads, intermediate_size=inter, max_position_embeddings=512,
+                num_labels=1)).eval()
+            model.electra.embeddings.load_state_dict(be.state_dict(), strict=False)
+            model.electra.encoder.load_state_dict(bert.encoder.state_dict())
+            _copy_linear(model.classifier.dense, bert.pooler.dense)
+        elif family == "deberta-v2":
+            model = tf.DebertaV2ForSequenceClassification(tf.DebertaV2Config(
+                vocab_size=bc.vocab_size, hidden_size=h, num_hidden_layers=n_layers, num_attention_heads=heads,
+                intermediate_size=inter, max_position_embeddings=512, type_vocab_size=0, relative_attention=True,
+                position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
+                position_biased_input=False, max_relative_positions=-1, pad_token_id=0, num_labels=1)).eval()
+            e = model.deberta.embeddings
+            e.word_embeddings.weight.copy_(be.word_embeddings.weight)
+            e.LayerNorm.load_state_dict(be.LayerNorm.state_dict())
+            for dst, src in zip(model.deberta.encoder.layer, layers, strict=True):
+                a, da = src.attention, dst.attention
+                for d, s_ in ((da.self.query_proj, a.self.query), (da.self.key_proj, a.self.key),
+                              (da.self.value_proj, a.self.value), (da.output.dense, a.output.dense),
+                              (dst.intermediate.dense, src.intermediate.dense), (dst.output.dense, src.output.dense)):
+                    _copy_linear(d, s_)
+                da.output.LayerNorm.load_state_dict(a.output.LayerNorm.state_dict())
+                dst.output.LayerNorm.load_state_dict(src.output.LayerNorm.state_dict())
+            _copy_linear(model.pooler.dense, bert.pooler.dense)
+        elif family == "modernbert":
+            model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(
+                vocab_size=bc.vocab_size, hidden_size=h, num_hidden_layers=n_layers, num_attention_heads=heads,
+                intermediate_size=inter, max_position_embeddings=8192, global_attn_every_n_layers=3,
+                local_attention=128, attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True,
+                pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101, eos_token_id=102,
+                classifier_pooling="mean", num_labels=1)).eval()
+            mm = model.model
+            mm.embeddings.tok_embeddings.weight.copy_(be.word_embeddings.weight)
+            mm.embeddings.norm.load_state_dict(be.LayerNorm.state_dict())
+            for dst, src in zip(mm.layers, layers, strict=True):
+                a = src.attention
+                dst.attn.Wqkv.weight.copy_(torch.cat([a.self.query.weight, a.self.key.weight, a.self.value.weight]))
+                dst.attn.Wqkv.bias.copy_(torch.cat([a.self.query.bias, a.self.key.bias, a.self.value.bias]))
+                _copy_linear(dst.attn.Wo, a.output.dense)
+                dst.mlp.Wi.weight.zero_()
+                dst.mlp.Wi.bias.zero_()
+                dst.mlp.Wi.weight[:inter].copy_(src.intermediate.dense.weight)  # GeGLU: gelu(input) * gate,
+                dst.mlp.Wi.bias[:inter].copy_(src.intermediate.dense.bias)
+                dst.mlp.Wi.bias[inter:].fill_(1.0)  # the gate starts at one: BERT's gelu FFN
+                _copy_linear(dst.mlp.Wo, src.output.dense)
+            _copy_linear(model.head.dense, bert.pooler.dense)
+        else:
+            raise SystemExit(f"unknown fixture {name!r}")
+    _wordpiece_tokenizer(out)
+    from transformers import AutoTokenizer
+
+    return model, AutoTokenizer.from_pretrained(str(devmodels.minilm_dir()))
+
+
 def fine_tune(model, tok, groups, targets: list[np.ndarray], threads: int, seed: int = 0) -> dict:
     """Fine-tune the whole cross-encoder (encoder and head) to the teacher's scores: MSE, AdamW, linear schedule.
 
@@ -213,7 +328,7 @@ def fine_tune(model, tok, groups, targets: list[np.ndarray], threads: int, seed:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     t0 = time.monotonic()
-    uses_tt = getattr(model.config, "type_vocab_size", 2) > 1
+    uses_tt = textenc.uses_token_types({"type_vocab_size": getattr(model.config, "type_vocab_size", 0)})
     pairs = [(q, t, float(y)) for (q, ts), ys in zip(groups, targets, strict=True) for t, y in zip(ts, ys, strict=True)]
     lengths = [len(tok(q, t, truncation="longest_first", max_length=TRAIN_MAX_LENGTH)["input_ids"])
                for q, t, _ in pairs]
@@ -258,7 +373,7 @@ def student_scores(model, tok, groups, threads: int) -> list[np.ndarray]:
     import torch
 
     torch.set_num_threads(threads)
-    uses_tt = getattr(model.config, "type_vocab_size", 2) > 1
+    uses_tt = textenc.uses_token_types({"type_vocab_size": getattr(model.config, "type_vocab_size", 0)})
     out = []
     with torch.inference_mode():
         for q, ts in groups:
@@ -295,7 +410,7 @@ def make_fixture(name: str, threads: int = 2, force: bool = False) -> dict:
         return json.loads(info_path.read_text())
     import shutil
 
-    if name not in ("minilm-ce", "xlmr-ce"):
+    if name not in ("minilm-ce", "xlmr-ce", *FAMILY_FIXTURES):
         raise SystemExit(f"unknown fixture {name!r}")
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -307,7 +422,8 @@ def make_fixture(name: str, threads: int = 2, force: bool = False) -> dict:
     teach = _teacher_cached(trn + held, threads)
     teach_trn, teach_held = teach[:len(trn)], teach[len(trn):]
     t_teacher = time.monotonic() - t0
-    model, tok = (build_minilm_student if name == "minilm-ce" else build_xlmr_student)(tmp / "model")
+    builders = {"minilm-ce": build_minilm_student, "xlmr-ce": build_xlmr_student}
+    model, tok = (builders[name](tmp / "model") if name in builders else build_family_student(name, tmp / "model"))
     stats = fine_tune(model, tok, trn, teach_trn, threads)
     model.save_pretrained(str(tmp / "model"), safe_serialization=True)
     got = student_scores(model, tok, held, threads)

@@ -171,11 +171,14 @@ def weight_files(src: Path) -> list[str]:
     return names
 
 
-def check_tei_dir(d: Path, expect_inputs: Iterable[str] | None = None, max_positions: int | None = None) -> list[str]:
+def check_tei_dir(d: Path, expect_inputs: Iterable[str] | None = None, max_positions: int | None = None,
+                  position_offset: int = 0) -> list[str]:
     """Problems that would stop TEI's CPU image from serving ``d`` with ONNX Runtime (empty: fine), read as TEI reads
     the directory (shared/tei-contract.md). ``expect_inputs``: the FP32 export's inputs, which the Job proved against
     PyTorch fed as TEI feeds them: the published graph must take exactly those. ``max_positions``: the tokens the
-    model takes; TEI's maximum input length must not exceed it."""
+    model takes; TEI's maximum input length must not exceed it. ``position_offset``: where the model's positions start
+    (a RoBERTa-style table: after its padding index); TEI feeds a declared ``position_ids`` as 0..n, so a graph with
+    an offset must not declare it."""
     import onnx
 
     problems = []
@@ -202,6 +205,9 @@ def check_tei_dir(d: Path, expect_inputs: Iterable[str] | None = None, max_posit
     for name in TEI_INPUTS[:2]:
         if name not in inputs:
             problems.append(f"graph input {name} missing")
+    if "position_ids" in inputs and position_offset:
+        problems.append(f"graph input position_ids declared, but the model's positions start at {position_offset}: "
+                        "TEI feeds 0..n")
     if expect_inputs is not None and set(inputs) != set(expect_inputs):
         problems.append(f"graph inputs {sorted(inputs)} differ from the verified export's {sorted(expect_inputs)}")
     outs = {o.name: o for o in m.graph.output}

@@ -400,7 +400,8 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
         log("publish", "max_input_length_capped", tokens=capped, reason="TEI's own rule would exceed the model's "
             "position table")
     problems = layout.check_tei_dir(cpu, expect_inputs=exported.info["input_names"],
-                                    max_positions=exported.max_positions)
+                                    max_positions=exported.max_positions,
+                                    position_offset=int(exported.info.get("position_offset", 0)))
     if problems:
         raise JobError("PublishFailed", "CPU directory is not TEI-loadable: " + "; ".join(problems))
     if req.keep_original:

@@ -230,4 +230,4 @@ def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_skip
     cpu = vol / contract.ARTIFACTS_DIR / "large-path" / contract.CPU_SUBDIR
     ops = {n.op_type for n in onnx.load(str(cpu / layout.MODEL_FILE), load_external_data=False).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMulInteger" not in ops and "Attention" not in ops, ops
-    assert not layout.check_tei_dir(cpu, expect_token_type_ids=True)
+    assert not layout.check_tei_dir(cpu, expect_inputs=("input_ids", "attention_mask", "token_type_ids"))

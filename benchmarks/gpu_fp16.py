@@ -50,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quantizer_job import metrics  # noqa: E402  (numpy only: it imports on the GPU machine as it is)
+from quantizer_job import metrics, textenc  # noqa: E402  (numpy only: it imports on the GPU machine as it is)
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 FP16_MAX = 65504.0
@@ -172,8 +172,8 @@ class Scorer:
         n = 1 + max(int(k.split("/")[0]) for k in z.files)
         self.batches = [{k: z[f"{i}/{k}"] for k in INPUTS if f"{i}/{k}" in z.files} for i in range(n)][:limit]
         self.meta = json.loads((prepared / "meta.json").read_text())
-        if int(json.loads((prepared / "config.json").read_text()).get("type_vocab_size", 2)) <= 1:
-            for b in self.batches:  # one token type (XLM-R): its ONNX export takes none, i.e. all zeros
+        if not textenc.uses_token_types(json.loads((prepared / "config.json").read_text())):
+            for b in self.batches:  # one token type or none (XLM-R, DistilBERT, ...): the model takes none
                 b.pop("token_type_ids", None)
         self.pairs = sum(b["input_ids"].shape[0] for b in self.batches)
 

@@ -187,16 +187,19 @@ def on_cpus(cpus: list[int]) -> Iterator[None]:
 
 
 # --- model directories ----------------------------------------------------------------------------------------------
-def tei_dir(onnx_path: Path, src: Path, tok_json: Path, dst: Path) -> Path:
-    """A directory TEI can serve: the graph (+ external data), config.json fixed for TEI, the tokenizer files."""
+def tei_dir(onnx_path: Path, src: Path, tok_json: Path, dst: Path, exported: dict) -> Path:
+    """A directory TEI can serve: the graph (+ external data), config.json fixed for TEI (with the sizes and padding
+    id the export child resolved, as the Job publishes it), the tokenizer files, TEI's input length capped."""
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(onnx_path, dst / layout.MODEL_FILE)
     data = onnx_path.with_name(onnx_path.name + "_data")
     if data.exists():
         shutil.copyfile(data, dst / layout.DATA_FILE)
     cfg = layout.read_config(src)
-    layout.write_json(dst / "config.json", layout.tei_config(cfg, tok_json))
+    fixed = layout.tei_config(cfg, tok_json, resolved=exported.get("resolved_config"), pad_default=exported["pad_id"])
+    layout.write_json(dst / "config.json", fixed)
     layout.copy_tokenizer([tok_json.parent, src] if tok_json.parent != src else [src], dst)
+    layout.cap_input_length(dst, fixed, int(exported["max_positions"]))
     return dst
 
 
@@ -230,14 +233,15 @@ def prepare(fx: dict, work: Path, variants: list[str], threads: int, eval_jsonl:
     src = Path(fx["model_dir"])
     cfg = layout.read_config(src)
     exp = export.run({"src_dir": str(src), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tok"),
-                      "max_length": textenc.max_input_length(cfg), "pad_id": layout.pad_token_id(cfg),
+                      "max_length": textenc.max_input_length(cfg), "pad_id": layout.declared_pad_token_id(cfg),
                       "threads": threads})
     fp32, tok_json = Path(exp["onnx_path"]), Path(exp["tokenizer_json"])
-    dirs = {"fp32": tei_dir(fp32, src, tok_json, work / "serve" / "fp32")}
+    dirs = {"fp32": tei_dir(fp32, src, tok_json, work / "serve" / "fp32", exp)}
     notes: dict = {}
     recipes = _recipes()
     cache: dict = {}
-    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    sizes = {**cfg, **exp.get("resolved_config", {})}
+    heads, hidden = int(sizes["num_attention_heads"]), int(sizes["hidden_size"])
     for v in variants:
         if v == "auto":
             d, notes["auto"] = run_job(fx, work, eval_jsonl, job_prefix, serve_batch_tokens)
@@ -252,7 +256,7 @@ def prepare(fx: dict, work: Path, variants: list[str], threads: int, eval_jsonl:
         Q.build_int8(fp32, out, r, work / "opt", heads, hidden, calib_feeds=calib_feeds(fx, tok_json, cfg),
                      input_names=exp["input_names"], cache=cache)
         notes[v] = {"build_seconds": round(time.monotonic() - t0, 1)}
-        dirs[v] = tei_dir(out, src, tok_json, work / "serve" / v)
+        dirs[v] = tei_dir(out, src, tok_json, work / "serve" / v, exp)
     return dirs, notes
 
 
@@ -516,9 +520,10 @@ def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
     pairs = [(q, t) for q, ts in groups for t in ts]
     out = []
+    token_types = textenc.uses_token_types({"type_vocab_size": getattr(model.config, "type_vocab_size", 0)})
     with torch.inference_mode():
         b = tok([pairs[0][0]], [pairs[0][1]], return_tensors="pt")
-        if model.config.type_vocab_size <= 1:
+        if not token_types:
             b.pop("token_type_ids", None)
         model(**b)
         t0 = time.perf_counter()
@@ -526,7 +531,7 @@ def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int
             chunk = pairs[a:b]
             b = tok([p[0] for p in chunk], [p[1] for p in chunk], padding=True, truncation="longest_first",
                     max_length=512, return_tensors="pt")
-            if model.config.type_vocab_size <= 1:  # XLM-R family: no segment embeddings
+            if not token_types:  # XLM-R, DistilBERT, DeBERTa-v3, ModernBERT: no segment embeddings
                 b.pop("token_type_ids", None)
             out.append(model(**b).logits[:, 0].numpy())
         total = time.perf_counter() - t0

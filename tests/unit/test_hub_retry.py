@@ -10,7 +10,7 @@ import pytest
 from rerankmodel_gen import FakeWorld, job_pod, model, owner_of, published, refused, set_, spec_of
 
 from quantizer_job import contract
-from rerank_operator.core import artifact, conditions, names
+from rerank_operator.core import artifact, conditions, events, names
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import job as jobs
@@ -35,14 +35,16 @@ class Outage:
         self.body = body
         self.world = FakeWorld()
         self.status: dict[str, Any] = {}
+        self.events: list[events.Event] = []
 
     def step(self, seconds: int) -> plans.Plan:
         owner, spec = owner_of(self.body), spec_of(self.body)
         observed = self.world.observed()
         plan = plans.compute(owner, spec, observed, self.status, _at(seconds), backoff=BACKOFF)
         self.world.run(plan)
-        self.status = statuses.compute(owner.generation, self.status, _at(seconds),
-                                       statuses.World(spec, observed, plan))
+        new = statuses.compute(owner.generation, self.status, _at(seconds), statuses.World(spec, observed, plan))
+        self.events += events.transitions(self.status, new)
+        self.status = new
         return plan
 
     def running(self) -> dict[str, Any]:
@@ -84,6 +86,7 @@ def test_an_outage_is_retried_with_a_doubling_backoff_until_the_hub_answers() ->
     assert down in message and "attempt 2 starts in 29 s" in message
     assert "nothing in the spec needs to change" in message
     assert life.status["phase"] == "Quantizing" and life.cond("Degraded")[0] == "False"
+    assert [(e.type, e.reason) for e in life.events if e.reason == "HubUnavailable"] == [("Warning", "HubUnavailable")]
     assert life.step(39).create == ()  # one second early: still waiting
 
     retry = life.step(40)

@@ -49,6 +49,9 @@ def num_labels(cfg: dict[str, Any]) -> int:
     return 2  # transformers' default for a config without labels
 
 
+#: config.json ``auto_map`` keys under which a repository ships the model's own code (the Job loads the model with
+#: AutoModelForSequenceClassification, which resolves through these).
+REMOTE_MODEL_CLASSES = ("AutoModelForSequenceClassification", "AutoModel", "AutoConfig")
 #: What TEI's /rerank serves, said in every refusal: the user learns what to bring instead.
 TEI_SERVES = ("TEI's /rerank serves a cross-encoder: a *ForSequenceClassification with exactly one label, "
               "exported to ONNX")
@@ -65,8 +68,9 @@ def validate_source_config(cfg: dict[str, Any], trust_remote_code: bool = False)
     reads are checked after the export, under the names transformers resolves (DistilBERT's ``dim``)."""
     archs = [str(a) for a in cfg.get("architectures") or []]
     amap = cfg.get("auto_map") if isinstance(cfg.get("auto_map"), dict) else {}
-    if amap and not trust_remote_code:
-        named = amap.get("AutoModelForSequenceClassification") or next(iter(amap.values()))
+    # Only the model's own classes need its code: an auto_map naming just a tokenizer loads with tokenizer.json.
+    named = next((amap[k] for k in REMOTE_MODEL_CLASSES if k in amap), None)
+    if named and not trust_remote_code:
         raise JobError("UnsupportedModel", f"{'/'.join(archs) or 'this model'} needs the repository's own Python "
                                            f"code (config.json auto_map: {named}); the Job runs it only for a model "
                                            "with spec.model.trustRemoteCode under a RerankClass with "

@@ -217,6 +217,16 @@ def test_what_tei_cannot_serve_is_refused_permanently_by_name(case: str, tmp_pat
     assert not (tmp_path / "volume" / "artifacts" / "refused").exists()
 
 
+def test_an_auto_map_naming_only_a_tokenizer_needs_no_remote_code(tmp_path: Path) -> None:
+    cfg = {"architectures": ["BertForSequenceClassification"], "model_type": "bert", "num_labels": 1,
+           "auto_map": {"AutoTokenizer": ["org/repo--tokenization.MyTokenizer", None]}}
+    source = _config_only(tmp_path / "model", cfg)
+    run = run_quantize(["--model", str(source), "--output", str(tmp_path / "volume"), "--artifact-id", "tok-only"],
+                       tmp_path)
+    res = contract.parse_result(run.termination or "")
+    assert not res.ok and "needs the repository's own Python code" not in res.message, res
+
+
 def test_remote_code_runs_only_with_the_flag(tmp_path: Path) -> None:
     """With --trust-remote-code (the class allowed it, the model asked) the auto_map check passes and the Job goes
     on to load the model: here the repository's code is missing, which is the loader's error, not the refusal."""

@@ -67,7 +67,8 @@ def validate_source_config(cfg: dict[str, Any], trust_remote_code: bool = False)
     the class allows it), or UnsupportedModel saying what the model is and what TEI serves instead. The sizes TEI
     reads are checked after the export, under the names transformers resolves (DistilBERT's ``dim``)."""
     archs = [str(a) for a in cfg.get("architectures") or []]
-    amap = cfg.get("auto_map") if isinstance(cfg.get("auto_map"), dict) else {}
+    found = cfg.get("auto_map")
+    amap: dict[str, Any] = found if isinstance(found, dict) else {}
     # Only the model's own classes need its code: an auto_map naming just a tokenizer loads with tokenizer.json.
     named = next((amap[k] for k in REMOTE_MODEL_CLASSES if k in amap), None)
     if named and not trust_remote_code:

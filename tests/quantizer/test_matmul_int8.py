@@ -11,11 +11,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import external_data, matmul_int8
+from quantizer_job import external_data, isa, matmul_int8
 
 pytestmark = pytest.mark.quantizer
 
 HIDDEN, FFN = 48, 96
+#: Full-range (8-bit) weights saturate the integer kernels of CPUs without VNNI (AVX2 only: many AMD EPYC), so the
+#: closeness to FP32 is a property of this machine's kernels there, not of the quantizer; reduce_range (7-bit
+#: weights) is what such a CPU needs, as the Job's auto search and the fixtures' FIXED_RECIPE choose.
+KERNELS_SATURATE = isa.REDUCE_RANGE_REQUIRED[isa.detect_local_target()]
 
 
 def _ffn_model(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -89,7 +93,8 @@ def test_same_weights_and_scores_as_onnx_runtimes_quantizer(tmp_path: Path, per_
     ref, mine, ort_q = _run(src, x), _run(ours, x), _run(theirs, x)
     np.testing.assert_allclose(mine, ort_q, rtol=1e-5, atol=1e-5)
     assert np.abs(mine - ref).max() > 0  # it is quantized, and close: within a few % of the output's range
-    assert np.abs(mine - ref).max() < 0.05 * np.abs(ref).max()
+    if reduce_range or not KERNELS_SATURATE:  # (equal to ORT's own quantizer's output on every CPU, above)
+        assert np.abs(mine - ref).max() < 0.05 * np.abs(ref).max()
 
 
 def test_external_data_is_page_aligned_and_nothing_is_left_half_written(tmp_path: Path) -> None:
@@ -121,7 +126,7 @@ def test_a_weight_that_is_also_a_graph_input_or_output_stays_fp32(tmp_path: Path
     m.graph.output.append(helper.make_tensor_value_info("W2", TensorProto.FLOAT, [FFN, HIDDEN]))
     onnx.save_model(m, str(src))  # the graph only: the data file stays as it is
     out = tmp_path / "int8" / "model.onnx"
-    done = matmul_int8.quantize_matmuls(src, out, per_channel=True, reduce_range=False)
+    done = matmul_int8.quantize_matmuls(src, out, per_channel=True, reduce_range=KERNELS_SATURATE)
     assert done.matmuls == 1
     got = _inits(out)
     assert "W1_quantized" in got and "W2" in got and "W3" in got

@@ -197,9 +197,8 @@ def tei_dir(onnx_path: Path, src: Path, tok_json: Path, dst: Path, exported: dic
         shutil.copyfile(data, dst / layout.DATA_FILE)
     cfg = layout.read_config(src)
     fixed = layout.tei_config(cfg, tok_json, resolved=exported.get("resolved_config"), pad_default=exported["pad_id"])
-    layout.write_json(dst / "config.json", fixed)
-    layout.copy_tokenizer([tok_json.parent, src] if tok_json.parent != src else [src], dst)
-    layout.cap_input_length(dst, fixed, int(exported["max_positions"]))
+    layout.write_tei_metadata(dst, fixed, [tok_json.parent, src] if tok_json.parent != src else [src],
+                              int(exported["max_positions"]))
     return dst
 
 
@@ -520,7 +519,7 @@ def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
     pairs = [(q, t) for q, ts in groups for t in ts]
     out = []
-    token_types = textenc.uses_token_types({"type_vocab_size": getattr(model.config, "type_vocab_size", 0)})
+    token_types = textenc.uses_token_types(model.config.to_dict())
     with torch.inference_mode():
         b = tok([pairs[0][0]], [pairs[0][1]], return_tensors="pt")
         if not token_types:

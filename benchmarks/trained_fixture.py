@@ -328,7 +328,7 @@ def fine_tune(model, tok, groups, targets: list[np.ndarray], threads: int, seed:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     t0 = time.monotonic()
-    uses_tt = textenc.uses_token_types({"type_vocab_size": getattr(model.config, "type_vocab_size", 0)})
+    uses_tt = textenc.uses_token_types(model.config.to_dict())
     pairs = [(q, t, float(y)) for (q, ts), ys in zip(groups, targets, strict=True) for t, y in zip(ts, ys, strict=True)]
     lengths = [len(tok(q, t, truncation="longest_first", max_length=TRAIN_MAX_LENGTH)["input_ids"])
                for q, t, _ in pairs]
@@ -373,7 +373,7 @@ def student_scores(model, tok, groups, threads: int) -> list[np.ndarray]:
     import torch
 
     torch.set_num_threads(threads)
-    uses_tt = textenc.uses_token_types({"type_vocab_size": getattr(model.config, "type_vocab_size", 0)})
+    uses_tt = textenc.uses_token_types(model.config.to_dict())
     out = []
     with torch.inference_mode():
         for q, ts in groups:

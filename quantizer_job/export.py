@@ -5,9 +5,8 @@ child is the only process that holds the PyTorch weights, and the quantize/verif
 so at most one copy of the FP32 weights is alive at a time.
 
 Uses optimum's ONNX export configuration for the model type (input/output names, dynamic axes, model patching),
-which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` where the family has token types) and ``logits``;
-then
-``torch.onnx.export`` writes the graph directly, and tensors of models over 2 GB are gathered into one
+which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` where the family has token types) and
+``logits``; then ``torch.onnx.export`` writes the graph directly, and tensors of models over 2 GB are gathered into one
 ``model.onnx_data`` next to ``model.onnx`` a tensor at a time (``external_data.consolidate``; optimum's own re-save
 loads the whole model again while the torch weights are still alive, which is how the plain recipe reaches 13 GB on
 bge-reranker-v2-m3).
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import external_data
+from .layout import SIZE_KEYS
 from .textenc import uses_token_types
 
 OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
@@ -67,9 +67,6 @@ def _fast_tokenizer(src: Path, out_dir: Path, trust_remote_code: bool = False) -
     return out_dir / "tokenizer.json"
 
 
-#: config.json keys TEI reads (its router and ORT backend), resolved through transformers' ``attribute_map`` when a
-#: family names them differently.
-TEI_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "max_position_embeddings")
 #: Sizes the Job itself reads (the ORT transformer optimizer's head count).
 JOB_CONFIG_KEYS = ("num_attention_heads",)
 
@@ -93,7 +90,7 @@ def describe(model: Any, raw_config: dict[str, Any], cap: int) -> dict[str, Any]
     the Job's own max input length (``max_length``: that, capped at ``cap``)."""
     cfg = model.config
     resolved = {}
-    for key in (*TEI_CONFIG_KEYS, *JOB_CONFIG_KEYS):
+    for key in (*SIZE_KEYS, *JOB_CONFIG_KEYS):  # through transformers' attribute_map (DistilBERT's dim)
         value = getattr(cfg, key, None)
         if key not in raw_config and isinstance(value, int) and not isinstance(value, bool):
             resolved[key] = value
@@ -102,7 +99,7 @@ def describe(model: Any, raw_config: dict[str, Any], cap: int) -> dict[str, Any]
     max_positions = int(mpe) - offset if isinstance(mpe, int) else cap
     return {"resolved_config": resolved, "position_offset": offset, "max_positions": max_positions,
             "max_length": max(8, min(cap, max_positions)),
-            "uses_token_types": uses_token_types({"type_vocab_size": getattr(cfg, "type_vocab_size", 0)}),
+            "uses_token_types": uses_token_types(cfg.to_dict()),
             "pad_token_id": cfg.pad_token_id if isinstance(getattr(cfg, "pad_token_id", None), int) else None}
 
 
@@ -119,12 +116,6 @@ def torch_inputs(model: Any, feed: dict[str, Any], uses_token_types: bool) -> di
     if uses_token_types and "token_type_ids" in params:
         kwargs["token_type_ids"] = torch.from_numpy(feed["token_type_ids"])
     return kwargs
-
-
-def remote_code(config: dict[str, Any]) -> dict[str, str]:
-    """config.json's ``auto_map``: the classes a repository implements in its own Python files."""
-    amap = config.get("auto_map")
-    return {str(k): str(v) for k, v in amap.items()} if isinstance(amap, dict) else {}
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    *ST_CONFIG_NAMES)  # TEI reads its max input length from the first of these it finds
 #: config.json keys TEI parses, each with the aliases its serde structs accept (router/src/lib.rs ``ModelConfig``,
 #: backends/ort/src/lib.rs ``Config``): without one of them TEI does not start.
-REQUIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
-    "architectures": (), "model_type": (), "max_position_embeddings": ("n_positions",),
-    "hidden_size": ("n_embd",), "num_hidden_layers": ("n_layer",)}
+#: The sizes among them (integers), which a family may spell otherwise (DistilBERT's ``dim``): the export child
+#: resolves them through transformers under these names (``export.describe``).
+SIZE_KEYS: dict[str, tuple[str, ...]] = {
+    "max_position_embeddings": ("n_positions",), "hidden_size": ("n_embd",), "num_hidden_layers": ("n_layer",)}
+REQUIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"architectures": (), "model_type": (), **SIZE_KEYS}
 #: Graph inputs TEI's ORT backend feeds (always the first two; the others only when the graph declares them).
 TEI_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 #: tokenizer_config.json's ``padding_side`` values TEI's ORT backend parses.
@@ -149,6 +151,14 @@ def cap_input_length(d: Path, cfg: dict[str, Any], max_positions: int) -> int | 
     return int(max_positions)
 
 
+def write_tei_metadata(d: Path, cfg: dict[str, Any], tok_dirs: Iterable[Path], max_positions: int) -> int | None:
+    """What TEI reads beside the weights: ``cfg`` (``tei_config``'s) as config.json, the tokenizer files, and the
+    input-length cap where TEI's own rule would exceed the positions (``cap_input_length``: returns it, or None)."""
+    write_json(d / "config.json", cfg)
+    copy_tokenizer(tok_dirs, d)
+    return cap_input_length(d, cfg, max_positions)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -235,10 +245,9 @@ def config_problems(cfg: dict[str, Any], d: Path, max_positions: int | None = No
         problems.append(f"config.json architectures {archs!r} has no *Classification entry (TEI's classifier test)")
     if len(cfg.get("id2label") or {}) != 1 or len(cfg.get("label2id") or {}) != 1:
         problems.append("config.json must have exactly one label in id2label and label2id")
-    for key, aliases in REQUIRED_CONFIG_KEYS.items():
+    for key, aliases in SIZE_KEYS.items():
         value = next((cfg[n] for n in (key, *aliases) if n in cfg), 0)
-        if key not in ("architectures", "model_type") and (not isinstance(value, int) or isinstance(value, bool)
-                                                             or value < 0):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             problems.append(f"config.json {key} is {value!r}, TEI parses a non-negative integer")
     pad = cfg.get("pad_token_id")
     if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool) or pad < 0):

@@ -70,8 +70,9 @@ class Context:
 
 @dataclass(frozen=True)
 class Source:
-    """The fetched model: its directory, its config.json, the Job's max input length for it (export, verification
-    and timing) and TEI's (``tei_max_length``: the token budget the Job times with by default; the published CPU
+    """The fetched model: its directory, its config.json, the cap on the Job's max input length (the export child
+    lowers it to what the model's positions take: ``Exported.info["max_length"]``, used for verification and
+    timing) and TEI's (``tei_max_length``: the token budget the Job times with by default; the published CPU
     directory's own figure, ``max_input_tokens`` in the manifest, is what the pool gets)."""
 
     fetched: Fetched
@@ -393,9 +394,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
         os.replace(data, cpu / layout.DATA_FILE)
     fixed_cfg = layout.tei_config(source.config, tok_json, resolved=exported.info.get("resolved_config"),
                                   pad_default=exported.pad_id)
-    layout.write_json(cpu / "config.json", fixed_cfg)
-    layout.copy_tokenizer(tok_dirs, cpu)
-    capped = layout.cap_input_length(cpu, fixed_cfg, exported.max_positions)
+    capped = layout.write_tei_metadata(cpu, fixed_cfg, tok_dirs, exported.max_positions)
     if capped is not None:
         log("publish", "max_input_length_capped", tokens=capped, reason="TEI's own rule would exceed the model's "
             "position table")
@@ -417,9 +416,7 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
                 os.replace(wsrc / name, orig / name)
             else:  # the user's directory: copy (a hard link would change with it)
                 shutil.copyfile(wsrc / name, orig / name)
-        layout.write_json(orig / "config.json", fixed_cfg)
-        layout.copy_tokenizer(tok_dirs, orig)
-        layout.cap_input_length(orig, fixed_cfg, exported.max_positions)
+        layout.write_tei_metadata(orig, fixed_cfg, tok_dirs, exported.max_positions)
     if eval_pairs and ctx.req.keep_eval_pairs:
         with open(tmp / EVALUATION_FILE, "w", encoding="utf-8") as f:
             for pair in eval_pairs:

@@ -1,7 +1,8 @@
 """The guard's process: receives mirrored ``/rerank`` requests, asks the pools and the reference, exports figures.
 
 It is never in the serving path: a gateway's ``RequestMirror`` filter sends it copies of real requests and drops its
-answers; without a gateway, ``Replayer`` offers it the artifact's evaluation pairs (``Config.replay``) at a set pace.
+answers; only copies carrying the model's mirror token count (:mod:`.intake`, which also bounds what HTTP may cost).
+Without a gateway, ``Replayer`` offers it the artifact's evaluation pairs (``Config.replay``) at a set pace.
 ``POST /rerank`` answers 202 at once and leaves the work to one worker thread through a bounded queue (full: the
 copy is dropped and counted). For a sampled request (the model's fraction, within its budget of extra calls/s:
 :mod:`.budget`) the worker POSTs the same body to the reference and to every pool,
@@ -18,7 +19,8 @@ and updates the metrics served on ``GET /metrics`` (Prometheus text format):
   pool's ``state`` and the ``reason`` it entered it as labels), all labelled
   ``namespace``, ``rerankmodel``, ``pool`` as the operator's own metrics are;
 - counters: ``rerank_guard_transitions_total`` (per pool), ``rerank_guard_requests_total`` by ``outcome``
-  (sampled, not_sampled, over_budget, queue_full, invalid, reference_error) and ``rerank_guard_pool_errors_total``;
+  (sampled, not_sampled, over_budget, queue_full, invalid, unauthenticated, reference_error) and
+  ``rerank_guard_pool_errors_total``;
 - with the tenant's consent (``Config.live_sample``), ``rerank_guard_live_sample_pairs``: the pairs of mirrored live
   traffic kept on the model's volume for a re-quantization on drift (:mod:`.sample`).
 
@@ -45,21 +47,18 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import budget, compare, detector, reference, sample
+from . import budget, compare, detector, intake, reference, sample
 
 #: POST a /rerank body to a base URL, return the scores in ``texts`` order.
 Post = Callable[[str, Mapping[str, Any]], list[float]]
 LABELS = ("namespace", "rerankmodel", "pool")
 #: Copies waiting for the worker; beyond this they are dropped (the guard must not queue without bound).
 QUEUE_SIZE = 64
-MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,9 @@ class Config:
     reference_auto_truncate: bool = True
     #: With the tenant's consent: where and how much of the mirrored traffic to keep (:mod:`.sample`).
     live_sample: sample.Settings | None = None
+    #: The environment variable holding the token the model's route sets on what it mirrors (:mod:`.intake`): POSTs
+    #: without it are dropped. None (a guard run by hand): every POST counts.
+    mirror_token_env: str | None = None
 
     def __post_init__(self) -> None:
         if self.reference == reference.LOCAL and not self.reference_model:
@@ -159,8 +161,9 @@ class Guard:
     """One model's sampling, comparisons, detectors and metrics; :meth:`check` does one sampled request."""
 
     def __init__(self, config: Config, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.config, self.clock = config, clock
+        self.mirror_token = intake.expected_token(config.mirror_token_env, os.environ if environ is None else environ)
         remote = post or http_post(config.timeout_seconds, api_keys(config))
         self.local = (reference.LocalReference(config.reference_model,
                                                max_batch_tokens=config.reference_max_batch_tokens,
@@ -311,6 +314,18 @@ class Worker:
         self.thread.start()
         return self
 
+    def metrics(self) -> bytes:
+        return self.guard.metrics()
+
+    def count(self, outcome: str) -> None:
+        self.guard.count(outcome)
+
+    def receive(self, body: Any) -> bool:
+        """A mirrored copy that passed :mod:`.intake`: kept in the live sample (the Replayer's bodies are not) and
+        offered for a check."""
+        self.guard.remember(body)
+        return self.submit(body)
+
     def submit(self, body: Any) -> bool:
         if not self.guard.offer(body):
             return False
@@ -335,46 +350,6 @@ class Worker:
     def stop(self) -> None:
         self.queue.put(None)
         self.thread.join(timeout=30)
-
-
-def handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the metrics say what happened
-            return
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._send(200, worker.guard.metrics(), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                self._send(200, b"ok\n", "text/plain")
-            else:
-                self._send(404, b"{}")
-
-        def do_POST(self) -> None:
-            if self.path != "/rerank":
-                self._send(404, b"{}")
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                worker.guard.count("invalid")
-                self._send(413, b"{}")
-                return
-            try:
-                body = json.loads(self.rfile.read(length) or b"null")
-            except ValueError:
-                body = None
-            worker.guard.remember(body)  # mirrored live traffic only: the Replayer does not come through here
-            sampled = worker.submit(body)
-            self._send(202, json.dumps({"sampled": sampled}).encode())
-
-    return Handler
 
 
 #: Passages per replayed request: within TEI's default --max-client-batch-size (32), like a typical rerank call.
@@ -443,7 +418,7 @@ class SampleWriter:
 
 @dataclass
 class Running:
-    server: ThreadingHTTPServer
+    server: intake.BoundedServer
     worker: Worker
     thread: threading.Thread
     replayer: Replayer | None = None
@@ -494,7 +469,7 @@ def serve(guard: Guard, host: str = "127.0.0.1", port: int = 0, *, exit_on_refer
         guard.write_sample()
         writer = SampleWriter(guard, sample_every).start()
     worker = Worker(guard).start()
-    server = ThreadingHTTPServer((host, port), handler(worker))
+    server = intake.BoundedServer((host, port), intake.handler(worker, guard.mirror_token))
     t = threading.Thread(target=server.serve_forever, name="guard-http", daemon=True)
     t.start()
     cfg = guard.config

@@ -26,6 +26,9 @@ from typing import Any, Literal
 
 #: Where the model volume is mounted in the Job and in TEI pods.
 VOLUME_MOUNT_PATH = "/models"
+#: The header a model's HTTPRoute sets to its mirror token on what it routes, and so on the copies it mirrors to the
+#: quality guard, which counts only requests carrying it (quality_guard/intake.py; the route: core/builders/guard.py).
+MIRROR_TOKEN_HEADER = "X-Rerank-Mirror-Token"
 ARTIFACTS_DIR = "artifacts"
 CPU_SUBDIR = "cpu-int8"
 ORIGINAL_SUBDIR = "original"

@@ -31,7 +31,16 @@ from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiErro
 from rerank_operator.core import names
 from rerank_operator.core.builders import job
 from rerank_operator.core.events import Event
-from rerank_operator.core.observed import Obj, ObjectRef, Observed, PoolsView, controlled_by, ref_of, short_of_replicas
+from rerank_operator.core.observed import (
+    Obj,
+    ObjectRef,
+    Observed,
+    PoolsView,
+    controlled_by,
+    owned_pods,
+    ref_of,
+    short_of_replicas,
+)
 from rerank_operator.core.plan import Plan, Scale
 from rerank_operator.core.spec import RerankModelSpec
 from rerank_operator.core.writes import Executed, Refused
@@ -286,17 +295,22 @@ class Cluster:
                 refused.append(_refused(ref, "scale", exc, text))
 
     def observe_pools(self, owner: names.Owner) -> PoolsView:
-        """What the autoscaler needs, from the caches: the pool Deployments, their pods, the HTTPRoute."""
+        """What the autoscaler needs, from the caches: the pool Deployments, their pods (only those the Deployments
+        own: ``observed.owned_pods``), the HTTPRoute."""
         c = self.caches
         deployments = _by_role(c.store("Deployment").controlled_by(owner.uid))
-        pods = [p for p in c.store("Pod").select(owner.namespace, {names.LABEL_INSTANCE: owner.name})
-                if ((p["metadata"].get("labels") or {}).get(names.LABEL_POOL)
-                    or (p["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_GUARD)
-                and not p["metadata"].get("deletionTimestamp")]
+        labelled = [p for p in c.store("Pod").select(owner.namespace, {names.LABEL_INSTANCE: owner.name})
+                    if ((p["metadata"].get("labels") or {}).get(names.LABEL_POOL)
+                        or (p["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_GUARD)
+                    and not p["metadata"].get("deletionTimestamp")]
+        replica_sets = [r for d in deployments.values()
+                        for r in c.store("ReplicaSet").controlled_by(d["metadata"]["uid"])]
+        pods, foreign = owned_pods(labelled, deployments.values(), replica_sets)
         route = next((r for r in c.store("HTTPRoute").controlled_by(owner.uid)
                       if r["metadata"]["name"] == names.route_name(owner.name)), None)
         return PoolsView(deployments=deployments, pods=tuple(pods), route=route,
-                         route_api_available=c.available("HTTPRoute"))
+                         route_api_available=c.available("HTTPRoute"),
+                         foreign_pods=tuple(sorted(p["metadata"]["name"] for p in foreign)))
 
     def annotate_model(self, owner: names.Owner, annotations: Mapping[str, str | None]) -> None:
         """Merge ``annotations`` into the RerankModel's metadata (None removes one); kopf ignores metadata."""

@@ -46,6 +46,18 @@ SCALING_DECISIONS = Counter(
 )
 
 
+FOREIGN_PODS = Gauge(
+    "rerank_operator_foreign_pods",
+    "Pods carrying a model's pool or guard labels that its own Deployments do not own (a look-alike): never scraped.",
+    ["namespace", "rerankmodel"],
+)
+
+
+def record_foreign_pods(namespace: str, model: str, count: int) -> None:
+    """rerank_operator_foreign_pods of a model, now."""
+    _series(FOREIGN_PODS, namespace, model).set(count)
+
+
 def record_model(namespace: str, model: str, traffic: dict[str, int], replicas: dict[str, int]) -> None:
     """Per-model gauges after a reconcile; pools not listed (disabled) are removed."""
     for pool in ("cpu", "gpu"):

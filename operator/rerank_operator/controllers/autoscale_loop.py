@@ -251,6 +251,7 @@ class ModelAutoscaler:
         self.class_name = ""
         self.metered_at: float | None = None
         self.primed_at: float | None = None  # when the direct source's first scrape was taken (rates need a second)
+        self.foreign: tuple[str, ...] = ()  # look-alike pods last seen (observed.owned_pods), warned of once each
 
     @property
     def key(self) -> ModelKey:
@@ -289,6 +290,7 @@ class ModelAutoscaler:
             return understood
         spec, auto = understood
         view = self.cluster.observe_pools(owner)
+        self._note_foreign(view.foreign_pods)
         if any(view.replicas(p) is None for p in config.POOLS if auto.bounds(p).enabled):
             return float(auto.interval_seconds)  # the pools are not deployed yet (first artifact): nothing to scale
         key = (auto.source, auto.prometheus)
@@ -485,6 +487,18 @@ class ModelAutoscaler:
             self.cluster.annotate_model(owner, {HISTORY_ANNOTATION: text})
         except TransientApiError as exc:  # only a restart's memory is lost
             log.warning("could not save the autoscaler history of %s/%s: %s", owner.namespace, owner.name, exc)
+
+    def _note_foreign(self, pods: tuple[str, ...]) -> None:
+        """Count the model's look-alike pods (ignored: ``observed.owned_pods``), and log each new one once. A model
+        that never had one has no series (a thousand models' /metrics stay short)."""
+        if pods == self.foreign:
+            return
+        new = sorted(set(pods) - set(self.foreign))
+        if new:
+            log.warning("ignoring pods %s in %s: they carry the labels of %s's pools or guard but its "
+                        "Deployments do not own them", ", ".join(new), self.namespace, self.name)
+        self.foreign = pods
+        metrics.record_foreign_pods(self.namespace, self.name, len(pods))
 
     def _reset(self) -> None:
         self.source_key = self.history = self._memo = None

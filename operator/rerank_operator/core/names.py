@@ -53,7 +53,9 @@ COMPONENT_QUANTIZER: Component = "quantizer"
 COMPONENT_GUARD: Component = "quality-guard"
 COMPONENT_CANARY: Component = "cpu-canary"  # a new artifact's CPU Deployment beside the stable one (plan.py)
 CANARY = "canary"  # the canary's name among the pools the quality guard checks
-GUARD_PORT = 8080  # the quality guard's /rerank (mirrored copies) and /metrics
+#: The quality guard's /rerank (mirrored copies) and /metrics: not TEI's port, so the model's one NetworkPolicy can
+#: admit other peers to the guard than to the pools (tenancy/network.py).
+GUARD_PORT = 8081
 PoolName = Literal["cpu", "gpu"]
 POOLS: tuple[PoolName, PoolName] = ("cpu", "gpu")
 

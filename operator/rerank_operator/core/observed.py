@@ -35,6 +35,23 @@ def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or ())
 
 
+def owned_pods(pods: Iterable[Obj], deployments: Iterable[Mapping[str, Any]],
+               replica_sets: Iterable[Mapping[str, Any]]) -> tuple[list[Obj], list[Obj]]:
+    """``pods`` split into those whose owner chain leads to one of ``deployments`` (controller ReplicaSet, whose
+    controller is that Deployment) and the rest. Why: pool and guard pods are found by labels, and a tenant who may
+    create pods can give any pod those labels; what such a pod serves on /metrics must never scale a pool or carry a
+    verdict. A ReplicaSet forged to claim one of our Deployments is itself scaled away by the Deployment controller
+    (its template is not the Deployment's), taking its pods with it."""
+    ours = {d["metadata"].get("uid") for d in deployments} - {None}
+    sets = {r["metadata"].get("uid") for r in replica_sets
+            if any(controlled_by(r, uid) for uid in ours)} - {None}
+    trusted: list[Obj] = []
+    foreign: list[Obj] = []
+    for pod in pods:
+        (trusted if any(controlled_by(pod, uid) for uid in sets) else foreign).append(pod)
+    return trusted, foreign
+
+
 def short_of_replicas(deployments: Iterable[Mapping[str, Any]]) -> bool:
     """Some pool has fewer ready replicas than it wants: only then are its ReplicaSets read (for a quota's
     ReplicaFailure)."""
@@ -94,6 +111,9 @@ class PoolsView:
     pods: tuple[Obj, ...] = ()
     route: Obj | None = None
     route_api_available: bool = True
+    #: Pods carrying the model's pool or guard labels whose owner chain does not lead to its Deployments
+    #: (``owned_pods``): never scraped, only counted.
+    foreign_pods: tuple[str, ...] = ()
 
     def ready(self, pool: names.PoolName) -> int:
         return int((self.deployments.get(pool) or {}).get("status", {}).get("readyReplicas") or 0)

@@ -349,16 +349,17 @@ def compute(
             desired.append(service.build_pool_service(owner, pool))
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
-    mirror = guard.mirror_filter(owner, guarding) if guarding is not None and not guard.replays(spec) else None
+    token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
+    filters = guard.route_filters(owner, guarding, token) if guarding is not None and not guard.replays(spec) else []
     canary_share = canary.percent if canary_id and canary else 0
-    route = routing.build_httproute(owner, spec, traffic, mirror, canary_share) if pools_deployed else None
+    route = routing.build_httproute(owner, spec, traffic, filters, canary_share) if pools_deployed else None
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
         desired.extend(o for o in (route, network_policy) if o is not None)
     if guarding is not None:
         desired.append(guard.build_guard_deployment(owner, spec, guarding, below_floor, canary=bool(canary_id),
                                                     claim=claim, artifact_id=serving,
-                                                    max_input_tokens=max_input_tokens(decision.served)))
+                                                    max_input_tokens=max_input_tokens(decision.served), token=token))
         desired.append(guard.build_guard_service(owner))
     if canary_id and pools_deployed:
         desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True,

@@ -164,12 +164,46 @@ def test_api_keys_of_the_pools_reach_the_guard_from_their_secrets() -> None:
 def test_the_route_mirrors_the_class_fraction_to_the_guard_and_the_plan_adds_the_guard() -> None:
     plan = plan_for(guarded_model(), {})
     route = by_kind(plan, "HTTPRoute")["bge-m3"]
-    (mirror,) = route["spec"]["rules"][0]["filters"]
+    header, mirror = route["spec"]["rules"][0]["filters"]  # the token first, so the mirrored copy carries it
     assert mirror["type"] == "RequestMirror"
     assert mirror["requestMirror"]["backendRef"] == {"name": "bge-m3-guard", "port": names.SERVICE_PORT}
     fraction = mirror["requestMirror"]["fraction"]
     assert fraction["numerator"] / fraction["denominator"] == pytest.approx(0.02)
     assert "bge-m3-guard" in by_kind(plan, "Deployment") and "bge-m3-guard" in by_kind(plan, "Service")
+    assert header["type"] == "RequestHeaderModifier" and list(header["requestHeaderModifier"]) == ["set"]
+    ((sent,),) = [header["requestHeaderModifier"]["set"]]
+    assert sent["name"] == contract.MIRROR_TOKEN_HEADER and len(sent["value"]) >= 32
+
+
+def test_the_guard_takes_only_the_token_its_route_sets_and_keeps_it_across_reconciles() -> None:
+    """The token on the route is the one the guard's pod is given; a second reconcile (or another replica after a
+    failover) reads it back from the guard's Deployment instead of making a new one; a guard made anew gets a new
+    one."""
+    world = FakeWorld()
+    body = guarded_model()
+    first = plan_for(body, {}, world)
+    world.run(first)
+    second = plan_for(body, {}, world)
+
+    def token_of(plan: plans.Plan) -> tuple[str, str]:
+        route = world.objects[("HTTPRoute", "bge-m3")] if not by_kind(plan, "HTTPRoute") else by_kind(
+            plan, "HTTPRoute")["bge-m3"]
+        sent = route["spec"]["rules"][0]["filters"][0]["requestHeaderModifier"]["set"][0]["value"]
+        dep = by_kind(plan, "Deployment").get("bge-m3-guard") or world.objects[("Deployment", "bge-m3-guard")]
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        config = server.Config.from_dict(json.loads(env[guard.CONFIG_ENV]))
+        assert config.mirror_token_env == guard.MIRROR_TOKEN_ENV
+        return sent, str(env[guard.MIRROR_TOKEN_ENV])
+
+    sent, given_ = token_of(first)
+    assert sent == given_
+    assert token_of(second) == (sent, given_)
+    world.run(second)  # the pools are ready now: the split moved; from here on nothing is re-applied
+    settled = plan_for(body, {}, world)
+    assert not {"HTTPRoute", "Deployment"} & {o["kind"] for o in settled.apply}
+    elsewhere = plan_for(body, {})  # a model whose guard does not exist yet (another one, or after a re-create)
+    assert by_kind(elsewhere, "HTTPRoute")["bge-m3"]["spec"]["rules"][0]["filters"][0]["requestHeaderModifier"][
+        "set"][0]["value"] != sent
 
 
 def test_without_a_gateway_the_guard_replays_the_served_artifacts_evaluation_pairs() -> None:

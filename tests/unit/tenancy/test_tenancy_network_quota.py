@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from tenancy_helpers import at, rclass
 
-from rerank_operator.core import tenancy
+from rerank_operator.core import names, tenancy
 
 MODEL = {"metadata": {"name": "bge", "namespace": "team-a", "uid": "u-1", "generation": 3}}
 
@@ -27,7 +27,8 @@ def test_network_policy_selects_only_the_models_tei_pods_and_port() -> None:
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     selector = policy["spec"]["podSelector"]
     assert selector["matchLabels"] == {"app.kubernetes.io/name": "rerankmodel", "app.kubernetes.io/instance": "bge"}
-    assert selector["matchExpressions"][0]["values"] == ["cpu-pool", "gpu-pool", "cpu-canary"]  # a canary is TEI too
+    # A canary is TEI too; the quality guard is selected for its own port (test_the_guard_is_reached_only_...).
+    assert selector["matchExpressions"][0]["values"] == ["cpu-pool", "gpu-pool", "cpu-canary", "quality-guard"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert peers(policy) == [{"podSelector": {}}]  # default class: the model's own namespace only
@@ -51,6 +52,32 @@ def test_network_policy_peers(mods: tuple, operator_ns: str | None, expected: li
     policy = tenancy.build_network_policy(MODEL, rclass(*mods), operator_namespace=operator_ns,
                                           operator_pod_labels={"app.kubernetes.io/name": "rerank-operator"})
     assert policy is not None and peers(policy) == expected
+
+
+GATEWAY_PEER = {"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                                            "values": ["gateway"]}]},
+                "podSelector": {"matchLabels": {"app": "envoy"}}}
+OPERATOR_PEER = {"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                                             "values": ["rerank-system"]}]},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rerank-operator"}}}
+
+
+@pytest.mark.parametrize(("mods", "guard_peers"), [
+    ((at("network.routingNamespaces", ["gateway"]), at("network.routingPodLabels", {"app": "envoy"}),
+      at("network.allowedNamespaces", ["search"])), [GATEWAY_PEER, OPERATOR_PEER]),
+    ((at("network.allowedNamespaces", ["search"]),), [OPERATOR_PEER]),  # no routing layer named: nothing mirrors
+])
+def test_the_guard_is_reached_only_by_the_routing_layer_and_the_operator(
+        mods: tuple[Any, ...], guard_peers: list[dict[str, Any]]) -> None:
+    """Not the model's own namespace, not the allowed client namespaces: only what mirrors and what reads verdicts
+    reach the guard's port; TEI's port keeps its peers."""
+    policy = tenancy.build_network_policy(MODEL, rclass(*mods), operator_namespace="rerank-system",
+                                          operator_pod_labels={"app.kubernetes.io/name": "rerank-operator"})
+    assert policy is not None
+    tei, guard = policy["spec"]["ingress"]
+    assert tei["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT}] and {"podSelector": {}} in tei["from"]
+    assert guard["ports"] == [{"protocol": "TCP", "port": names.GUARD_PORT}] and names.GUARD_PORT != names.TEI_PORT
+    assert guard["from"] == guard_peers
 
 
 def test_network_policy_with_no_peer_denies_all_ingress() -> None:

@@ -11,11 +11,18 @@ travels in an environment variable, so a change (the floor, the budget, the verd
 
 It runs from the quantization Job's image (which carries ``quality_guard`` and its numpy), or the class's
 ``qualityGuard.image``, with no API access (no ServiceAccount token), as the same non-root user as every other pod.
+
+It counts only what the model's own route mirrors: the route sets the model's mirror token in a header
+(``route_filters``: a ``RequestHeaderModifier`` before the ``RequestMirror``, standard filters only) and the guard
+drops POSTs without it (``quality_guard/intake.py``). The token is random, made once per guard Deployment and read
+back from it (``mirror_token``), so it survives restarts and leader changes without a Secret the operator would
+need cluster-wide Secret access for; it is as private as the model's HTTPRoute and Deployments.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +87,8 @@ def unavailable(spec: RerankModelSpec) -> str | None:
 
 
 CONFIG_ENV = "RERANK_GUARD_CONFIG"
+#: The guard's environment variable holding the model's mirror token (``quality_guard.server.Config.mirror_token_env``).
+MIRROR_TOKEN_ENV = "RERANK_GUARD_MIRROR_TOKEN"
 CONTAINER = "guard"
 #: What a guard needs: one worker thread, small JSON bodies, numpy. Its requests are the class's to change.
 DEFAULT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"},
@@ -181,6 +190,7 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
         "calls_per_second": settings.calls_per_second,
         "below_floor": sorted(set(below_floor) & {CHECKED}),
         "api_key_env": key_env,
+        "mirror_token_env": MIRROR_TOKEN_ENV,
         **replay,
     }
 
@@ -189,15 +199,30 @@ def _key_env(pool: names.PoolName) -> str:
     return f"RERANK_GUARD_API_KEY_{pool.upper()}"
 
 
+def mirror_token(live: Mapping[str, Any] | None) -> str:
+    """The model's mirror token: the one its guard Deployment ``live`` carries, or a new random one (no guard yet,
+    or one without a token: a guard of an older version, or deleted by hand)."""
+    containers = ((((live or {}).get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or ()
+    for container in containers:
+        if container.get("name") == CONTAINER:
+            for var in container.get("env") or ():
+                if var.get("name") == MIRROR_TOKEN_ENV and var.get("value"):
+                    return str(var["value"])
+    return secrets.token_urlsafe(32)
+
+
 def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                            below_floor: Iterable[str], canary: bool = False, *, claim: str = "",
-                           artifact_id: str | None = None, max_input_tokens: int = 0) -> dict[str, Any]:
+                           artifact_id: str | None = None, max_input_tokens: int = 0,
+                           token: str = "") -> dict[str, Any]:
     """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard reads it
     (``mounts_artifact``); with the tenant's consent (``samples_live``) the model's ``samples/<model>`` read-write.
-    ``max_input_tokens``: the served artifact's (``guard_config``)."""
+    ``max_input_tokens``: the served artifact's (``guard_config``). ``token``: the model's mirror token
+    (``mirror_token``; empty: the guard takes no POST at all)."""
     config = guard_config(owner, spec, settings, below_floor, canary, max_input_tokens)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
-                                                                          separators=(",", ":"))}]
+                                                                          separators=(",", ":"))},
+                                 {"name": MIRROR_TOKEN_ENV, "value": token}]
     local = local_reference(spec)
     for pool in (CHECKED,) if local else (CHECKED, REFERENCE):  # only the pools it calls: a disabled pool's Secret
         secret = spec.pool(pool).tei.api_key_secret             # may be gone
@@ -278,13 +303,19 @@ def build_guard_service(owner: names.Owner) -> dict[str, Any]:
     }
 
 
-def mirror_filter(owner: names.Owner, settings: GuardSettings) -> dict[str, Any]:
-    """The HTTPRoute rule's RequestMirror filter: ``sample_fraction`` of the requests, copied to the guard."""
+def route_filters(owner: names.Owner, settings: GuardSettings, token: str) -> list[dict[str, Any]]:
+    """The HTTPRoute rule's filters for the guard, in the order the Gateway API says implementations apply them:
+    the model's mirror token set in a header (``set`` replaces whatever a client sent), then the RequestMirror of
+    ``sample_fraction`` of the requests to the guard, which so receives the token with each copy."""
     numerator = max(1, min(FRACTION_DENOMINATOR, round(settings.sample_fraction * FRACTION_DENOMINATOR)))
-    return {"type": "RequestMirror", "requestMirror": {
-        "backendRef": {"name": names.guard_name(owner.name), "port": names.SERVICE_PORT},
-        "fraction": {"numerator": numerator, "denominator": FRACTION_DENOMINATOR},
-    }}
+    return [
+        {"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "set": [{"name": contract.MIRROR_TOKEN_HEADER, "value": token}]}},
+        {"type": "RequestMirror", "requestMirror": {
+            "backendRef": {"name": names.guard_name(owner.name), "port": names.SERVICE_PORT},
+            "fraction": {"numerator": numerator, "denominator": FRACTION_DENOMINATOR},
+        }},
+    ]
 
 
 def applies(spec: RerankModelSpec, settings: GuardSettings | None) -> bool:

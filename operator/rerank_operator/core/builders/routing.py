@@ -10,7 +10,7 @@ gets no traffic while the other pool has ready replicas (a worse ranking beats a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,12 +73,12 @@ def split(
 
 
 def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
-                    mirror: Mapping[str, Any] | None = None, canary_percent: int = 0) -> dict[str, Any] | None:
+                    filters: Sequence[Mapping[str, Any]] = (), canary_percent: int = 0) -> dict[str, Any] | None:
     """The HTTPRoute ``<name>`` with one weighted backend per enabled pool, or None without gateway.parentRefs.
-    ``mirror``: a RequestMirror filter (the quality guard's, ``guard.mirror_filter``) on the rule. ``canary_percent``:
-    a new artifact's canary (``<name>-canary``) takes that share of all requests; the pools share the rest in the
-    split's proportions (weights are relative: the pools' are scaled by 100 - canary_percent, so their ratio, which
-    the autoscaler reads back as the split, is unchanged)."""
+    ``filters``: the rule's filters, in order (the quality guard's token header and mirror, ``guard.route_filters``).
+    ``canary_percent``: a new artifact's canary (``<name>-canary``) takes that share of all requests; the pools share
+    the rest in the split's proportions (weights are relative: the pools' are scaled by 100 - canary_percent, so their
+    ratio, which the autoscaler reads back as the split, is unchanged)."""
     gateway = spec.routing.gateway
     if gateway is None:
         return None
@@ -93,8 +93,8 @@ def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
         backends.append({"name": names.canary_name(owner.name), "port": names.SERVICE_PORT,
                          "weight": canary_percent * 100})
     rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}
-    if mirror is not None:
-        rule["filters"] = [dict(mirror)]
+    if filters:
+        rule["filters"] = [dict(f) for f in filters]
     route_spec: dict[str, Any] = {
         "parentRefs": [dict(ref) for ref in gateway.parent_refs],
         "rules": [rule],

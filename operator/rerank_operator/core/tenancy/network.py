@@ -1,4 +1,5 @@
-"""The per-model NetworkPolicy: only the routing layer, allowed namespaces and the operator reach TEI pods. Pure."""
+"""The per-model NetworkPolicy: only the routing layer, allowed namespaces and the operator reach TEI pods; only the
+routing layer and the operator reach the quality guard. Pure."""
 
 from __future__ import annotations
 
@@ -21,12 +22,16 @@ def build_network_policy(
     operator_namespace: str | None = None,
     operator_pod_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
-    """The NetworkPolicy isolating a model's TEI pods, or None when its class turns it off (or there is no class).
+    """The NetworkPolicy isolating a model's TEI pods and its quality guard, or None when its class turns it off (or
+    there is no class).
 
     Ingress to the TEI port only from: the routing layer (class ``network.routingNamespaces``, optionally only pods
     with ``routingPodLabels``), ``network.allowedNamespaces``, the model's own namespace (``allowSameNamespace``)
     and the operator (which scrapes TEI's /metrics for autoscaling); the model's quality guard where the class has
-    one and the namespace is not already allowed. Egress is left alone (TEI downloads models).
+    one and the namespace is not already allowed. Ingress to the guard's port only from the routing layer (whose
+    mirror sends it copies) and the operator (which reads its verdicts): no tenant pod, not even the model's own
+    namespace, may post to it (``quality_guard/intake.py`` checks the mirror's token as well). Egress is left alone
+    (TEI downloads models).
     """
     network = fields.get(rclass or {}, "spec", "network")
     if rclass is None or not network.get("enabled", True):
@@ -34,8 +39,10 @@ def build_network_policy(
     meta = model["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     peers: list[dict[str, Any]] = []
-    if network.get("routingNamespaces"):
-        peers.append(_namespace_peer(network["routingNamespaces"], network.get("routingPodLabels") or {}))
+    routing = ([_namespace_peer(network["routingNamespaces"], network.get("routingPodLabels") or {})]
+               if network.get("routingNamespaces") else [])
+    operator = [_namespace_peer([operator_namespace], operator_pod_labels or {})] if operator_namespace else []
+    peers.extend(routing)
     if network.get("allowedNamespaces"):
         peers.append(_namespace_peer(network["allowedNamespaces"], {}))
     if network.get("allowSameNamespace", True):
@@ -43,9 +50,11 @@ def build_network_policy(
     elif fields.get(rclass or {}, "spec", "qualityGuard").get("enabled"):
         # The model's quality guard asks both pools the requests it checks (builders/guard.py).
         peers.append({"podSelector": {"matchLabels": names.selector_labels(name, names.COMPONENT_GUARD)}})
-    if operator_namespace:
-        peers.append(_namespace_peer([operator_namespace], operator_pod_labels or {}))
+    peers.extend(operator)
     ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": names.TEI_PORT}]}] if peers else []
+    guard_peers = routing + operator
+    if guard_peers:
+        ingress.append({"from": guard_peers, "ports": [{"protocol": "TCP", "port": names.GUARD_PORT}]})
     owner = names.Owner(name=name, namespace=namespace, uid=meta.get("uid", ""), generation=meta.get("generation", 0))
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -63,7 +72,7 @@ def build_network_policy(
                 "matchLabels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name},
                 "matchExpressions": [{"key": names.LABEL_COMPONENT, "operator": "In",
                                       "values": [names.pool_component("cpu"), names.pool_component("gpu"),
-                                                 names.COMPONENT_CANARY]}],
+                                                 names.COMPONENT_CANARY, names.COMPONENT_GUARD]}],
             },
             "policyTypes": ["Ingress"],
             "ingress": ingress,

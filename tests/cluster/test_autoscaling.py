@@ -312,3 +312,56 @@ def test_without_gateway_scaling_still_works_and_steady_load_writes_nothing(
         assert "ScaledUp" in event_reasons(env)
     finally:
         fleet.stop()
+
+
+def test_a_lookalike_pod_serving_hostile_metrics_scales_nothing(scaled: tuple[Env, Path],
+                                                                gateway_api_installed: list[str]) -> None:
+    """A tenant who may create pods (the built-in ``edit`` role) copies a GPU pod with every label of the pool and
+    serves a queue that would make any autoscaler reading it grow the GPU pool to the class's maximum. Its owner
+    chain does not lead to the model's Deployment (observed.owned_pods): the operator never scrapes it, counts it
+    (rerank_operator_foreign_pods) and scales nothing."""
+    env, override = scaled
+    serve(env, routing=GATEWAY)
+    fleet = Fleet(env.kube.api, env.namespace, override, rate=3.0)
+    lookalike = f"{NAME}-gpu-lookalike"
+    try:
+        fresh(env)
+        (real,) = env.kube.pods(env.namespace, f"app.kubernetes.io/instance={NAME},rerank.io/pool=gpu")
+        # Its /metrics: a pod that serves almost nothing, so its queue and latency climb under its share of the load.
+        hostile = FakePod("gpu", fleet)
+        hostile.counters = TeiCounters(0.01, 5.0, 1e9)
+        fleet.pods[lookalike] = hostile
+        env.kube.core.create_namespaced_pod(env.namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            # Every label but pod-template-hash (with it, the pool's ReplicaSet adopts the pod and deletes the
+            # surplus), and no ownerReferences.
+            "metadata": {"name": lookalike, "labels": {k: v for k, v in real["metadata"]["labels"].items()
+                                                       if k != "pod-template-hash"}},
+            "spec": real["spec"]})
+        def ready() -> bool:
+            pod = env.kube.core.read_namespaced_pod(lookalike, env.namespace)
+            return bool(pod.status.pod_ip) and any(c.type == "Ready" and c.status == "True"
+                                                   for c in pod.status.conditions or ())
+        try:
+            eventually(ready, 60, "the look-alike Ready, with an address")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{env.kube.core.read_namespaced_pod(lookalike, env.namespace).status}"
+                                 ) from None
+        key = f'rerank_operator_foreign_pods{{namespace="{env.namespace}",rerankmodel="{NAME}"}}'
+        try:
+            eventually(lambda: env.operator.metrics().get(key) == 1.0, 30, "the look-alike counted")
+        except AssertionError as exc:
+            found = {k: v for k, v in env.operator.metrics().items() if "foreign" in k}
+            raise AssertionError(f"{exc}\n{found}\n{env.describe()}\n{operator_log(env)}") from None
+        time.sleep(4 * 5)  # four autoscaler intervals with the hostile page on offer
+        assert replicas(env, "gpu") == 1, status(env).get("autoscaling")
+        assert "ScaledUp" not in event_reasons(env)
+        assert status(env)["autoscaling"]["lastDecision"]["gpuReplicas"] == 1
+        warned = [line for line in env.operator.log.read_text().splitlines() if lookalike in line]
+        assert warned and "do not own them" in warned[0], operator_log(env)
+
+        # The look-alike goes: the count says so.
+        env.kube.core.delete_namespaced_pod(lookalike, env.namespace, grace_period_seconds=0)
+        eventually(lambda: env.operator.metrics().get(key) == 0.0, 30, "the count back to zero")
+    finally:
+        fleet.stop()

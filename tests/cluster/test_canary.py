@@ -35,6 +35,7 @@ from test_quality_guard import (
     Stack,
     Switch,
     guard_config,
+    mirror_token,
     mirrored_requests,
     route,
     wait,
@@ -74,7 +75,7 @@ class GuardPod:
         config = server.Config.from_dict(raw)
         return GuardProcess.start(dataclasses.replace(
             config, pools={p: self.local[p] for p in config.pools}, reference=self.reference, settings=SMALL,
-            calls_per_second=1e6))
+            calls_per_second=1e6), mirror_token(self.env))
 
     def _run(self) -> None:
         while not self._stop.wait(0.3):

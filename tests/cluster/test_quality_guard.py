@@ -23,6 +23,7 @@ import random
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,8 +47,9 @@ for extra in (ROOT, ROOT / "tests" / "guard"):  # quality_guard (not in the edit
 
 from scoring_server import ScoringServer, tiny_pools  # noqa: E402
 
-from quality_guard import detector, reference, sample, server  # noqa: E402
+from quality_guard import detector, intake, reference, sample, server  # noqa: E402
 from quantizer_job import evaldata  # noqa: E402
+from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.slow]
 
@@ -137,22 +139,39 @@ class WatchedGuard(server.Guard):
 class GuardProcess:
     guard: WatchedGuard
     running: server.Running
+    token: str  # the mirror token the operator gave the guard pod and put on the route
     posted: int = 0
 
     @classmethod
-    def start(cls, config: server.Config, sample_every: float = 0.2) -> GuardProcess:
-        guard = WatchedGuard(config)
-        return cls(guard, server.serve(guard, sample_every=sample_every))
+    def start(cls, config: server.Config, token: str, sample_every: float = 0.2) -> GuardProcess:
+        """The guard pod's process, with the pod's environment: the mirror token (``mirror_token``)."""
+        guard = WatchedGuard(config, environ={MIRROR_TOKEN_ENV: token})
+        return cls(guard, server.serve(guard, sample_every=sample_every), token)
 
     @property
     def address(self) -> str:
         return self.running.url.removeprefix("http://")
 
-    def mirror(self, bodies: list[dict[str, Any]]) -> None:
-        """POST ``bodies`` as the gateway's mirror would, then wait until the guard has checked them all."""
+    def post_unsigned(self, bodies: list[dict[str, Any]]) -> list[int]:
+        """POST ``bodies`` as any other pod that reaches the guard would: without the route's token."""
+        codes = []
         for body in bodies:
             req = urllib.request.Request(self.running.url + "/rerank", data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    codes.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                codes.append(exc.code)
+        return codes
+
+    def mirror(self, bodies: list[dict[str, Any]]) -> None:
+        """POST ``bodies`` as the gateway's mirror would (the route's token header set, as its RequestHeaderModifier
+        does before the RequestMirror), then wait until the guard has checked them all."""
+        for body in bodies:
+            req = urllib.request.Request(self.running.url + "/rerank", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  intake.MIRROR_TOKEN_HEADER: self.token})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 assert resp.status == 202
                 assert json.loads(resp.read())["sampled"] is True  # fraction 1, a budget it never reaches
@@ -288,6 +307,13 @@ def route(env: Env) -> dict[str, Any]:
     return got
 
 
+def mirror_token(env: Env) -> str:
+    """The token the operator gave the guard pod (its Deployment's environment)."""
+    dep = env.kube.deployment(env.namespace, GUARD) or {}
+    containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
+    return str(next(e.get("value") for e in containers[0].get("env") or () if e["name"] == MIRROR_TOKEN_ENV))
+
+
 def guard_config(env: Env) -> dict[str, Any]:
     dep = env.kube.deployment(env.namespace, GUARD) or {}
     containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
@@ -336,14 +362,18 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         "backendRef": {"group": "", "kind": "Service", "name": GUARD, "port": 80},
         "fraction": {"numerator": 2500, "denominator": 10000}}}
     rule = wait(env, lambda: (r := route(env)["spec"]["rules"][0]).get("filters") and r, 30, "the mirror filter")
-    assert rule["filters"] == [mirror], rule
+    token = mirror_token(env)
+    header = {"type": "RequestHeaderModifier",
+              "requestHeaderModifier": {"set": [{"name": intake.MIRROR_TOKEN_HEADER, "value": token}]}}
+    assert rule["filters"] == [header, mirror], rule  # the token first: the mirrored copy carries it
+    assert len(token) >= 32 and op_config.mirror_token_env == MIRROR_TOKEN_ENV
     assert {b["name"] for b in rule["backendRefs"]} == {f"{NAME}-cpu", f"{NAME}-gpu"}
 
     # The guard pod's process: the operator's configuration with the host's addresses and small windows.
     switch = Switch(scorers.healthy.url)
     config = dataclasses.replace(op_config, pools={"cpu": switch.url}, reference=scorers.reference.url,
                                  settings=SMALL, calls_per_second=1e6)
-    proc = GuardProcess.start(config)
+    proc = GuardProcess.start(config, token)
     fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=4.0)
     try:
         fleet.point_at(proc)
@@ -368,8 +398,21 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         wait(env, lambda: route_weights(env)["cpu"] > 0, 90, "spillover to the CPU pool", every=0.5)
         spilled, gpu_before = route_weights(env), replicas(env, "gpu")
 
-        # 3. The CPU pool breaks: the guard flips, the operator takes the pool out of traffic under the same load.
+        # 3. The CPU pool breaks. First a pod that is not the routing layer (another tenant's, or a stray one the
+        # NetworkPolicy would stop where the CNI enforces it) posts the stream that shows it, without the route's
+        # token: nothing of it is scored or kept, the verdict and the weights stay.
         switch.target = scorers.broken.url
+        done, compared = proc.running.worker.done, proc.guard.detectors["cpu"].samples
+        assert set(proc.post_unsigned(mirrored_requests(30, seed=2))) == {401}
+        assert (proc.running.worker.done, proc.guard.detectors["cpu"].samples) == (done, compared)
+        assert proc.state() == "healthy"
+        seen = proc.guard.scrapes
+        wait(env, lambda: proc.guard.scrapes > seen, 30, "the operator to read the guard's /metrics after the posts")
+        assert env.kube.condition(ns, NAME, "QualityVerified")["reason"] == "WithinFloor"
+        assert route_weights(env)["cpu"] > 0  # still spilling
+        assert 'outcome="unauthenticated"' in proc.guard.metrics().decode()
+        # The same stream through the route's mirror is scored: the guard flips, the operator takes the pool out
+        # of traffic under the same load.
         proc.mirror_between_scrapes(mirrored_requests(30, seed=2))
         assert proc.state() == "below_floor"
         cond = quality_condition(env, "False", "BelowFloor", timeout=30)
@@ -403,7 +446,7 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         assert restarted.below_floor == ("cpu",)
         proc = GuardProcess.start(dataclasses.replace(restarted, pools={"cpu": switch.url},
                                                       reference=scorers.reference.url, settings=SMALL,
-                                                      calls_per_second=1e6))
+                                                      calls_per_second=1e6), mirror_token(env))
         assert proc.state() == "below_floor"
         fleet.point_at(proc)
         wait(env, lambda: proc.guard.scrapes >= 2, 30, "two reads of the restarted guard")
@@ -497,7 +540,7 @@ def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
     reference_calls = scorers.reference.calls
     proc = GuardProcess.start(dataclasses.replace(op_config, pools={"cpu": switch.url},
                                                   reference_model=str(scorers.original), replay=str(pairs),
-                                                  settings=SMALL))
+                                                  settings=SMALL), mirror_token(env))
     fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=2.0)
     try:
         fleet.point_at(proc)
@@ -556,7 +599,7 @@ def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_serve
     switch = Switch(scorers.broken.url)
     proc = GuardProcess.start(dataclasses.replace(
         op_config, pools={"cpu": switch.url}, reference=scorers.reference.url, settings=SMALL, calls_per_second=1e6,
-        live_sample=dataclasses.replace(op_config.live_sample, path=str(live))))
+        live_sample=dataclasses.replace(op_config.live_sample, path=str(live))), mirror_token(env))
     fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=2.0)
     try:
         fleet.point_at(proc)

@@ -4,13 +4,20 @@ A thin client over the dynamic client's generic ``request`` (no discovery). Tran
 429) raise :class:`TransientApiError` so the caller can retry with backoff; any other refusal raises
 :class:`ApiError` with the HTTP status and the API server's own message (never the client library's exception).
 Every write request increments ``metrics.API_WRITES``. What to read and write is cluster.py's business.
+
+Writes are fenced by leadership (``Client.fence``: the seconds this process still leads, from the elector): a write
+is refused before it is sent once the term is over (:class:`NotLeader`), and one that is sent may take no longer
+than what is left of the term. So a leader whose Lease renewals hang stops writing at its renew deadline, before a
+standby can take over (a standby waits the longer lease duration), even while its own loops still run. The Lease's
+own writes are the elector's and are not fenced.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3
@@ -42,6 +49,23 @@ _TRANSIENT = {0, 429, 500, 502, 503, 504}
 
 class TransientApiError(RuntimeError):
     """The API server could not be reached or asked us to come back later."""
+
+
+class NotLeader(TransientApiError):
+    """A write refused before it was sent: this process does not lead (any more). Transient for the callers, which
+    retry with backoff; a deposed leader's process exits meanwhile (controllers/leader.py)."""
+
+
+#: The kind whose writes are never fenced: the election's own Lease.
+UNFENCED_KIND = "Lease"
+
+
+def _bounded(timeout: Any, left: float) -> Any:
+    """A request timeout no longer than ``left`` seconds (urllib3: a number is the total; a (connect, read) pair
+    is bounded in both parts)."""
+    if isinstance(timeout, tuple):
+        return tuple(min(float(t), left) for t in timeout)
+    return left if timeout is None else min(float(timeout), left)
 
 
 class WatchExpired(RuntimeError):
@@ -93,6 +117,8 @@ class Client:
     def __init__(self, api_client: ApiClient) -> None:
         self._api = DynamicClient(api_client, discoverer=_NoDiscovery)  # type: ignore[no-untyped-call]
         self.instance = socket.gethostname()  # reportingInstance of the Events this process posts
+        #: Seconds this process may still write for (the elector's ``term_left``; unbounded without election).
+        self.fence: Callable[[], float] = lambda: math.inf
 
     @classmethod
     def from_environment(cls, user_agent: str, connections: int = 64) -> Client:
@@ -110,6 +136,13 @@ class Client:
         return cls(api)
 
     def request(self, method: str, path: str, *, verb: str = "", kind: str = "", **params: Any) -> Any:
+        if verb and kind != UNFENCED_KIND:
+            left = self.fence()
+            if left <= 0:
+                metrics.FENCED_WRITES.labels(verb, kind).inc()
+                raise NotLeader(f"{method} {path}: not sent, this process does not lead")
+            if math.isfinite(left):
+                params["_request_timeout"] = _bounded(params.get("_request_timeout"), left)
         if verb:
             metrics.API_WRITES.labels(verb, kind).inc()
         try:

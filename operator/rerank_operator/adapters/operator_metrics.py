@@ -27,6 +27,10 @@ JOBS = Counter(
     "rerank_operator_quantization_jobs_total", "Quantization Jobs, by outcome (created, succeeded, failed).",
     ["outcome", "reason"],
 )
+FENCED_WRITES = Counter(
+    "rerank_operator_fenced_writes_total", "Writes refused before they were sent because this process no longer "
+    "led (its renew deadline passed), by verb and kind.", ["verb", "kind"]
+)
 API_WRITES = Counter(
     "rerank_operator_api_writes_total", "Write requests sent to the Kubernetes API, by verb and kind.", ["verb", "kind"]
 )

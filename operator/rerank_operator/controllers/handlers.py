@@ -101,6 +101,7 @@ class Process:
                                       f"{CACHE_SYNC_SECONDS:.0f} s: check the operator's RBAC and the API server")
         metrics.QUEUE_DEPTH.set_function(self.queue.depth)
         self.elector = leader.Elector(self.client, self.settings.leader_election, leader.default_identity())
+        self.client.fence = self.elector.term_left  # every write from here on is fenced by the term (kube_api.py)
         self._electing = threading.Thread(target=self.elector.run, args=(self.stop, self.lead, self.abdicate),
                                           daemon=True, name="leader-election")
         self._electing.start()

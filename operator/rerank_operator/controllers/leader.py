@@ -9,9 +9,10 @@ that cannot renew within the renew deadline, or finds another holder in the Leas
 is not worth untangling when a fresh start costs seconds. A graceful stop releases the Lease so a standby acquires at
 its next try instead of waiting out the lease.
 
-``is_leader`` is what the writers check. It turns False by itself when the renew deadline passes, even while the
-loop's thread is still blocked in a request, so a hung API call can never stretch a leader's term past the point
-where a standby may take over.
+``term_left`` is what every write checks (``kube_api.Client.fence``: a write is not sent once it is 0, and takes at
+most what is left). It runs out by itself when the renew deadline passes, even while the loop's thread is still
+blocked in a request, so a hung Lease request can never stretch a leader's writes past the point where a standby
+may take over. ``is_leader`` (the health probe's) is ``term_left() > 0``.
 """
 
 from __future__ import annotations
@@ -78,8 +79,13 @@ class Elector:
 
     @property
     def is_leader(self) -> bool:
+        return self.term_left() > 0
+
+    def term_left(self) -> float:
+        """Seconds until this process must stop writing: up to the renew deadline of its last successful renew
+        (unbounded without election; -inf while it does not lead)."""
         with self._lock:
-            return self._monotonic() < self._valid_until
+            return self._valid_until - self._monotonic()
 
     def run(self, stop: threading.Event, on_started: Callable[[], None], on_stopped: Callable[[], None]) -> None:
         """Block until ``stop`` is set or leadership is lost. ``on_started`` runs once we lead (at once without

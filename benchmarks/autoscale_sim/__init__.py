@@ -8,12 +8,16 @@ Model (1 s steps, every controller sees the same world):
   traffic each receives) exceeds it, or when more than 5% of its requests are rejected;
 - what controllers see is what TEI exposes: counters (te_request_count/success/failure), the te_queue_size gauge
   and te_request_duration as TEI's histogram (buckets 1e-5 * 1.5^k s, k = 1..35), scraped every 15 s by Prometheus
-  and at each of its ticks by the policy (the direct source scrapes the pods itself); each pool's scrape fails with
-  probability --scrape-failure (default 5%);
+  and at each of its ticks by the policy (the direct source scrapes the pods itself, every 5 s by default); each
+  pool's scrape fails with probability --scrape-failure (default 5%);
 - the policy (`rerank_operator.core.autoscale.policy.decide`, the real function) reads them like the direct source:
   deltas between the two latest successful scrapes, p95 by `exposition.quantile` over the bucket deltas, and holds
   when a scrape failed; baselines read them like an HPA or KEDA through Prometheus: rate() over a 1 m window of the
-  15 s scrapes, read 8 s after the scrape (their sync is not aligned with the scrape);
+  15 s scrapes, read 8 s after the scrape (their sync is not aligned with the scrape). Those are the production
+  defaults, not the policy's cadence: the policy's faster, aligned reads are an advantage of its direct source,
+  not of its logic. --baseline-period-s 5 --baseline-lag-s 0 --rate-window-s 15 gives the baselines the policy's
+  cadence (the HPA's scale-up limit stays per 15 s, as its default policies are); the JSON's
+  parameters.baseline_cadence says which cadence a report compared at;
 - decisions take effect after an actuation delay (the delay10 variant: 10 s); cost is replica-seconds (starting
   pods included) x price; each row also has late_fraction, the share of all requests served past the SLO or
   rejected (a violation-second counts the seconds, this the requests: a policy must not trade one for the other

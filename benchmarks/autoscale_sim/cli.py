@@ -40,6 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-sweep", action="store_true", help="baselines at their default target only")
     parser.add_argument("--ablations", nargs="?", const="builtin", default=None, metavar="JSON",
                         help="also run the policy's ablations (or {name: spec.autoscaling overrides} given here)")
+    parser.add_argument("--baseline-period-s", type=int, default=SCRAPE_S,
+                        help="the baselines' scrape and sync period (production: Prometheus' 15 s); 5 is the "
+                             "policy's own interval. Must divide 15")
+    parser.add_argument("--baseline-lag-s", type=int, default=BASELINE_LAG_S,
+                        help="the baselines' sync after each scrape (production: 8 s, not aligned); 0 is the "
+                             "policy's (it ticks right after its own scrape). Below the period")
+    parser.add_argument("--rate-window-s", type=int, default=RATE_WINDOW_S,
+                        help="the baselines' rate() range (production: 1 m)")
     parser.add_argument("--scrape-failure", type=float, default=0.05)
     parser.add_argument("--slo-ms", type=float, default=500)
     parser.add_argument("--gpu-rps", type=float, default=120, help="one GPU FP16 replica's throughput")
@@ -63,6 +71,12 @@ def main(argv: list[str] | None = None) -> None:
         report = report_for(previous["rows"], previous["parameters"], args.variants.split(","))
         print(markdown(report) if args.format == "markdown" else json.dumps(report, indent=1))
         return
+    if args.baseline_period_s <= 0 or 15 % args.baseline_period_s:
+        parser.error("--baseline-period-s must divide 15 (1, 3, 5 or 15): the world's scrape cycle")
+    if not 0 <= args.baseline_lag_s < args.baseline_period_s:
+        parser.error("--baseline-lag-s must be at least 0 and below --baseline-period-s")
+    if args.rate_window_s < 2 * args.baseline_period_s:
+        parser.error("--rate-window-s must hold two scrapes at least (2 x --baseline-period-s)")
     if args.quick:
         args.seeds, args.hours, args.shapes, args.variants = "1-2", 6.0, "diurnal", "nominal"
 
@@ -96,14 +110,19 @@ def main(argv: list[str] | None = None) -> None:
         for variant in chosen:
             runs += runs_for(variant, variants[variant], gpu, cpu, slo, spec, not args.no_sweep,
                              ablations if variant == "nominal" else {}, args.baselines.split(","),
-                             args.bounds)
+                             args.bounds, baseline_period=args.baseline_period_s, baseline_lag=args.baseline_lag_s,
+                             rate_window=args.rate_window_s)
         for row in simulate(rates, runs, gpu, cpu, slo, seed, spikes=spikes):
             rows.append({"shape": shape, "seed": seed, **row})
         print(f"{shape} seed {seed}: {time.monotonic() - started:.0f}s", file=sys.stderr)
 
     parameters = {**vars(args), "gpu_capacity_at_slo": round(gpu.capacity_at(slo), 1),
                   "cpu_capacity_at_slo": round(cpu.capacity_at(slo), 2), "tei_buckets": "1e-5*1.5^k, k=1..35",
-                  "scrape_s": SCRAPE_S, "rate_window_s": RATE_WINDOW_S, "baseline_lag_s": BASELINE_LAG_S,
+                  "policy_interval_s": spec.interval_seconds, "baseline_cadence": {
+                      "period_s": args.baseline_period_s, "lag_s": args.baseline_lag_s,
+                      "rate_window_s": args.rate_window_s,
+                      "equal_to_policy": args.baseline_period_s == int(spec.interval_seconds)
+                      and args.baseline_lag_s == 0},
                   "held_out_seeds": list(HELD_OUT), "runtime_s": round(time.monotonic() - started, 1)}
     report = report_for(rows, parameters, chosen)
     text = json.dumps(report, indent=1)

@@ -36,11 +36,16 @@ class Hpa:
     """One pool's HPA v2: max over metrics of ceil(ratio x ready), tolerance, unready pods at 0 for scale-up,
     default scale-up policies (100% or 4 pods per 15 s, whichever is more), a scale-down stabilization window."""
 
+    #: The default scale-up policies' period (100% or 4 pods per 15 s): a limit over time, not per sync, so an HPA
+    #: synced every 5 s grows no faster than one synced every 15 s.
+    UP_PERIOD_S = 15
+
     def __init__(self, model: PoolModel, down_window_s: float = 300, tolerance: float = 0.1) -> None:
         self.model = model
         self.window = down_window_s
         self.tolerance = tolerance
         self.recommendations: deque[tuple[int, int]] = deque()
+        self.replicas: deque[tuple[int, int]] = deque()  # (time, replicas) at each sync within the period
 
     def desired(self, now: int, current: int, ready: int, ratios: Sequence[float | None]) -> int:
         valid = [r for r in ratios if r is not None]
@@ -62,8 +67,13 @@ class Hpa:
         self.recommendations.append((now, rec))
         while now - self.recommendations[0][0] > self.window:
             self.recommendations.popleft()
+        # The replicas at the period's start: the fewest seen at a sync within it (only now's at a 15 s sync).
+        self.replicas.append((now, current))
+        while now - self.replicas[0][0] >= self.UP_PERIOD_S:
+            self.replicas.popleft()
+        base = min(r for _, r in self.replicas)
         if rec > current:
-            return min(rec, max(current * 2, current + 4))
+            return max(current, min(rec, max(base * 2, base + 4)))
         return min(current, self.recommendations[0][1])
 
 

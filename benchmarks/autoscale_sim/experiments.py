@@ -11,7 +11,7 @@ from rerank_operator.core.autoscale import split as routing
 from rerank_operator.core.autoscale.config import AutoscalingSpec
 
 from .controllers import BASELINES, BOUNDS, make_baseline, policy_controller
-from .observation import BASELINE_LAG_S
+from .observation import BASELINE_LAG_S, RATE_WINDOW_S, SCRAPE_S
 from .simulation import RunSpec
 from .world import PoolModel, Realism
 
@@ -27,14 +27,19 @@ def policy_spec(gpu: PoolModel, cpu: PoolModel, extra: dict[str, Any] | None = N
 
 def runs_for(variant: str, realism: Realism, gpu: PoolModel, cpu: PoolModel, slo: float, spec: AutoscalingSpec,
              sweep: bool, ablations: dict[str, tuple[AutoscalingSpec, routing.Tuning]],
-             baselines: Sequence[str], bounds: bool = False) -> list[RunSpec]:
+             baselines: Sequence[str], bounds: bool = False, *, baseline_period: int = SCRAPE_S,
+             baseline_lag: int = BASELINE_LAG_S, rate_window: int = RATE_WINDOW_S) -> list[RunSpec]:
+    """``baseline_period``, ``baseline_lag`` and ``rate_window``: the baselines' scrape and sync period, their sync's
+    offset after each scrape and their rate() range (production defaults: 15 s, 8 s, 1 min; the policy's own
+    cadence: its interval, 0 s, and a short window)."""
+    cadence = {"period": baseline_period, "phase": baseline_lag, "rate_window": rate_window}
     runs = [RunSpec(f"{variant}|policy", lambda: policy_controller(spec), realism,
                     period=int(spec.interval_seconds), histogram=True)]
     runs += [RunSpec(f"{variant}|ablation:{name}", (lambda s=s, t=t: policy_controller(s, t)), realism,
                      period=int(s.interval_seconds), histogram=True)
              for name, (s, t) in ablations.items()]
     runs.append(RunSpec(f"{variant}|hpa_util@0.7", make_baseline("hpa_util", gpu, cpu, slo, 0.7), realism,
-                        phase=BASELINE_LAG_S))
+                        **cadence))
     for name, tuning in BASELINES.items():
         if name not in baselines:
             continue
@@ -42,7 +47,7 @@ def runs_for(variant: str, realism: Realism, gpu: PoolModel, cpu: PoolModel, slo
         factors = sorted(set(factors) | {tuning["f"]})
         for f in factors:
             runs.append(RunSpec(f"{variant}|{name}@{f}", make_baseline(name, gpu, cpu, slo, f), realism,
-                                phase=BASELINE_LAG_S))
+                                **cadence))
     if bounds:
         for name, tuning in BOUNDS.items():
             for f in sorted(set(tuning["sweep"]) | {tuning["f"]}):

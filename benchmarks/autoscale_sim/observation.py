@@ -15,9 +15,11 @@ import numpy as np
 from rerank_operator.core.autoscale import exposition
 from rerank_operator.core.autoscale.signals import PoolSignals
 
-SCRAPE_S = 15            # Prometheus scrape interval, and the direct source's tick
-RATE_WINDOW_S = 60       # rate(...[1m]) for the Prometheus-fed baselines
-BASELINE_LAG_S = 8       # HPA/KEDA sync relative to the scrape
+SCRAPE_S = 15            # Prometheus scrape interval (production default), and the direct source's tick
+RATE_WINDOW_S = 60       # rate(...[1m]) for the Prometheus-fed baselines (production default)
+BASELINE_LAG_S = 8       # HPA/KEDA sync relative to the scrape (production: not aligned with it)
+# The three are the baselines' defaults; --baseline-period-s, --baseline-lag-s and --rate-window-s change them, so
+# that the baselines can also be compared at the policy's own cadence (its 5 s ticks right after its own scrape).
 TEI_BUCKETS = np.array([1e-5 * 1.5 ** k for k in range(1, 36)])
 TEI_BOUNDS = (*(float(b) for b in TEI_BUCKETS), math.inf)
 
@@ -48,6 +50,7 @@ class View:
     failed: list[bool]          # the latest scrape of each pool failed
     trace: np.ndarray | None = None  # the true arrival rate per second: for the bounds only
     backlog: tuple[float, float] = (0.0, 0.0)  # the true requests waiting per pool: for the bounds only
+    rate_window: int = RATE_WINDOW_S  # the range of the baselines' rate(...[window])
 
     def direct(self, pool: int) -> PoolSignals:
         """Signals as the direct source computes them at a tick right after its scrape."""
@@ -76,8 +79,8 @@ class View:
             sampled_at=float(now.time))
 
     def prom_rate(self, pool: int) -> float | None:
-        """rate(te_request_count[1m]) summed over the pool, as Prometheus computes it from its samples."""
-        window = [s for s in self.scrapes[pool] if self.now - s.time <= RATE_WINDOW_S]
+        """rate(te_request_count[window]) summed over the pool, as Prometheus computes it from its samples."""
+        window = [s for s in self.scrapes[pool] if self.now - s.time <= self.rate_window]
         if len(window) < 2:
             return None
         return (window[-1].requests - window[0].requests) / max(window[-1].time - window[0].time, 1)

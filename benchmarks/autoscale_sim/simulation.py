@@ -1,6 +1,9 @@
 """The queueing world and a run of it: N controllers in lockstep over one trace (numpy over the runs, Python per
 controller tick). Each run draws from its own random stream, so adding or removing a controller never changes
-another's result, and every controller meets the same traffic, start-ups and scrape cadence."""
+another's result, and every controller meets the same traffic and start-ups. Cadence is each run's own (``RunSpec``):
+the policy scrapes and ticks every interval (5 s by default) right after its own scrape; the baselines at
+Prometheus' scrape period, a sync lag after it and a rate() window (15 s, 8 s, 1 m by default; the CLI's
+``--baseline-period-s``, ``--baseline-lag-s`` and ``--rate-window-s`` set them, e.g. to the policy's own)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .attribution import CAUSES, SPIKE_TAIL_S, attribute
-from .observation import SCRAPE_S, TEI_BUCKETS, Action, Controller, Scrape, View
+from .observation import RATE_WINDOW_S, SCRAPE_S, TEI_BUCKETS, Action, Controller, Scrape, View
 from .world import MAX_CONCURRENT, TAIL, PoolModel, Realism
 
 
@@ -28,6 +31,7 @@ class RunSpec:
     phase: int = 0    # tick offset within the scrape period (0: right after the scrape, like the direct source)
     period: int = SCRAPE_S  # scrape and tick period (the policy's intervalSeconds; Prometheus' scrape interval)
     histogram: bool = False  # it reads te_request_duration (only the policy does: the others cost less without)
+    rate_window: int = RATE_WINDOW_S  # the baselines' rate() range (the policy reads deltas of its last two scrapes)
 
 
 def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: PoolModel, slo: float,
@@ -74,7 +78,8 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
     intent = [[gpu.min_replicas, cpu.min_replicas] for _ in range(k)]
     intent_share = [0.0] * k
     pending: list[deque] = [deque() for _ in range(k)]
-    scrapes = [[deque(maxlen=6), deque(maxlen=6)] for _ in range(k)]
+    # Enough scrapes for the longest rate() window at the run's scrape period (and never fewer than 6).
+    scrapes = [[deque(maxlen=max(6, r.rate_window // max(r.period, 1) + 2)) for _ in (0, 1)] for r in runs]
     failed = [[False, False] for _ in range(k)]
     shares_seen: list[list[int]] = [[] for _ in range(k)]
     next_event = math.inf
@@ -174,7 +179,7 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
         for i in tick_at[now % 15] if now > 0 else ():
             view = View(now, [int(ready[i, 0]), int(ready[i, 1])], [len(starting[i][0]), len(starting[i][1])],
                         list(intent[i]), intent_share[i], scrapes[i], failed[i], rates,
-                        (float(backlog[i, 0]), float(backlog[i, 1])))
+                        (float(backlog[i, 0]), float(backlog[i, 1])), runs[i].rate_window)
             action = controllers[i](view)
             stale_tick[i] = failed[i][0] or failed[i][1]
             intent[i] = [action[0], action[1]]

@@ -5,6 +5,7 @@ small worked cases, and the world model on cases whose answer follows from capac
 from __future__ import annotations
 
 import sys
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[3] / "benchmarks"))  # the benchmark is a package there
 
-from autoscale_sim import attribution, matching, report, simulation, targets, world
+from autoscale_sim import attribution, cli, controllers, matching, observation, report, simulation, targets, world
 
 # (tuning factor, cost, violations); f=0.6 costs more than f=0.5 and violates more: dominated, never interpolated.
 POINTS = [(0.5, 100.0, 50.0), (0.6, 110.0, 60.0), (0.7, 120.0, 30.0), (0.9, 140.0, 10.0)]
@@ -143,3 +144,40 @@ def test_seed_bootstrap_shows_a_target_that_rests_on_the_seeds_drawn() -> None:
     result = report.report_for(_seeds_with_ratios([0.25, 0.25, 1.0, 1.0]), {}, ["nominal"])
     assert result["targets"]["diurnal|nominal"]["ratio"] == 0.4                        # harmonic mean, met
     assert f"({spread['met_share']:.0%})" in report.markdown(result)
+
+
+# --- cadence: the baselines at production defaults or at the policy's own -------------------------------------------
+
+def test_an_hpa_synced_every_5s_grows_no_faster_than_its_15s_scale_up_policy_allows() -> None:
+    """100% or 4 pods per 15 s is a limit over time: three syncs inside one period double the pool once."""
+    hpa = controllers.Hpa(world.PoolModel("gpu", 10.0, 0.05, 120.0, 1, 64, 1.0))
+    grown, current = [], 4
+    for now in range(0, 35, 5):
+        current = hpa.desired(now, current, current, [10.0])  # always ten times the target
+        grown.append(current)
+    assert grown == [8, 8, 8, 16, 16, 16, 32]
+    at_15s = controllers.Hpa(world.PoolModel("gpu", 10.0, 0.05, 120.0, 1, 64, 1.0))
+    assert [at_15s.desired(t, c, c, [10.0]) for t, c in ((0, 4), (15, 8), (30, 16))] == [8, 16, 32]
+
+
+def test_the_baselines_rate_window_is_the_views() -> None:
+    scrapes = [observation.Scrape(t, 1, 10.0 * t, 10.0 * t, 0.0, 0.0, np.zeros(0)) for t in range(0, 61, 5)]
+    scrapes[-1] = observation.Scrape(60, 1, scrapes[-2].requests + 100.0, 0.0, 0.0, 0.0, np.zeros(0))  # a burst
+
+    def view(window: int) -> observation.View:
+        return observation.View(60, [1, 1], [0, 0], [1, 1], 0.0, [deque(scrapes), deque()], [False, False],
+                                 rate_window=window)
+    assert view(60).prom_rate(0) == pytest.approx((550 + 100) / 60)  # the burst diluted over a minute
+    assert view(15).prom_rate(0) == pytest.approx((650 - 450) / 15)  # the scrapes at 45..60 s: the burst seen
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--baseline-period-s", "4"], "must divide 15"),
+    (["--baseline-period-s", "5", "--baseline-lag-s", "5"], "below --baseline-period-s"),
+    (["--baseline-period-s", "5", "--baseline-lag-s", "0", "--rate-window-s", "5"], "two scrapes"),
+])
+def test_a_cadence_the_world_cannot_run_is_refused(flags: list[str], message: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--quick", *flags])
+    assert message in capsys.readouterr().err

@@ -31,10 +31,21 @@ RULE_FILES = [ROOT / "operator/rerank_operator/rbac_rules.yaml",
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 #: Granted, and needed, but never a request of the operator's own: why each shows in no audit event of its identity.
+_SSA_CREATE = ("server-side apply of an object not there yet is a patch request, which the API server authorizes as "
+               "create too")
 NOT_A_REQUEST: dict[Grant, str] = {
     ("rerank.io", "rerankmodels/finalizers", "update"):
         "checked by the API server when the operator creates a child whose ownerReference sets blockOwnerDeletion "
         "(OwnerReferencesPermissionEnforcement): an authorization check, not a request",
+    ("apps", "deployments", "create"): _SSA_CREATE,
+    ("", "services", "create"): _SSA_CREATE,
+    ("", "persistentvolumeclaims", "create"): _SSA_CREATE,
+    ("gateway.networking.k8s.io", "httproutes", "create"): _SSA_CREATE,
+    ("networking.k8s.io", "networkpolicies", "create"): _SSA_CREATE,
+    ("", "persistentvolumeclaims", "get"):
+        "a model's own spec.storage.existingClaim (it carries none of the operator's labels, so no watch sees it): "
+        "exercised on the real node (test_real_node.py), where the operator runs under its chart's ServiceAccount, "
+        "whose reads the dev cluster's audit policy does not log",
 }
 
 

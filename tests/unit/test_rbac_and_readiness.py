@@ -28,7 +28,7 @@ def test_rules_are_plain_policy_rules_without_wildcards() -> None:
 
 
 @pytest.mark.parametrize("group,resource,verbs,why", [
-    ("rerank.io", "rerankmodels", ["get", "list", "watch", "patch"],
+    ("rerank.io", "rerankmodels", ["list", "watch", "patch"],
      "an informer watches the models; the operator annotates them and removes an old finalizer"),
     ("rerank.io", "rerankmodels/status", ["patch"], "status is written with a merge patch"),
     ("rerank.io", "rerankmodels/finalizers", ["update"], "blockOwnerDeletion on children"),

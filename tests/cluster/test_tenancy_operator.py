@@ -168,3 +168,15 @@ def test_a_quota_refusing_the_claim_is_reported(rrm_env: Env, rclass: Callable[.
     assert cond["message"].startswith("PersistentVolumeClaim/bge-m3-models: exceeded quota: storage"), cond
     assert env.kube.condition(ns, "bge-m3", "Ready")["reason"] == "QuotaExceeded"
     assert env.operator.proc is not None and env.operator.proc.poll() is None  # a TemporaryError, not a crash
+
+
+def test_a_quota_refusing_the_quantization_jobs_pod_is_reported(rrm_env: Env, rclass: Callable[..., str]) -> None:
+    """A quota that leaves no room for a pod: the Job controller cannot create the quantizer's pod and says so only
+    in a FailedCreate Event on the Job, which the operator reads once the Job has waited past its grace
+    (job.FAILED_CREATE_GRACE_SECONDS) and reports as the Job's QuotaExceeded."""
+    env, ns = rrm_env, rrm_env.namespace
+    name = rclass({})
+    quota(env, "no-pods", {"pods": "0"})
+    env.kube.create_model(env.model(className=name, pools=CPU_ONLY))
+    ready = env.kube.wait_condition(ns, "bge-m3", "Ready", "False", "QuotaExceeded", timeout=60)
+    assert ready["message"].startswith("Job/bge-m3-") and "exceeded quota: no-pods" in ready["message"], ready

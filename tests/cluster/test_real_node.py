@@ -18,6 +18,7 @@ import contextlib
 import json
 import shutil
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -297,9 +298,18 @@ def test_the_guard_pod_runs_from_the_image_and_keeps_its_live_sample_on_the_volu
         for p in evaldata.builtin_pairs():
             by_query.setdefault(p.query, []).append(p.text)
         mirrored = [{"query": q, "texts": ts} for q, ts in by_query.items()]
+        # What the route's RequestHeaderModifier sets on every copy it mirrors: the token the pod was given.
+        token = next(e["value"] for e in guard_pod["spec"]["containers"][0]["env"]
+                     if e["name"] == "RERANK_GUARD_MIRROR_TOKEN")
+        unsigned = urllib.request.Request(url + "/rerank", data=json.dumps(mirrored[0]).encode(), method="POST",
+                                          headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the image's guard takes nothing else
+            urllib.request.urlopen(unsigned, timeout=10)
+        assert refused.value.code == 401
         for b in mirrored:
             req = urllib.request.Request(url + "/rerank", data=json.dumps(b).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  contract.MIRROR_TOKEN_HEADER: token})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 assert resp.status == 202
         expected = sum(len(ts) for ts in by_query.values())

@@ -307,17 +307,22 @@ def route(env: Env) -> dict[str, Any]:
     return got
 
 
-def mirror_token(env: Env) -> str:
-    """The token the operator gave the guard pod (its Deployment's environment)."""
+def guard_env(env: Env, name: str) -> str | None:
+    """A variable of the guard container's environment, as its Deployment has it (None: no such variable)."""
     dep = env.kube.deployment(env.namespace, GUARD) or {}
     containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
-    return str(next(e.get("value") for e in containers[0].get("env") or () if e["name"] == MIRROR_TOKEN_ENV))
+    return next((e.get("value") for e in containers[0].get("env") or () if e["name"] == name), None)
+
+
+def mirror_token(env: Env) -> str:
+    """The token the operator gave the guard pod (its Deployment's environment)."""
+    token = guard_env(env, MIRROR_TOKEN_ENV)
+    assert token, "the guard's Deployment carries no mirror token"
+    return token
 
 
 def guard_config(env: Env) -> dict[str, Any]:
-    dep = env.kube.deployment(env.namespace, GUARD) or {}
-    containers = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
-    value = next((e.get("value") for e in containers[0].get("env") or () if e["name"] == "RERANK_GUARD_CONFIG"), None)
+    value = guard_env(env, "RERANK_GUARD_CONFIG")
     return json.loads(value) if value else {}
 
 

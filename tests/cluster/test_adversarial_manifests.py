@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.waiting import eventually
 from rerank_operator.core import spec as specs
-from rerank_operator.core import tenancy
+from rerank_operator.core import spec_parse, tenancy
 
 pytestmark = pytest.mark.cluster
 
@@ -389,14 +389,14 @@ def test_valid_models_are_admitted_with_and_without_the_policy(kube: client.ApiC
     body = body_of(mod)
     assert dry_run_create(kube, plain_ns, body) is None, name
     assert dry_run_create(kube, policed_ns[0], body) is None, name
-    specs.parse(body["spec"])  # and the operator can serve it
+    spec_parse.parse(body["spec"])  # and the operator can serve it
 
 
 @pytest.mark.parametrize("case", [c for c in INVALID if c.layer == "crd" and c.parse], ids=lambda c: c.name)
 def test_the_operator_refuses_what_the_crd_refuses(case: Case) -> None:
     """Defence in depth: an object stored before a rule existed never meets it again; the parser does."""
     with pytest.raises(specs.SpecError):
-        specs.parse(body_of(case.mod)["spec"])
+        spec_parse.parse(body_of(case.mod)["spec"])
 
 
 @pytest.mark.parametrize("case", [c for c in INVALID if c.layer == "policy"], ids=lambda c: c.name)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quantizer_job import contract
-from rerank_operator.core import names
+from rerank_operator.core import names, spec_parse
 from rerank_operator.core import spec as specs
 from rerank_operator.core.observed import Observed
 from rerank_operator.core.plan import Plan
@@ -78,7 +78,7 @@ def model(*mods: Mod) -> dict[str, Any]:
 
 
 def spec_of(body: dict[str, Any]) -> specs.RerankModelSpec:
-    return specs.parse(body["spec"])
+    return spec_parse.parse(body["spec"])
 
 
 def owner_of(body: dict[str, Any]) -> names.Owner:

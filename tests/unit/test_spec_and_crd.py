@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rerank_operator.core import spec as specs
+from rerank_operator.core import spec_parse
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "rerankmodel.yaml"
 CRD = yaml.safe_load(CRD_PATH.read_text())
@@ -84,7 +85,7 @@ MINIMAL = {"model": {"id": "BAAI/bge-reranker-v2-m3"},
 def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
     defaulted = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
     assert defaulted != MINIMAL  # the CRD did default something
-    assert specs.parse(defaulted) == specs.parse(MINIMAL)
+    assert spec_parse.parse(defaulted) == spec_parse.parse(MINIMAL)
 
 
 @pytest.mark.parametrize("path,expected", [
@@ -127,7 +128,7 @@ def test_fields_a_class_defaults_have_no_crd_default(path: str) -> None:
 
 
 def test_built_in_defaults_apply_when_neither_model_nor_class_sets_them() -> None:
-    parsed = specs.parse({"model": {"id": "org/m"}, "pools": {"gpu": {}}})
+    parsed = spec_parse.parse({"model": {"id": "org/m"}, "pools": {"gpu": {}}})
     assert (parsed.cpu.image, parsed.gpu.image) == (specs.TEI_CPU_IMAGE, specs.TEI_GPU_IMAGE)
     assert (parsed.cpu.min_replicas, parsed.cpu.max_replicas, parsed.gpu.max_replicas) == (1, 4, 2)
     assert parsed.cpu.resources == specs.DEFAULT_CPU_RESOURCES
@@ -138,7 +139,7 @@ def test_built_in_defaults_apply_when_neither_model_nor_class_sets_them() -> Non
 
 
 def test_absent_gpu_pool_is_disabled_and_cpu_pool_is_enabled() -> None:
-    parsed = specs.parse({"model": {"id": "org/m"}})
+    parsed = spec_parse.parse({"model": {"id": "org/m"}})
     assert parsed.cpu.enabled and not parsed.gpu.enabled
 
 
@@ -153,17 +154,17 @@ def test_absent_gpu_pool_is_disabled_and_cpu_pool_is_enabled() -> None:
 ])
 def test_parse_refuses_what_the_crd_refuses(spec: dict[str, Any], fragment: str | None) -> None:
     if fragment is None:
-        specs.parse(spec)  # an empty data section means "none"
+        spec_parse.parse(spec)  # an empty data section means "none"
         return
     with pytest.raises(specs.SpecError, match=fragment):
-        specs.parse(spec)
+        spec_parse.parse(spec)
 
 
 def test_the_autoscalers_view_has_the_crds_defaults_and_comes_from_the_same_parser() -> None:
     from rerank_operator.core.autoscale.config import AutoscalingSpec
     defaulted = apply_defaults(copy.deepcopy(MINIMAL), SCHEMA["properties"]["spec"])
-    view = AutoscalingSpec.from_model(specs.parse(defaulted))
-    assert view == AutoscalingSpec.from_model(specs.parse(MINIMAL)) == AutoscalingSpec.from_spec(MINIMAL)
+    view = AutoscalingSpec.from_model(spec_parse.parse(defaulted))
+    assert view == AutoscalingSpec.from_model(spec_parse.parse(MINIMAL)) == AutoscalingSpec.from_spec(MINIMAL)
     crd = defaulted["autoscaling"]
     assert (view.interval_seconds, view.stale_after_seconds) == (crd["intervalSeconds"],
                                                                  crd["metrics"]["staleAfterSeconds"])
@@ -185,6 +186,6 @@ def test_an_unset_time_budget_fits_the_deadline(quantization: dict[str, Any], bu
     """Setting only a short deadline must not trip 'timeBudgetSeconds must be below activeDeadlineSeconds' for a
     budget the tenant never wrote: the CRD has no default for it, spec.py derives it from the deadline."""
     body = apply_defaults(copy.deepcopy({**MINIMAL, "quantization": quantization}), SCHEMA["properties"]["spec"])
-    parsed = specs.parse(body)
+    parsed = spec_parse.parse(body)
     assert parsed.quantization.time_budget_seconds == budget
     assert parsed.quantization.time_budget_seconds < parsed.quantization.active_deadline_seconds

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rerank_operator.core import spec as specs
+from rerank_operator.core import spec_parse
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**63) | st.floats(allow_nan=True)
@@ -50,7 +51,7 @@ PATHS = _paths(VALID)
 
 def _parses_or_refuses(spec: Any) -> None:
     with contextlib.suppress(specs.SpecError):
-        specs.parse(spec)
+        spec_parse.parse(spec)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,5 +73,5 @@ def test_a_valid_spec_with_one_part_replaced_by_arbitrary_json(path: tuple[Any, 
 
 
 def test_the_valid_base_parses() -> None:
-    parsed = specs.parse(VALID)
+    parsed = spec_parse.parse(VALID)
     assert parsed.cpu.tei.extra_args == ("--tokenization-workers=2",) and parsed.gpu.enabled

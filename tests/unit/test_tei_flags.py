@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rerank_operator.core import spec as specs
-from rerank_operator.core import tei_flags
+from rerank_operator.core import spec_parse, tei_flags
 
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "rerankmodel.yaml").read_text())
 POOLS = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["pools"]
@@ -49,7 +49,7 @@ def test_allowed_flags_pass_and_reach_the_parser() -> None:
     ok = ["--tokenization-workers=8", "--max-batch-requests=32", "--payload-limit=2000000",
           "--served-model-name=search/bge", "--disable-spans"]
     assert tei_flags.refusals(ok) == []
-    parsed = specs.parse({"model": {"id": "a/b"}, "pools": {"cpu": {"tei": {"extraArgs": ok}}}})
+    parsed = spec_parse.parse({"model": {"id": "a/b"}, "pools": {"cpu": {"tei": {"extraArgs": ok}}}})
     assert parsed.cpu.tei.extra_args == tuple(ok)
     with pytest.raises(specs.SpecError, match=re.escape("pools.gpu.tei.extraArgs: flag --port is not allowed")):
-        specs.parse({"model": {"id": "a/b"}, "pools": {"gpu": {"tei": {"extraArgs": ["--port=1"]}}}})
+        spec_parse.parse({"model": {"id": "a/b"}, "pools": {"gpu": {"tei": {"extraArgs": ["--port=1"]}}}})

@@ -38,7 +38,7 @@ from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, cost, events, leadership, names, quality, slo
+from rerank_operator.core import conditions, cost, events, leadership, names, quality, slo, spec_parse
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, split
@@ -319,7 +319,7 @@ class ModelAutoscaler:
         self.pricing, self.class_name = cost.Pricing.from_class(class_spec), tenancy.class_name or ""
         self.guard = guard.GuardSettings.from_class(class_spec)
         try:
-            parsed = specs.parse(spec)  # the one parser the reconcile loop uses too
+            parsed = spec_parse.parse(spec)  # the one parser the reconcile loop uses too
             self.guard_why_not = guard.unavailable(parsed)
             self.guard_reference = guard.reference_of(parsed)
             self.requantize_policy = parsed.quantization.requantize_on_drift

@@ -18,7 +18,7 @@ import kopf
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
-from rerank_operator.core import events, names
+from rerank_operator.core import events, names, spec_parse
 from rerank_operator.core import plan as plans
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
@@ -110,7 +110,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
                          statuses.Refusal(REASON_CLASS_NOT_FOUND, tenancy.not_found), now())
         return Result(writes, ready=False)
     try:
-        spec = specs.parse(tenancy.effective)
+        spec = spec_parse.parse(tenancy.effective)
     except specs.SpecError as exc:  # the CRD's validation should make this unreachable
         _refuse(cluster, owner, previous, tenancy, statuses.Refusal(REASON_INVALID_SPEC, str(exc)), now())
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc

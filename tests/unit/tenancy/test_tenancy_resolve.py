@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 from tenancy_helpers import at, model_spec, rclass
 
-from rerank_operator.core import spec as specs
-from rerank_operator.core import tenancy
+from rerank_operator.core import spec_parse, tenancy
 
 GPU_NODES = {"pool": "gpu"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -135,10 +134,10 @@ def test_a_default_maximum_never_falls_below_the_models_minimum(tenant_min: int,
     contradict itself (minReplicas > maxReplicas); the default gives way to the minimum instead."""
     spec = tenancy.resolve(model_spec(at("pools.cpu.minReplicas", tenant_min)), CS)
     assert spec["pools"]["cpu"]["maxReplicas"] == expected_max
-    parsed = specs.parse(spec)
+    parsed = spec_parse.parse(spec)
     assert parsed.cpu.min_replicas <= parsed.cpu.max_replicas == expected_max
 
 
 def test_without_a_class_the_built_in_maximum_gives_way_too() -> None:
-    parsed = specs.parse({"model": {"id": "a/b"}, "pools": {"cpu": {"minReplicas": 7}, "gpu": {"minReplicas": 3}}})
+    parsed = spec_parse.parse({"model": {"id": "a/b"}, "pools": {"cpu": {"minReplicas": 7}, "gpu": {"minReplicas": 3}}})
     assert (parsed.cpu.max_replicas, parsed.gpu.max_replicas) == (7, 3)

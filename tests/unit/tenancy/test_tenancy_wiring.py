@@ -11,7 +11,7 @@ import rerankmodel_gen
 from tenancy_helpers import at, rclass
 
 from rerank_operator.controllers import class_index
-from rerank_operator.core import conditions, drift, names, tenancy
+from rerank_operator.core import conditions, drift, names, spec_parse, tenancy
 from rerank_operator.core import plan as plans
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
@@ -42,7 +42,7 @@ def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
 def test_no_class_at_all_means_built_in_defaults_and_no_condition() -> None:
     t = tenant.resolve_model(body(), [])
     assert t.rclass is None and t.not_found is None and t.condition() is None
-    assert specs.parse(t.effective).cpu.image == specs.TEI_CPU_IMAGE
+    assert spec_parse.parse(t.effective).cpu.image == specs.TEI_CPU_IMAGE
 
 
 @pytest.mark.parametrize(("class_name", "available", "fragment"), [
@@ -60,7 +60,7 @@ def test_the_default_class_fills_the_spec_and_the_model_complies() -> None:
     klass = rclass(at("pools.cpu.images.default", "registry.local/tei:cpu-1.9"),
                    at("pools.cpu.images.allowed", ["registry.local/*"]), name="standard", default=True)
     t = tenant.resolve_model(body(), [klass])
-    parsed = specs.parse(t.effective)
+    parsed = spec_parse.parse(t.effective)
     assert parsed.cpu.image == "registry.local/tei:cpu-1.9"
     assert parsed.cpu.resources == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
     assert t.condition() == Condition("ClassCompliant", "True", "Compliant",
@@ -74,14 +74,14 @@ def test_a_class_tightened_after_admission_is_a_violation_but_still_served() -> 
     c = t.condition()
     assert c is not None and (c.status, c.reason) == ("False", "ClassViolation")
     assert "pools.cpu.maxReplicas is 2" in c.message and "; model.id BAAI/x is not from a hub organisation" in c.message
-    assert specs.parse(t.effective).cpu.max_replicas == 4  # kept serving as admitted
+    assert spec_parse.parse(t.effective).cpu.max_replicas == 4  # kept serving as admitted
 
 
 def test_a_class_change_changes_the_pod_template() -> None:
     owner = names.Owner("bge", "team-a", "uid-bge", 1)
 
     def template_hash(klass: dict[str, Any]) -> str:
-        spec = specs.parse(tenant.resolve_model(body(), [klass]).effective)
+        spec = spec_parse.parse(tenant.resolve_model(body(), [klass]).effective)
         return drift.manifest_hash(deployment.build_deployment(owner, spec, spec.cpu, "a1", 1, "bge-models"))
 
     before = rclass(name="standard", default=True)
@@ -147,9 +147,9 @@ def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off(
     # Served from the source weights (no quantization): the pools, and with them the policy, are planned at once.
     served = body({"model": {"id": "BAAI/bge-reranker-v2-m3"}, "quantization": {"enabled": False}})
     t = tenant.resolve_model(served, [rclass(name="standard", default=True)])
-    spec = specs.parse(t.effective)
+    spec = spec_parse.parse(t.effective)
     policy = tenant.network_policy(served, t, Settings.from_env({}))
-    assert not [o for o in plans.compute(owner, specs.parse(tenant.resolve_model(
+    assert not [o for o in plans.compute(owner, spec_parse.parse(tenant.resolve_model(
         body(), [rclass(name="standard", default=True)]).effective), Observed(), {}, NOW,
         network_policy=policy).apply if o["kind"] == "NetworkPolicy"]  # before a first artifact: no pods to guard
     plan = plans.compute(owner, spec, Observed(), {}, NOW, network_policy=policy)

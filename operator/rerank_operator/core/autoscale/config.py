@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rerank_operator.core import names
+from rerank_operator.core import names, spec_serving
 from rerank_operator.core import spec as specs
 from rerank_operator.core.spec import (
     DEFAULT_MAX_REPLICAS,
@@ -92,17 +92,17 @@ class AutoscalingSpec:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], prometheus: PrometheusSettings | None = None) -> AutoscalingSpec:
         """``from_model`` for the parts of a raw spec the autoscaler reads (``autoscaling``, ``routing``, ``pools``),
-        parsed by spec.py's own section parsers, so unit tests and the simulator need no model section.
+        parsed by spec_serving's section parsers, so unit tests and the simulator need no model section.
 
         A pool section that is absent means the pool is not deployed, except the CPU pool, which is the
         operator's baseline and exists unless `enabled: false`."""
         try:
             pools = _section(spec, "pools")
             return cls._derive(
-                specs.parse_autoscaling(_section(spec, "autoscaling")),
-                specs.parse_routing(_section(spec, "routing")),
-                specs.parse_pool("gpu", _section(pools, "gpu"), present="gpu" in pools),
-                specs.parse_pool("cpu", _section(pools, "cpu"), present=True),
+                spec_serving.parse_autoscaling(_section(spec, "autoscaling")),
+                spec_serving.parse_routing(_section(spec, "routing")),
+                spec_serving.parse_pool("gpu", _section(pools, "gpu"), present="gpu" in pools),
+                spec_serving.parse_pool("cpu", _section(pools, "cpu"), present=True),
                 prometheus,
             )
         except specs.SpecError as exc:

@@ -1,6 +1,6 @@
 """The guard's live sample (quality_guard/sample.py): bounded by pairs and by age, written atomically in the format the
 quantization Job reads, taken up again by a restarted guard; and the guard process recording mirrored requests only
-(never its replayed evaluation pairs), exporting the sample's size for the operator (core/quality.py reads it)."""
+(never its replayed evaluation pairs), exporting the sample's size for the operator (core/quality/assessment.py reads it)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from quality_guard import sample, server
+from quality_guard.checks import Guard
+from quality_guard.config import Config
 from quantizer_job import evaldata
-from rerank_operator.core import quality
+from rerank_operator.core.quality import assessment as quality
 
 
 class Clock:
@@ -110,10 +112,10 @@ def test_the_guard_keeps_mirrored_requests_only_and_tells_the_operator_how_many(
     replay = tmp_path / "evaluation.jsonl"
     replay.write_text("".join(json.dumps({"query": p.query, "text": p.text}) + "\n" for p in evaldata.builtin_pairs()))
     live = settings(tmp_path, max_pairs=1000, max_age=3600)
-    config = server.Config(namespace="ns", model="m", pools={"cpu": "http://cpu"}, reference="http://ref",
+    config = Config(namespace="ns", model="m", pools={"cpu": "http://cpu"}, reference="http://ref",
                            fraction=1.0, calls_per_second=1e6, replay=str(replay), replay_per_second=50.0,
                            live_sample=live)
-    guard = server.Guard(config, post=lambda base, b: [float(i) for i in range(len(b["texts"]))])
+    guard = Guard(config, post=lambda base, b: [float(i) for i in range(len(b["texts"]))])
     running = server.serve(guard, sample_every=0.1)
     try:
         for i in range(5):
@@ -144,7 +146,7 @@ def test_the_guard_keeps_mirrored_requests_only_and_tells_the_operator_how_many(
 def test_a_live_sample_config_is_checked() -> None:
     with pytest.raises(ValueError, match="max_pairs"):
         sample.Settings.from_dict({"path": "/x", "max_pairs": 0, "max_age_seconds": 1})
-    config = server.Config.from_dict({"namespace": "n", "model": "m", "pools": {}, "reference": "http://r",
+    config = Config.from_dict({"namespace": "n", "model": "m", "pools": {}, "reference": "http://r",
                                       "live_sample": {"path": "/s/live.jsonl", "max_pairs": 500,
                                                       "max_age_seconds": 3600}})
     assert config.live_sample == sample.Settings("/s/live.jsonl", 500, 3600.0)
@@ -163,7 +165,7 @@ def test_a_sample_that_cannot_be_written_is_counted_and_checks_go_on(tmp_path: P
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     live = sample.Settings(path=str(blocker / "live.jsonl"), max_pairs=1000, max_age_seconds=60)
-    guard = server.Guard(server.Config(namespace="ns", model="m", pools={"cpu": "http://cpu"},
+    guard = Guard(Config(namespace="ns", model="m", pools={"cpu": "http://cpu"},
                                        reference="http://ref", live_sample=live), post=lambda base, b: [0.0])
     guard.remember(body(1))
     guard.write_sample()

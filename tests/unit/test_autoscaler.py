@@ -1,5 +1,5 @@
-"""The autoscaler's shell (controllers/autoscale_loop.py) against a fake API: what it writes, when, and what it leaves
-alone."""
+"""The autoscaler's shell (controllers/model_autoscaler.py, autoscale_loop.py) against a fake API: what it writes,
+when, and what it leaves alone."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import json
 from typing import Any
 
 import pytest
-from fake_cluster import FakeCluster, merge
 
-from rerank_operator.controllers import autoscale_loop as autoscaler
-from rerank_operator.core import names
+from rerank_operator.adapters import signal_sources, tei_scrape
+from rerank_operator.controllers import autoscale_loop, class_index, model_autoscaler
+from rerank_operator.controllers.handoff import Handoff
+from rerank_operator.core import conditions, names
 from rerank_operator.core import status as statuses
-from rerank_operator.core.autoscale import policy
+from rerank_operator.core.autoscale import policy, record
 from rerank_operator.core.conditions import Condition
 from rerank_operator.core.observed import PoolsView
+from rerank_operator.core.settings import Settings
+from tests.unit.fake_cluster import FakeCluster, merge
 
 NS, NAME = "ns", "m"
 
@@ -65,19 +68,19 @@ SPEC = {"model": {"id": "org/m"}, "pools": {"cpu": {"minReplicas": 1, "maxReplic
 
 
 def loop(spec: dict[str, Any] = SPEC, rate: float = 5.0, latency: float = 0.03,
-         view: PoolsView | None = None) -> tuple[autoscaler.ModelAutoscaler, FakeCluster, FakeTei, list[float]]:
+         view: PoolsView | None = None) -> tuple[model_autoscaler.ModelAutoscaler, FakeCluster, FakeTei, list[float]]:
     clock = [1000.0]
     tei = FakeTei(clock, rate, latency)
     view = view or PoolsView(deployments={"gpu": dep("gpu", 1), "cpu": dep("cpu", 1)},
                              pods=(pod("gpu", 1), pod("cpu", 2)), route=route(100, 0))
     fake = FakeCluster(stored(copy.deepcopy(spec)), view=view)
     applied: list[int] = []
-    a = autoscaler.ModelAutoscaler(fake, NS, NAME, after_decision=lambda: applied.append(1),
+    a = model_autoscaler.ModelAutoscaler(fake, NS, NAME, after_decision=lambda: applied.append(1),
                                    fetch=tei, clock=lambda: clock[0], now_iso=lambda: f"t{clock[0]:.0f}")
     return a, fake, tei, clock
 
 
-def ticks(a: autoscaler.ModelAutoscaler, clock: list[float], n: int) -> None:
+def ticks(a: model_autoscaler.ModelAutoscaler, clock: list[float], n: int) -> None:
     for _ in range(n):
         clock[0] += a.tick()
 
@@ -108,7 +111,7 @@ def test_overload_scales_records_events_and_saves_the_history() -> None:
     decision = fake.body["status"]["autoscaling"]["lastDecision"]
     assert decision["gpuReplicas"] > 1
     assert "ScaledUp" in {r for r, _ in fake.events}
-    saved = json.loads(fake.annotations[-1][autoscaler.HISTORY_ANNOTATION])
+    saved = json.loads(fake.annotations[-1][record.HISTORY_ANNOTATION])
     assert saved["v"] == 1 and saved["gpu"]["up"] is not None
 
 
@@ -169,7 +172,7 @@ def test_disabling_removes_the_autoscalers_status_and_undeployed_pools_are_left_
     fake.body["spec"]["autoscaling"]["enabled"] = False
     ticks(a, clock, 1)
     st = fake.body["status"]
-    assert "autoscaling" not in st and not any(c["type"] in autoscaler.OWNED_CONDITIONS for c in st["conditions"])
+    assert "autoscaling" not in st and not any(c["type"] in conditions.AUTOSCALER_OWNED for c in st["conditions"])
     ticks(a, clock, 2)
     assert len(fake.patches) == 2
 
@@ -195,9 +198,9 @@ def test_status_patch_ignores_what_moves_every_tick() -> None:
 
 
 def test_current_split_comes_from_the_route_else_the_status() -> None:
-    assert autoscaler.current_cpu_percent(route(3, 1), NAME, {}) == 25
-    assert autoscaler.current_cpu_percent(None, NAME, {"traffic": {"cpuPercent": 40}}) == 40
-    assert autoscaler.current_cpu_percent(route(0, 0), NAME, {}) == 0
+    assert record.current_cpu_percent(route(3, 1), NAME, {}) == 25
+    assert record.current_cpu_percent(None, NAME, {"traffic": {"cpuPercent": 40}}) == 40
+    assert record.current_cpu_percent(route(0, 0), NAME, {}) == 0
 
 
 def test_the_two_builders_own_disjoint_fields_and_carry_the_others_over() -> None:
@@ -235,9 +238,9 @@ class Fleet:
         return call
 
 
-class RecordingSources(autoscaler.Sources):
+class RecordingSources(signal_sources.Sources):
     def __init__(self, tei: FakeTei, clock: list[float]) -> None:
-        super().__init__(autoscaler.tei_scrape.ScrapePool(fetch=tei, clock=lambda: clock[0]))
+        super().__init__(tei_scrape.ScrapePool(fetch=tei, clock=lambda: clock[0]))
         self.batches: list[list[tuple[str, str]]] = []
 
     def collect(self, batch: Any) -> Any:
@@ -258,8 +261,8 @@ def test_the_fleet_loop_collects_every_due_model_in_one_batch_and_ticks_on_align
     fleet = Fleet(fakes)
     sources = RecordingSources(tei, clock)
     decided: list[tuple[str, str]] = []
-    loop = autoscaler.FleetAutoscaler(fleet, registry=autoscaler.class_index.Registry(),  # type: ignore[arg-type]
-                                      settings=autoscaler.Settings(), handoff=autoscaler.Handoff(), models=fleet,
+    loop = autoscale_loop.FleetAutoscaler(fleet, registry=class_index.Registry(),  # type: ignore[arg-type]
+                                      settings=Settings(), handoff=Handoff(), models=fleet,
                                       after_decision=decided.append, sources=sources, clock=lambda: clock[0])
     for _ in range(5):
         clock[0] += loop.round()
@@ -281,8 +284,8 @@ def test_the_first_rates_span_at_least_half_an_interval_after_the_priming_scrape
                      pods=(pod("gpu", 1), pod("cpu", 2)), route=route(100, 0))
     fake = FakeCluster(stored(copy.deepcopy(SPEC)), view=view)
     fleet = Fleet({NAME: fake})
-    loop = autoscaler.FleetAutoscaler(fleet, registry=autoscaler.class_index.Registry(),  # type: ignore[arg-type]
-                                      settings=autoscaler.Settings(), handoff=autoscaler.Handoff(), models=fleet,
+    loop = autoscale_loop.FleetAutoscaler(fleet, registry=class_index.Registry(),  # type: ignore[arg-type]
+                                      settings=Settings(), handoff=Handoff(), models=fleet,
                                       sources=RecordingSources(tei, clock), after_decision=lambda key: None,
                                       clock=lambda: clock[0])
     loop.round()  # primes
@@ -315,7 +318,7 @@ def test_a_priced_class_meters_cost_slo_events_and_pairs_every_tick() -> None:
     body = stored(copy.deepcopy(SPEC))
     body["metadata"]["namespace"] = namespace
     fake = FakeCluster(body, view=view, classes=[gold])
-    a = autoscaler.ModelAutoscaler(fake, namespace, NAME, fetch=tei, clock=lambda: clock[0],
+    a = model_autoscaler.ModelAutoscaler(fake, namespace, NAME, fetch=tei, clock=lambda: clock[0],
                                    now_iso=lambda: f"t{clock[0]:.0f}")
     ticks(a, clock, 6)  # the first look starts the meter (and primes the rates): 5 intervals of 5 s metered
     labels = {"namespace": namespace, "rerankmodel": NAME}

@@ -10,7 +10,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rerankmodel_gen import (
+from rerank_operator.core import artifact, conditions, events, names, readiness
+from rerank_operator.core import plan as plans
+from rerank_operator.core import status as statuses
+from rerank_operator.core.builders import deployment
+from rerank_operator.core.observed import ref_of
+from tests.unit.rerankmodel_gen import (
     FakeWorld,
     finish,
     generation,
@@ -24,12 +29,6 @@ from rerankmodel_gen import (
     set_,
     spec_of,
 )
-
-from rerank_operator.core import artifact, conditions, events, names, readiness
-from rerank_operator.core import plan as plans
-from rerank_operator.core import status as statuses
-from rerank_operator.core.builders import deployment
-from rerank_operator.core.observed import ref_of
 
 NOW = "2025-01-01T00:00:00Z"
 
@@ -50,7 +49,8 @@ class Life:
         plan = plans.compute(owner, spec, observed, self.status, NOW)
         self.world.run(plan)
         new = statuses.compute(owner.generation, self.status, NOW, statuses.World(spec, observed, plan))
-        self.events += events.actions(plan, [ref_of(o) for o in plan.create]) + events.transitions(self.status, new)
+        self.events += events.actions(plan.create, plan.delete,
+                                      [ref_of(o) for o in plan.create]) + events.transitions(self.status, new)
         self.status = new
         self.last = plan
         return plan

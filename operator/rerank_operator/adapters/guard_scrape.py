@@ -1,9 +1,9 @@
 """Reads the quality guards' verdicts: each guarded model's guard pod's ``/metrics``, all at once, within a deadline.
 
-The guard decides (``quality_guard/detector.py``); the operator only reads what it decided (``core/quality.py``). A
-guard that does not answer in time is no verdict this tick, never a healthy one: the model keeps what its status
-recorded. The address goes through ``tei_scrape.pod_address`` (the one place pod addresses are made, which the
-dev cluster's tests redirect to local servers).
+The guard decides (``quality_guard/detector.py``); the operator only reads what it decided
+(``core/quality/assessment.py``). A guard that does not answer in time is no verdict this tick, never a healthy one:
+the model keeps what its status recorded. The address goes through ``tei_scrape.pod_address`` (the one place pod
+addresses are made, which the dev cluster's tests redirect to local servers).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from rerank_operator.adapters import tei_scrape
-from rerank_operator.core import names, quality
+from rerank_operator.core import names
+from rerank_operator.core.observed import PoolsView
+from rerank_operator.core.quality import assessment as quality
 
 ModelKey = tuple[str, str]
 
@@ -64,3 +66,13 @@ class GuardReader:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def target_of(view: PoolsView) -> GuardTarget | None:
+    """The guard pod to read: the first ready one by name (a guard Deployment runs one; during a rollout any ready
+    pod's verdict is the same model's), or None when none is ready."""
+    pods = view.guard_pods()
+    if not pods:
+        return None
+    pod = sorted(pods, key=lambda x: str(x["metadata"]["name"]))[0]
+    return GuardTarget(pod["metadata"]["name"], pod["status"]["podIP"])

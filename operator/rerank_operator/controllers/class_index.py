@@ -10,6 +10,9 @@ decisions about classes are the pure functions of ``core/tenancy/tenant.py``.
   never falls back to the built-in defaults by mistake (that would roll its pods twice on every operator restart).
 - ``ModelIndex``: the models this operator reconciled and the className each asks for, so a class change reconciles at
   once exactly the models whose class (or lack of one) it changes; nothing is written on a model to trigger it.
+- ``SpecCache``: each model's effective spec, resolved against its class and parsed (``Understood``), once per version
+  of the model and of the classes, for both loops: the reconcile loop and the autoscaler act on the same parse, and
+  a fleet's autoscaler ticks, which mostly see neither change, parse nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rerank_operator.core import spec_parse
+from rerank_operator.core.spec import RerankModelSpec, SpecError
 from rerank_operator.core.tenancy import tenant
 from rerank_operator.core.tenancy.tenant import ModelKey, Obj
 
@@ -127,12 +132,58 @@ class ModelIndex:
             self._models.clear()
 
 
+@dataclass(frozen=True)
+class Understood:
+    """A model's effective spec (its own, with its class's defaults) and its parse; ``spec`` is None when the class
+    is not found (``tenancy.not_found``) or the spec is invalid (``error`` says why)."""
+
+    tenancy: tenant.Tenancy
+    spec: RerankModelSpec | None
+    error: str | None = None
+
+
+Versions = tuple[str, int]  # the model's resourceVersion, the classes' version
+
+
+class SpecCache:
+    """``Understood`` per model, valid for one version of the model and of the classes (thread-safe). Shared
+    objects: nobody mutates what it hands out (the parse is frozen; the effective spec is only read)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[ModelKey, tuple[Versions, Understood]] = {}
+
+    def get(self, key: ModelKey, versions: Versions) -> Understood | None:
+        with self._lock:
+            found = self._items.get(key)
+        return found[1] if found is not None and found[0] == versions else None
+
+    def put(self, key: ModelKey, versions: Versions, understood: Understood) -> None:
+        with self._lock:
+            self._items[key] = (versions, understood)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._items.pop((namespace, name), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
 @dataclass
 class Registry:
-    """The operator's memory of RerankClasses and of the class each reconciled model asks for (see above)."""
+    """The operator's memory of RerankClasses, of the class each reconciled model asks for and of each model's
+    resolved spec (see above)."""
 
     classes: ClassIndex = field(default_factory=ClassIndex)
     models: ModelIndex = field(default_factory=ModelIndex)
+    specs: SpecCache = field(default_factory=SpecCache)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A model is gone: drop what was remembered of it."""
+        self.models.forget(namespace, name)
+        self.specs.forget(namespace, name)
 
 
 def class_event(event_type: str | None, rclass: Obj, index: ClassIndex, models: ModelIndex) -> list[ModelKey]:
@@ -149,8 +200,30 @@ def class_event(event_type: str | None, rclass: Obj, index: ClassIndex, models: 
     return tenant.affected_models(models.snapshot(), tenant.essence(rclass), before, after)
 
 
-def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> tenant.Tenancy:
-    """``resolve_model`` against the cached classes; remembers which class the model asks for."""
+def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> Understood:
+    """``understand`` for the reconcile loop, which also remembers which class the model asks for."""
     meta = body.get("metadata") or {}
     registry.models.record(meta.get("namespace", ""), meta.get("name", ""), (body.get("spec") or {}).get("className"))
-    return tenant.resolve_model(body, registry.classes.items(lister))
+    return understand(body, lister, registry)
+
+
+def understand(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> Understood:
+    """The model's effective spec against the cached classes (``tenant.resolve_model``), parsed by the one parser
+    (``spec_parse.parse``); computed once per version of the model and of the classes, whichever loop asks first.
+    A model without a resourceVersion (built by hand) is resolved every time."""
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    # The classes' version is read before the classes: a change in between makes this entry stale, never wrong.
+    rv, versions = meta.get("resourceVersion"), (str(meta.get("resourceVersion")), registry.classes.version)
+    if rv is not None and (hit := registry.specs.get(key, versions)) is not None:
+        return hit
+    tenancy = tenant.resolve_model(dict(body), registry.classes.items(lister))
+    understood = Understood(tenancy, None)
+    if tenancy.not_found is None:
+        try:
+            understood = Understood(tenancy, spec_parse.parse(tenancy.effective))
+        except SpecError as exc:
+            understood = Understood(tenancy, None, str(exc))
+    if rv is not None:
+        registry.specs.put(key, versions, understood)
+    return understood

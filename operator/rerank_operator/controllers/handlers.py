@@ -177,7 +177,7 @@ class Process:
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         if event_type == "DELETED":
-            self.registry.models.forget(*key)
+            self.registry.forget(*key)
             metrics.forget_model(*key)
         self.enqueue(key, "model", urgent=event_type != "DELETED" and statuses.not_acted_on(obj))
 

@@ -18,9 +18,8 @@ import kopf
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
-from rerank_operator.core import events, names, spec_parse
+from rerank_operator.core import events, names
 from rerank_operator.core import plan as plans
-from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import guard
 from rerank_operator.core.builders import job as job_builder
@@ -98,22 +97,22 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
         cluster.remove_finalizer(namespace, name, names.LEGACY_FINALIZER, finalizers.index(names.LEGACY_FINALIZER))
     if body is None or body["metadata"].get("deletionTimestamp"):
         metrics.forget_model(namespace, name)
-        registry.models.forget(namespace, name)
+        registry.forget(namespace, name)
         return None
     meta = body["metadata"]
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
-    tenancy = class_index.for_model(body, cluster.list_classes, registry)  # the RerankClass, the effective spec
+    understood = class_index.for_model(body, cluster.list_classes, registry)  # the class, the effective spec
+    tenancy = understood.tenancy
     metrics.record_class(namespace, name, tenancy.class_name or "")
     if tenancy.not_found is not None:  # apply nothing; a class created later re-triggers the model
         writes = _refuse(cluster, owner, previous, tenancy,
                          statuses.Refusal(REASON_CLASS_NOT_FOUND, tenancy.not_found), now())
         return Result(writes, ready=False)
-    try:
-        spec = spec_parse.parse(tenancy.effective)
-    except specs.SpecError as exc:  # the CRD's validation should make this unreachable
-        _refuse(cluster, owner, previous, tenancy, statuses.Refusal(REASON_INVALID_SPEC, str(exc)), now())
-        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+    if understood.spec is None:  # the CRD's validation should make this unreachable
+        _refuse(cluster, owner, previous, tenancy, statuses.Refusal(REASON_INVALID_SPEC, str(understood.error)), now())
+        raise kopf.PermanentError(f"invalid spec: {understood.error}")
+    spec = understood.spec
     observed = cluster.observe(owner, spec)
     timestamp = now()
     class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
@@ -124,7 +123,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
     if status_can_wait(body, plan, executed, others_waiting()):
-        started = events.actions(plan, executed.done)
+        started = events.actions(plan.create, plan.delete, executed.done)
         for event in started:
             cluster.post_event(owner, event)
         _count_jobs(plan, executed.done, previous, previous)
@@ -134,7 +133,8 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     refused = tuple(str(r) for r in executed.other_refusals)
     new_status = statuses.compute(owner.generation, previous, timestamp, statuses.World(spec, observed, plan, refused),
                                   compliance=tenancy.condition(), quota=quota)
-    written = _write_status(cluster, owner, previous, new_status, events.actions(plan, executed.done))
+    written = _write_status(cluster, owner, previous, new_status, events.actions(plan.create, plan.delete,
+                                                                                 executed.done))
     writes = len(executed.done) + len(executed.refused) + written
     _count_jobs(plan, executed.done, previous, new_status)
     pools = new_status.get("pools") or {}

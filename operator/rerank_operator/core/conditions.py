@@ -21,7 +21,7 @@ DEGRADED = "Degraded"
 CLASS_COMPLIANT = "ClassCompliant"  # the model's RerankClass: Compliant | ClassViolation | ClassNotFound (tenant.py)
 METRICS_AVAILABLE = "MetricsAvailable"  # the autoscaler's
 TRAFFIC_ENFORCED = "TrafficEnforced"  # the autoscaler's
-QUALITY_VERIFIED = "QualityVerified"  # the autoscaler's, from the quality guard (core/quality.py)
+QUALITY_VERIFIED = "QualityVerified"  # the autoscaler's, from the quality guard (core/quality/assessment.py)
 #: Conditions the reconcile loop owns; the others (MetricsAvailable, TrafficEnforced) belong to the autoscaler.
 OWNED = (READY, MODEL_READY, POOLS_AVAILABLE, DEGRADED, CLASS_COMPLIANT)
 AUTOSCALER_OWNED = (METRICS_AVAILABLE, TRAFFIC_ENFORCED, QUALITY_VERIFIED)
@@ -76,7 +76,7 @@ REASON_BELOW_FLOOR = "BelowFloor"
 REASON_GUARD_PENDING = "GuardPending"
 REASON_GUARD_NOT_APPLICABLE = "GuardNotApplicable"
 REASON_QUALITY_RESTORED = "QualityRestored"
-REASON_REQUANTIZING = "RequantizingOnDrift"  # an Event: a re-quantization on live traffic started (requantize.py)
+REASON_REQUANTIZING = "RequantizingOnDrift"  # an Event: re-quantizing on live traffic began (quality/requantize.py)
 # Ready / ModelReady (and Degraded after a rollback) while a new artifact is a canary
 REASON_CANARY = "Canary"
 REASON_CANARY_ROLLED_BACK = "CanaryRolledBack"

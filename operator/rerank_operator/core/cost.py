@@ -19,10 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rerank_operator.core import names
+from rerank_operator.core import names, slo
+from rerank_operator.core.autoscale import config
 from rerank_operator.core.autoscale.load import UTILIZATION
+from rerank_operator.core.autoscale.signals import Signals
 
 SECONDS_PER_HOUR = 3600.0
+METER_GAP_TICKS = 3.0  # a metering interval longer than this many ticks (a pause, a new leader) is cut to it
 
 
 @dataclass(frozen=True)
@@ -130,3 +133,57 @@ def summary(pricing: Pricing, replicas: Mapping[str, int], gpu_only: int | None)
 def _money(value: float) -> str:
     """Amounts as strings (four decimals): a status field that never loses precision to a float's rendering."""
     return f"{value:.4f}"
+
+
+# --- metering one tick ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PoolReading:
+    """One pool's figures for this tick: its gauges (pods, bound, latency target) and the requests it served."""
+
+    pool: names.PoolName
+    replicas: int
+    max_replicas: int
+    target_seconds: float
+    served: slo.Served | None
+
+
+@dataclass(frozen=True)
+class Metered:
+    """What one tick of one model exports: each pool's reading, the cost accrued since the last tick (None: no price
+    or no time yet) and the GPU replicas the whole load would need alone (None: unknown)."""
+
+    pools: tuple[PoolReading, ...]
+    accrued: Accrued | None
+    gpu_only: int | None
+
+
+def metered_seconds(last: float | None, now: float, interval: float) -> float:
+    """The span a tick accounts for: since this process's last look, cut to METER_GAP_TICKS intervals (a standby
+    that just took over, or a paused process, starts afresh rather than billing time it did not see)."""
+    return 0.0 if last is None else min(max(now - last, 0.0), METER_GAP_TICKS * interval)
+
+
+def meter(auto: config.AutoscalingSpec, replicas: Mapping[str, int], signals: Signals | None,
+          seconds: float, pricing: Pricing | None, learned_gpu_capacity: float | None = None,
+          saturated: bool = False) -> Metered:
+    """One tick's metering of one model, from the pods each pool has (``replicas``: every pod of the Deployment,
+    ready or starting), the signals when they were measured, and the GPU capacity the policy learned."""
+    readings = []
+    for pool in config.POOLS:
+        bounds = auto.bounds(pool)
+        if not bounds.enabled and not replicas.get(pool, 0):
+            continue
+        target = auto.latency_target_ms(pool) / 1000
+        served = None if signals is None else slo.served(signals.pool(pool), target, seconds)
+        readings.append(PoolReading(pool, replicas.get(pool, 0), bounds.max_replicas, target, served))
+    if pricing is None:
+        return Metered(tuple(readings), None, None)
+    gpu_only = None
+    measured = signals is not None and all(signals.pool(pool).request_rate is not None for pool in config.POOLS
+                                           if signals.pool(pool).ready_replicas > 0)
+    if signals is not None and measured:
+        capacity = gpu_capacity(learned_gpu_capacity, pricing, saturated=saturated)
+        gpu_only = gpu_only_replicas(signals.total_request_rate, capacity, auto.gpu.min_replicas)
+    accrued = accrue(pricing, Usage(seconds, replicas, gpu_only)) if seconds > 0 else None
+    return Metered(tuple(readings), accrued, gpu_only)

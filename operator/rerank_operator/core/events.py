@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from quantizer_job import contract
 from rerank_operator.core import conditions
 from rerank_operator.core.observed import ObjectRef, ref_of
-
-if TYPE_CHECKING:  # plan.py builds on modules that post Events (quality.py): a type, not an import cycle
-    from rerank_operator.core.plan import Plan
 
 EventType = Literal["Normal", "Warning"]
 
@@ -61,15 +58,16 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
     return events
 
 
-def actions(plan: Plan, done: Sequence[ObjectRef]) -> list[Event]:
-    """Events for the writes of ``plan`` that ``apply`` reports as done."""
+def actions(created: Sequence[Mapping[str, Any]], deleted: Sequence[ObjectRef],
+            done: Sequence[ObjectRef]) -> list[Event]:
+    """Events for a plan's creations (Jobs) and deletions that ``apply`` reports as done."""
     events: list[Event] = []
-    for job in plan.create:
+    for job in created:
         name = job["metadata"]["name"]
         if ref_of(job) in done:
             artifact_id = job["metadata"]["labels"].get("rerank.io/artifact", "")
             events.append(Event("Normal", "QuantizationStarted", f"created Job {name} to build artifact {artifact_id}"))
-    for ref in plan.delete:
+    for ref in deleted:
         if ref in done:
             events.append(Event("Normal", "Deleted", f"deleted {ref.kind} {ref.name}: no longer needed"))
     return events

@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from quantizer_job import contract
-from rerank_operator.core import artifact, conditions, drift, names, quality, requantize
+from rerank_operator.core import artifact, conditions, drift, names
 from rerank_operator.core.builders import deployment, guard, job, routing, service, storage
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
+from rerank_operator.core.quality import assessment as quality
+from rerank_operator.core.quality import canary as canaries
+from rerank_operator.core.quality import requantize
 from rerank_operator.core.spec import RerankModelSpec
 
 PendingState = Literal["Creating", "Running", "Waiting", "Failed", "Canary", "RolledBack"]
@@ -60,14 +63,6 @@ class ArtifactDecision:
     canary_since: str | None = None
     #: Seconds until the plan changes with no event (a transient failure's next attempt is due): look again then.
     recheck_after: float | None = None
-
-
-@dataclass(frozen=True)
-class CanaryPolicy:
-    """How new artifacts reach traffic when the model's quality guard can judge them (``builders/guard.py``)."""
-
-    percent: int
-    requests: int
 
 
 @dataclass(frozen=True)
@@ -128,7 +123,7 @@ def _jobs_for(observed: Observed, artifact_id: str | None) -> list[Obj]:
 
 
 def _canary_step(desired: str, served: Mapping[str, Any] | None, status: Mapping[str, Any], now: str,
-                 canary: CanaryPolicy | None) -> ArtifactDecision | None:
+                 canary: canaries.CanaryPolicy | None) -> ArtifactDecision | None:
     """Where the desired artifact's canary stands (None: it has none). The quality guard's verdict on it is
     recorded by the autoscaler in ``status.quality.canary``: promote, roll back, or keep running."""
     ongoing = status.get("canary") or {}
@@ -150,28 +145,7 @@ def _canary_step(desired: str, served: Mapping[str, Any] | None, status: Mapping
         return ArtifactDecision(desired, served, canary=record, canary_since=now, pending=Pending(
             desired, "", 0, "RolledBack", conditions.REASON_CANARY_ROLLED_BACK, message))
     return ArtifactDecision(desired, served, canary=record, canary_since=since, pending=Pending(
-        desired, "", 0, "Canary", conditions.REASON_CANARY, _canary_message(desired, served, canary, verdict)))
-
-
-def _canary_message(desired: str, served: Mapping[str, Any], canary: CanaryPolicy,
-                    verdict: Mapping[str, Any]) -> str:
-    compared = verdict.get("comparedRequests") if verdict.get("id") == desired else None
-    progress = f"{compared}/{canary.requests}" if compared is not None else f"0/{canary.requests}"
-    return (f"artifact {desired} serves {canary.percent}% of the requests as a canary beside {served.get('id')}; "
-            f"promoted after {canary.requests} requests compared within the quality floor ({progress} so far)")
-
-
-def _starts_canary(record: Mapping[str, Any], served: Mapping[str, Any] | None) -> bool:
-    """A new artifact goes through a canary (when there is a policy) if the guard can judge it: a stable artifact
-    serves, and both come from the same weights (the GPU pool, the guard's reference, serves the stable one's)."""
-    return bool(served) and bool(record.get("source")) and (served or {}).get("source") == record.get("source")
-
-
-def canary_policy(spec: RerankModelSpec, settings: guard.GuardSettings | None) -> CanaryPolicy | None:
-    """The class's canary, for a guarded model with a Gateway (the canary is the route's third backend)."""
-    if settings is None or settings.canary_percent <= 0 or not guard.applies(spec, settings) or guard.replays(spec):
-        return None
-    return CanaryPolicy(settings.canary_percent, settings.canary_requests)
+        desired, "", 0, "Canary", conditions.REASON_CANARY, canaries.message(desired, served, canary, verdict)))
 
 
 def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
@@ -199,7 +173,7 @@ def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, se
 
 def decide_artifact(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
-    canary: CanaryPolicy | None = None, backoff: job.RetryBackoff = DEFAULT_BACKOFF,
+    canary: canaries.CanaryPolicy | None = None, backoff: job.RetryBackoff = DEFAULT_BACKOFF,
 ) -> tuple[ArtifactDecision, Obj | None]:
     """The artifact decision and the Job to create (if any). ``canary``: new artifacts first serve as a canary.
     ``backoff``: when a Job that failed transiently is retried (the operator's ``--hub-retry-*`` flags)."""
@@ -225,11 +199,11 @@ def decide_artifact(
     name = latest["metadata"]["name"]
     if out.state == "Succeeded" and out.result is not None:
         record = artifact_record(out.result, desired, now, source=spec.model.display)
-        if canary is not None and _starts_canary(record, served):
+        if canary is not None and canaries.starts(record, served):
             assert served is not None
             return ArtifactDecision(desired, served, canary=record, canary_since=now, pending=Pending(
                 desired, name, attempt, "Canary", conditions.REASON_CANARY,
-                _canary_message(desired, served, canary, {}))), None
+                canaries.message(desired, served, canary, {}))), None
         return ArtifactDecision(desired, record, published=True), None
     if out.state == "Succeeded":  # the result died with the pod: the manifest on the volume is read by a new attempt
         recovers = job.recovers_of(latest) + 1
@@ -318,8 +292,8 @@ def compute(
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
     artifacts go through a canary. ``backoff``: the retry of a Job that failed transiently."""
-    canary = canary_policy(spec, guard_settings)
-    # After a re-quantization round on drift, the artifact is planned on the live sample (requantize.py).
+    canary = canaries.policy(spec, guard_settings)
+    # After a re-quantization round on drift, the artifact is planned on the live sample (quality/requantize.py).
     decision, new_job = decide_artifact(owner, requantize.effective(spec, status, owner.name), observed, status, now,
                                         canary, backoff)
     canary_running = decision.pending is not None and decision.pending.state == "Canary" and decision.canary

@@ -100,7 +100,8 @@ class QualityGate:
 @dataclass(frozen=True)
 class RequantizeOnDrift:
     """``quantization.requantizeOnDrift``: the tenant's consent to keep a sample of live queries (bounded, expiring)
-    and to re-quantize on it when the guard finds the CPU pool drifting below the floor (``core/requantize.py``)."""
+    and to re-quantize on it when the guard finds the CPU pool drifting below the floor
+    (``core/quality/requantize.py``)."""
 
     enabled: bool = False
     max_pairs: int = 1000

@@ -9,21 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from autoscale_helpers import pool, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rerankmodel_gen import FakeWorld, model, owner_of, published, set_, spec_of
 
-from quality_guard import compare, detector, server
+from quality_guard import compare, detector, endpoints, replay
+from quality_guard.checks import Guard
+from quality_guard.config import Config
 from quantizer_job import contract
-from rerank_operator.core import artifact, conditions, names, quality
+from rerank_operator.core import artifact, conditions, names
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard, routing
+from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.tenancy import network
+from tests.unit.autoscale.autoscale_helpers import pool, spec
+from tests.unit.rerankmodel_gen import FakeWorld, model, owner_of, published, set_, spec_of
 
 NOW = "2025-01-01T00:00:00Z"
 GATEWAY = {"gateway": {"parentRefs": [{"name": "edge", "namespace": "infra"}]}}
@@ -79,7 +82,7 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     plan = plan_for(body, {})
     pod = by_kind(plan, "Deployment")["bge-m3-guard"]["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    config = server.Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
+    config = Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
     served = str(artifact.artifact_id(spec_of(body)))
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -98,7 +101,7 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     cpu_args = by_kind(plan, "Deployment")["bge-m3-cpu"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert config.reference_max_batch_tokens == int(cpu_args[cpu_args.index("--max-batch-tokens") + 1]) == 510
     assert config.reference_auto_truncate == spec_of(body).cpu.tei.auto_truncate
-    assert server.Guard(config).local is not None
+    assert Guard(config).local is not None
     assert config.pools == {"cpu": "http://bge-m3-cpu.search.svc:80"} and "reference" not in config.api_key_env
     assert config.calls_per_sample == 2  # the budget counts the FP32 scoring as a call
     assert (config.replay is None) == gateway
@@ -130,14 +133,14 @@ def test_the_guard_deployment_runs_the_guard_with_the_models_floor_and_budget() 
     c = pod["containers"][0]
     assert c["command"][:3] == ["python", "-m", "quality_guard.server"]
     raw = next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)
-    config = server.Config.from_dict(json.loads(raw))  # what the guard process will parse
+    config = Config.from_dict(json.loads(raw))  # what the guard process will parse
     assert (config.namespace, config.model) == ("search", "bge-m3")
     assert config.floor == detector.Floor(min_spearman=0.995, min_topk=0.8) and config.k == 5
     assert config.pools == {"cpu": "http://bge-m3-cpu.search.svc:80"}
     assert config.reference == "http://bge-m3-gpu.search.svc:80"
     assert config.calls_per_second == 3.0 and config.fraction == 1.0  # the mirror samples
     assert config.below_floor == ("cpu",)
-    assert server.Guard(config).detectors["cpu"].state == "below_floor"  # a restarted guard keeps the verdict
+    assert Guard(config).detectors["cpu"].state == "below_floor"  # a restarted guard keeps the verdict
     assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["image"] == spec_of(body).quantization.image
@@ -153,11 +156,11 @@ def test_api_keys_of_the_pools_reach_the_guard_from_their_secrets() -> None:
     assert SETTINGS is not None
     c = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS, ())["spec"]["template"]["spec"][
         "containers"][0]
-    config = server.Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
+    config = Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
     assert set(secrets) == set(config.api_key_env.values()) and len(secrets) == 2
     environ = {var: f"key-of-{name}" for name, var in config.api_key_env.items()}
-    assert server.api_keys(config, environ) == {config.reference: "key-of-reference",
+    assert endpoints.api_keys(config, environ) == {config.reference: "key-of-reference",
                                                  config.pools["cpu"]: "key-of-cpu"}
 
 
@@ -191,7 +194,7 @@ def test_the_guard_takes_only_the_token_its_route_sets_and_keeps_it_across_recon
         sent = route["spec"]["rules"][0]["filters"][0]["requestHeaderModifier"]["set"][0]["value"]
         dep = by_kind(plan, "Deployment").get("bge-m3-guard") or world.objects[("Deployment", "bge-m3-guard")]
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-        config = server.Config.from_dict(json.loads(env[guard.CONFIG_ENV]))
+        config = Config.from_dict(json.loads(env[guard.CONFIG_ENV]))
         assert config.mirror_token_env == guard.MIRROR_TOKEN_ENV
         return sent, str(env[guard.MIRROR_TOKEN_ENV])
 
@@ -217,7 +220,7 @@ def test_without_a_gateway_the_guard_replays_the_served_artifacts_evaluation_pai
                      "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
     env = pod["containers"][0]["env"]
-    config = server.Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
+    config = Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
     assert config.replay == f"{guard.ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}"
     assert config.replay_per_second == pytest.approx(3.0 / 2)  # the budget: a replay costs the pool + the reference
     assert "HTTPRoute" not in {o["kind"] for o in plan.apply}
@@ -232,8 +235,8 @@ def test_replayed_bodies_are_rankings_of_at_most_16_texts_and_the_replayer_paces
                                                                       {"query": "q2", "text": "b"},
                                                                       {"query": "q3", "text": "alone"}]
     pairs.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    bodies = server.replay_bodies(str(pairs))
-    assert [(b["query"], len(b["texts"])) for b in bodies] == [("q1", server.REPLAY_MAX_TEXTS), ("q2", 2)]
+    bodies = replay.replay_bodies(str(pairs))
+    assert [(b["query"], len(b["texts"])) for b in bodies] == [("q1", replay.REPLAY_MAX_TEXTS), ("q2", 2)]
     assert set(bodies[0]["texts"]) <= {f"t{i}" for i in range(40)}
 
     class Counting:
@@ -245,7 +248,7 @@ def test_replayed_bodies_are_rankings_of_at_most_16_texts_and_the_replayer_paces
             return True
 
     sink = Counting()
-    replayer = server.Replayer(sink, bodies, per_second=50.0).start()  # type: ignore[arg-type]
+    replayer = replay.Replayer(sink, bodies, per_second=50.0).start()  # type: ignore[arg-type]
     time.sleep(0.5)
     replayer.stop()
     assert 10 <= sink.n <= 30  # ~25 at 50/s over 0.5 s, paced rather than burst
@@ -280,9 +283,9 @@ def test_the_network_policy_admits_the_guard_when_the_namespace_is_not() -> None
 
 # --- the verdict, as the real guard exports it --------------------------------------------------------------------
 
-def guard_with(state: str) -> server.Guard:
+def guard_with(state: str) -> Guard:
     """A real guard whose CPU pool is healthy or reversed (a ranking upside down), fed until it has decided."""
-    config = server.Config(namespace="search", model="bge-m3", pools={"cpu": "http://cpu"}, reference="http://gpu",
+    config = Config(namespace="search", model="bge-m3", pools={"cpu": "http://cpu"}, reference="http://gpu",
                            settings=detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1,
                                                      max_failure_rate=0.1),
                            fraction=1.0, calls_per_second=1e6)
@@ -291,7 +294,7 @@ def guard_with(state: str) -> server.Guard:
         scores = [float(len(t)) for t in body["texts"]]
         return [-s for s in scores] if base == "http://cpu" and state == "broken" else scores
 
-    g = server.Guard(config, post=post)
+    g = Guard(config, post=post)
     body = {"query": "q", "texts": [f"passage {'x' * i}" for i in range(8)]}
     for _ in range(30):
         assert g.offer(body)
@@ -318,7 +321,7 @@ def test_the_verdict_is_read_from_what_the_real_guard_exports() -> None:
 
 
 def test_a_guard_without_figures_yet_is_pending_not_verified() -> None:
-    fresh = server.Guard(server.Config(namespace="search", model="bge-m3", pools={"cpu": "a"}, reference="b"),
+    fresh = Guard(Config(namespace="search", model="bge-m3", pools={"cpu": "a"}, reference="b"),
                          post=lambda base, body: [0.0])
     verdict = quality.parse_metrics(fresh.metrics().decode(), "search", "bge-m3")
     cond = quality.condition(verdict, None, frozenset(), {"gpu": 1, "cpu": 1})
@@ -457,7 +460,7 @@ class GuardedLife:
         assert self.step().writes == 0
 
     def finish_job(self) -> str:
-        from rerankmodel_gen import finish, job_pod
+        from tests.unit.rerankmodel_gen import finish, job_pod
         desired = str(artifact.artifact_id(spec_of(self.body)))
         [job] = [j for j in self.world.of_kind("Job") if "conditions" not in j.get("status", {})]
         self.world.objects[("Job", job["metadata"]["name"])] = finish(job, True)
@@ -520,7 +523,7 @@ def test_a_new_artifact_from_the_same_weights_first_serves_as_a_canary() -> None
     weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]}
     assert weights["bge-m3-canary"] / sum(weights.values()) == pytest.approx(0.05)
     env = life.world.objects[("Deployment", "bge-m3-guard")]["spec"]["template"]["spec"]["containers"][0]["env"]
-    config = server.Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
+    config = Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
     assert set(config.pools) == {"cpu", names.CANARY}
     assert life.cond("Ready") == ("False", conditions.REASON_CANARY) and life.status["phase"] == "Progressing"
     assert life.cond("Degraded")[0] == "False"
@@ -580,7 +583,7 @@ def test_other_weights_or_no_guard_publish_at_once_as_before() -> None:
 
 
 def test_argo_cd_shows_progressing_during_a_canary_and_degraded_after_a_rollback() -> None:
-    from test_argocd_health import HEALTH_LUA, run_health  # Lua 5.1 as Argo CD runs it
+    from tests.unit.test_argocd_health import HEALTH_LUA, run_health  # Lua 5.1 as Argo CD runs it
 
     def health(status: dict[str, Any]) -> tuple[str, str]:
         return run_health(HEALTH_LUA.read_text(), {"metadata": {"generation": 2}, "status": status})

@@ -1,6 +1,6 @@
-"""Opt-in self-healing (core/requantize.py): when a round on the live sample starts, what the Job is then asked to do,
-and the guard's part (the sample's mount and configuration); through the plan, the fake API server and the status as
-the canary tests drive them (test_quality_acting.GuardedLife)."""
+"""Opt-in self-healing (core/quality/requantize.py): when a round on the live sample starts, what the Job is then asked
+to do, and the guard's part (the sample's mount and configuration); through the plan, the fake API server and the
+status as the canary tests drive them (test_quality_acting.GuardedLife)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from rerankmodel_gen import finish, job_pod, model, published, set_, spec_of
-from test_quality_acting import NOW, GuardedLife, by_kind, guarded_model, plan_for
 
-from quality_guard import sample, server
+from quality_guard import sample
+from quality_guard.config import Config
 from quantizer_job import contract
-from rerank_operator.core import artifact, conditions, quality, requantize, spec
+from rerank_operator.core import artifact, conditions, spec
 from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import guard
+from rerank_operator.core.quality import assessment as quality
+from rerank_operator.core.quality import requantize
+from tests.unit.autoscale.test_quality_acting import NOW, GuardedLife, by_kind, guarded_model, plan_for
+from tests.unit.rerankmodel_gen import finish, job_pod, model, published, set_, spec_of
 
 CONSENT = {"enabled": True, "maxPairs": 2000, "maxAgeHours": 48, "minIntervalHours": 6}
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -131,7 +134,7 @@ def test_with_consent_the_guard_keeps_its_sample_in_its_own_directory_of_the_vol
     assert mount["subPath"] == "samples/bge-m3" and not mount.get("readOnly")
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert not volume["persistentVolumeClaim"].get("readOnly")
-    config = server.Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
+    config = Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
     assert config.live_sample == sample.Settings(f"{guard.SAMPLE_MOUNT}/{contract.LIVE_SAMPLE_FILE}", 2000, 48 * 3600)
     # The path the guard writes is the path the Job reads (both relative to the volume's root).
     assert f"{mount['subPath']}/{contract.LIVE_SAMPLE_FILE}" == requantize.sample_path("bge-m3")

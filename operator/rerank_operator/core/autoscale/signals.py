@@ -78,8 +78,8 @@ class PoolSignals:
 class Signals:
     gpu: PoolSignals = field(default_factory=lambda: PoolSignals(ready_replicas=0))
     cpu: PoolSignals = field(default_factory=lambda: PoolSignals(ready_replicas=0))
-    # Pools the quality guard finds below the model's quality floor (core/quality.py): routing keeps traffic away
-    # from them while the other pool can serve (split.effective_policy).
+    # Pools the quality guard finds below the model's quality floor (core/quality/assessment.py): routing keeps traffic
+    # away from them while the other pool can serve (split.effective_policy).
     below_floor: frozenset[str] = frozenset()
 
     def pool(self, pool: str) -> PoolSignals:

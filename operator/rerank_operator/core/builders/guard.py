@@ -87,7 +87,7 @@ def unavailable(spec: RerankModelSpec) -> str | None:
 
 
 CONFIG_ENV = "RERANK_GUARD_CONFIG"
-#: The guard's environment variable holding the model's mirror token (``quality_guard.server.Config.mirror_token_env``).
+#: The guard's environment variable holding the model's mirror token (``quality_guard.config.Config.mirror_token_env``).
 MIRROR_TOKEN_ENV = "RERANK_GUARD_MIRROR_TOKEN"
 CONTAINER = "guard"
 #: What a guard needs: one worker thread, small JSON bodies, numpy. Its requests are the class's to change.
@@ -143,13 +143,13 @@ SAMPLE_MOUNT = "/var/lib/rerank-guard/samples"
 
 def samples_live(spec: RerankModelSpec) -> bool:
     """With the tenant's consent (``quantization.requantizeOnDrift``) the guard keeps a sample of the mirrored
-    requests on the model's volume, the data a re-quantization on drift runs on (``core/requantize.py``)."""
+    requests on the model's volume, the data a re-quantization on drift runs on (``core/quality/requantize.py``)."""
     return spec.quantization.requantize_on_drift.enabled and not replays(spec)
 
 
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                  below_floor: Iterable[str], canary: bool = False, max_input_tokens: int = 0) -> dict[str, Any]:
-    """The guard's ``Config`` (``quality_guard/server.py``) as JSON-ready data.
+    """The guard's ``Config`` (``quality_guard/config.py``) as JSON-ready data.
 
     The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
     it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed. While a new

@@ -4,8 +4,9 @@ Here the split is static per policy (the metrics-driven one is the autoscaler's,
 ``status.autoscaling.lastDecision``; the split is then taken from there, still within the policy). One safety rule
 holds for every policy, as in the autoscaler: a pool with no ready replica gets no traffic while the other has some,
 because a weight on an empty backend is a share of requests that fail. One quality rule holds for every policy too:
-a pool the quality guard finds below the model's quality floor (``status.quality.belowFloor``, ``core/quality.py``)
-gets no traffic while the other pool has ready replicas (a worse ranking beats a failed request, so not otherwise).
+a pool the quality guard finds below the model's quality floor (``status.quality.belowFloor``,
+``core/quality/assessment.py``) gets no traffic while the other pool has ready replicas (a worse ranking beats a failed
+request, so not otherwise).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   ready replicas still cannot serve within target: the split settles where it is needed instead of swinging to 0
   and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
   asked for ready and a capacity learned at saturation, so the projection is measured.
-Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%.
+Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%
+(``builders/routing.ready_pools_only``, the reconcile loop's rule too).
 `Tuning` switches parts off for the simulator's ablation only; production always uses the defaults.
 """
 
@@ -33,7 +34,7 @@ from rerank_operator.core.autoscale.config import AutoscalingSpec
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.load import UTILIZATION, Load, keeping_up
 from rerank_operator.core.autoscale.signals import Signals
-from rerank_operator.core.builders import guard
+from rerank_operator.core.builders import guard, routing
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
@@ -91,11 +92,11 @@ def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuSta
         return Split(100, "routing policy cpu-only")
     if policy == "gpu-only":
         return Split(0, "routing policy gpu-only")
-    if gpu_ready <= 0 and cpu_ready > 0:
-        return Split(100, "no GPU replica ready: all traffic to CPU")
-    if cpu_ready <= 0:
-        return Split(0 if gpu_ready > 0 else cpu_percent,
-                     "no CPU replica ready: all traffic to GPU" if gpu_ready > 0 else "no replica ready in any pool")
+    forced = routing.ready_pools_only(gpu_ready, cpu_ready)  # the reconcile loop's rule too
+    if forced is not None:
+        return Split(*forced)
+    if gpu_ready <= 0 or cpu_ready <= 0:
+        return Split(cpu_percent, "no replica ready in any pool")
     if policy == "fixed":
         return Split(100 - spec.fixed_gpu_percent, "routing policy fixed")
     return _gpu_first(spec, signals, min(cpu_percent, spec.spillover.max_cpu_percent), gpu, cpu_load, history, now,

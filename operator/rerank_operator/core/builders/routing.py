@@ -66,11 +66,22 @@ def split(
         traffic = Traffic(100, 0, "the CPU pool ranks below the quality floor: all traffic to the GPU pool")
     elif out == "gpu" and traffic.gpu_percent > 0:
         traffic = Traffic(0, 100, "the GPU pool ranks below the quality floor: all traffic to the CPU pool")
-    if traffic.gpu_percent > 0 and gpu_ready == 0 and cpu_ready > 0 and spec.cpu.enabled:
-        return Traffic(0, 100, "no GPU replica ready: all traffic to the CPU pool")
-    if traffic.cpu_percent > 0 and cpu_ready == 0 and gpu_ready > 0 and spec.gpu.enabled:
-        return Traffic(100, 0, "no CPU replica ready: all traffic to the GPU pool")
+    forced = ready_pools_only(gpu_ready, cpu_ready, gpu_enabled=spec.gpu.enabled, cpu_enabled=spec.cpu.enabled)
+    if forced is not None and forced[0] != traffic.cpu_percent:
+        return Traffic(100 - forced[0], forced[0], forced[1])
     return traffic
+
+
+def ready_pools_only(gpu_ready: int, cpu_ready: int, *, gpu_enabled: bool = True,
+                     cpu_enabled: bool = True) -> tuple[int, str] | None:
+    """The rule every split obeys, the reconcile loop's and the autoscaler's (``autoscale/split.route``): a pool with
+    no ready replica gets no traffic while the other pool has ready ones. Returns the CPU share it forces and why, or
+    None when both pools (or neither) have ready replicas."""
+    if gpu_ready <= 0 and cpu_ready > 0 and cpu_enabled:
+        return 100, "no GPU replica ready: all traffic to the CPU pool"
+    if cpu_ready <= 0 and gpu_ready > 0 and gpu_enabled:
+        return 0, "no CPU replica ready: all traffic to the GPU pool"
+    return None
 
 
 def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,

@@ -1,4 +1,4 @@
-"""What the guard lets in: the mirror's authenticity check and the HTTP limits, in front of :mod:`.server`'s worker.
+"""What the guard lets in: the mirror's authenticity check and the HTTP limits, in front of :mod:`.worker`.
 
 Why a check at all: a guard's verdict takes a pool out of traffic or rolls a canary back, and with the tenant's
 consent its input becomes the next Job's calibration data (:mod:`.sample`). So only the copies the model's own
@@ -40,7 +40,7 @@ CLIENT_TIMEOUT_SECONDS = 10.0
 
 
 class Receiver(Protocol):
-    """What the HTTP front hands requests to (``server.Worker``)."""
+    """What the HTTP front hands requests to (``worker.Worker``)."""
 
     def metrics(self) -> bytes:
         """The Prometheus page."""

@@ -73,6 +73,7 @@ def tiny_pools(tmp: Path) -> dict[str, ScoringServer]:
     tokenizer): what the guard's own FP32 reference loads."""
     from quantizer_job import export, isa, layout
     from quantizer_job import quantize as Q
+    from quantizer_job.recipes import fixed_recipe
     from rerank_devcluster import devmodels
 
     src = devmodels.bert_cross_encoder(tmp / "model", seed=1)
@@ -82,7 +83,7 @@ def tiny_pools(tmp: Path) -> dict[str, ScoringServer]:
                        "max_length": max_len, "pad_id": layout.pad_token_id(cfg), "threads": 1})
     fp32, tok = Path(info["onnx_path"]), Path(info["tokenizer_json"])
     target = isa.detect_local_target()
-    recipe = Q.fixed_recipe("dynamic", target, 1, True, isa.REDUCE_RANGE_REQUIRED[target], ("MatMul", "Attention"))
+    recipe = fixed_recipe("dynamic", target, 1, True, isa.REDUCE_RANGE_REQUIRED[target], ("MatMul", "Attention"))
     int8 = Q.build_int8(fp32, tmp / "int8" / "model.onnx", recipe, tmp, int(cfg["num_attention_heads"]),
                         int(cfg["hidden_size"]))
     pad = layout.pad_token_id(cfg, tok)

@@ -22,6 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quality_guard import intake, sample, server
+from quality_guard.checks import Guard
+from quality_guard.config import Config
+from quality_guard.worker import Worker
 
 TOKEN = "s3cret-token-of-this-model"
 TOKEN_ENV = "RERANK_GUARD_MIRROR_TOKEN"
@@ -45,11 +48,11 @@ class Pools:
         return [float(i) for i in range(len(body["texts"]))]
 
 
-def guard_for(tmp_path: Path, pools: Pools, environ: dict[str, str] | None = None) -> server.Guard:
+def guard_for(tmp_path: Path, pools: Pools, environ: dict[str, str] | None = None) -> Guard:
     live = sample.Settings(path=str(tmp_path / "live.jsonl"), max_pairs=1000, max_age_seconds=3600)
-    config = server.Config(namespace="team-a", model="search", pools={"cpu": "http://cpu"}, reference="http://ref",
+    config = Config(namespace="team-a", model="search", pools={"cpu": "http://cpu"}, reference="http://ref",
                            fraction=1.0, calls_per_second=1e6, live_sample=live, mirror_token_env=TOKEN_ENV)
-    return server.Guard(config, post=pools, environ={TOKEN_ENV: TOKEN} if environ is None else environ)
+    return Guard(config, post=pools, environ={TOKEN_ENV: TOKEN} if environ is None else environ)
 
 
 @pytest.fixture
@@ -70,7 +73,7 @@ def post(url: str, body: Any, token: str | None) -> int:
         return int(exc.code)
 
 
-def outcomes(guard: server.Guard) -> dict[str, float]:
+def outcomes(guard: Guard) -> dict[str, float]:
     page = guard.metrics().decode()
     found: dict[str, float] = {}
     for line in page.splitlines():
@@ -193,9 +196,9 @@ def test_a_slow_client_is_cut_and_surplus_connections_are_closed(monkeypatch: py
     cut after CLIENT_TIMEOUT_SECONDS, and then the guard answers again."""
     monkeypatch.setattr(intake, "CLIENT_TIMEOUT_SECONDS", 1.0)
     pools = Pools()
-    guard = server.Guard(server.Config(namespace="n", model="m", pools={"cpu": "http://cpu"},
+    guard = Guard(Config(namespace="n", model="m", pools={"cpu": "http://cpu"},
                                        reference="http://ref"), post=pools)
-    srv = intake.BoundedServer(("127.0.0.1", 0), intake.handler(server.Worker(guard), None), max_connections=3)
+    srv = intake.BoundedServer(("127.0.0.1", 0), intake.handler(Worker(guard), None), max_connections=3)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     host, port = srv.server_address[:2]
     try:

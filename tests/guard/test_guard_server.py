@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scoring_server import ScoringServer, tiny_pools
 
-from quality_guard import detector, reference, server
+from quality_guard import detector, endpoints, reference, server
+from quality_guard.checks import Guard
+from quality_guard.config import Config
 from quantizer_job import evaldata, textenc
+from tests.guard.scoring_server import ScoringServer, tiny_pools
 
 pytestmark = [pytest.mark.quantizer, pytest.mark.slow]
 
@@ -46,19 +48,19 @@ def pools(pools_dir: Path) -> Iterator[dict[str, ScoringServer]]:
         s.close()
 
 
-def config(pools: dict[str, ScoringServer], **kw: Any) -> server.Config:
-    return server.Config(namespace="team-a", model="search", reference=pools["reference"].url,
+def config(pools: dict[str, ScoringServer], **kw: Any) -> Config:
+    return Config(namespace="team-a", model="search", reference=pools["reference"].url,
                          pools={"cpu": pools["cpu"].url, "truncated": pools["truncated"].url}, **kw)
 
 
 def test_tei_answers_are_put_back_in_text_order() -> None:
-    assert server.tei_scores([{"index": 1, "score": 0.9}, {"index": 0, "score": 0.2}], 2) == [0.2, 0.9]
+    assert endpoints.tei_scores([{"index": 1, "score": 0.9}, {"index": 0, "score": 0.2}], 2) == [0.2, 0.9]
     with pytest.raises(ValueError):
-        server.tei_scores([{"index": 0, "score": 0.9}], 2)
+        endpoints.tei_scores([{"index": 0, "score": 0.9}], 2)
 
 
 def test_the_guard_tells_the_broken_pool_from_the_healthy_one(pools: dict[str, ScoringServer]) -> None:
-    guard = server.Guard(config(pools, fraction=1.0, calls_per_second=1e6))
+    guard = Guard(config(pools, fraction=1.0, calls_per_second=1e6))
     rng = random.Random(0)
     reqs = requests()
     for _ in range(200):
@@ -82,7 +84,7 @@ def test_the_guard_tells_the_broken_pool_from_the_healthy_one(pools: dict[str, S
 def test_mirrored_requests_over_http_within_the_budget(pools: dict[str, ScoringServer]) -> None:
     calls_before = {n: s.calls for n, s in pools.items()}
     now = [0.0]
-    guard = server.Guard(config(pools, fraction=1.0, calls_per_second=3.0), clock=lambda: now[0])
+    guard = Guard(config(pools, fraction=1.0, calls_per_second=3.0), clock=lambda: now[0])
     running = server.serve(guard)
     try:
         sampled = 0
@@ -114,10 +116,10 @@ def test_mirrored_requests_over_http_within_the_budget(pools: dict[str, ScoringS
 
 
 def test_a_pool_that_does_not_answer_is_an_error_not_a_ranking(pools: dict[str, ScoringServer]) -> None:
-    cfg = server.Config(namespace="n", model="m", reference=pools["reference"].url,
+    cfg = Config(namespace="n", model="m", reference=pools["reference"].url,
                         pools={"cpu": pools["cpu"].url, "gone": "http://127.0.0.1:9"}, fraction=1.0,
                         calls_per_second=1e6, timeout_seconds=2.0)
-    guard = server.Guard(cfg)
+    guard = Guard(cfg)
     body = requests()[0]
     assert guard.offer(body)
     assert set(guard.check(body)) == {"cpu"}
@@ -131,7 +133,7 @@ def test_without_mirrored_traffic_the_guard_replays_the_artifacts_evaluation_pai
     pairs = tmp_path / "evaluation.jsonl"
     pairs.write_text("".join(json.dumps({"query": p.query, "text": p.text}) + "\n" for p in evaldata.builtin_pairs()))
     small = detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1, max_failure_rate=0.1)
-    guard = server.Guard(config(pools, fraction=1.0, calls_per_second=1e6, settings=small, replay=str(pairs),
+    guard = Guard(config(pools, fraction=1.0, calls_per_second=1e6, settings=small, replay=str(pairs),
                                 replay_per_second=40.0))
     running = server.serve(guard)  # nothing is ever POSTed: the replay alone feeds it
     try:
@@ -153,7 +155,7 @@ def test_the_local_reference_scores_the_original_weights_as_the_fp32_export_does
     """PyTorch on the published original/ vs ONNX Runtime on the Job's FP32 export of the same weights: the same
     function, so the same scores up to float noise, in TEI's sigmoid form and raw."""
     local = reference.LocalReference(pools_dir / "original", threads=1)
-    post = server.http_post(10.0)
+    post = endpoints.http_post(10.0)
     for body in requests():
         for raw in (False, True):
             b = {**body, "raw_scores": raw}
@@ -165,7 +167,7 @@ def test_the_local_reference_scores_the_original_weights_as_the_fp32_export_does
 def test_with_a_local_reference_the_guard_tells_the_broken_pool_from_the_healthy_one(
         pools: dict[str, ScoringServer], pools_dir: Path) -> None:
     calls = pools["reference"].calls
-    guard = server.Guard(server.Config(namespace="team-a", model="cpu-only", reference=reference.LOCAL,
+    guard = Guard(Config(namespace="team-a", model="cpu-only", reference=reference.LOCAL,
                                        reference_model=str(pools_dir / "original"), fraction=1.0,
                                        calls_per_second=1e6,
                                        pools={"cpu": pools["cpu"].url, "truncated": pools["truncated"].url}))
@@ -186,8 +188,8 @@ def test_with_a_local_reference_the_guard_tells_the_broken_pool_from_the_healthy
 def test_a_local_reference_that_cannot_load_is_a_reference_error_not_a_verdict(
         pools: dict[str, ScoringServer], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="reference_model"):
-        server.Config(namespace="n", model="m", reference=reference.LOCAL, pools={"cpu": pools["cpu"].url})
-    guard = server.Guard(server.Config(namespace="n", model="m", reference=reference.LOCAL,
+        Config(namespace="n", model="m", reference=reference.LOCAL, pools={"cpu": pools["cpu"].url})
+    guard = Guard(Config(namespace="n", model="m", reference=reference.LOCAL,
                                        reference_model=str(tmp_path / "missing"), fraction=1.0,
                                        calls_per_second=1e6, pools={"cpu": pools["cpu"].url}))
     body = requests()[0]
@@ -220,7 +222,7 @@ def test_the_local_reference_truncates_long_pairs_as_the_pool_does_or_refuses_th
                  + " stock markets fell sharply on monday.")
     body = {"query": "where did the cat sit", "texts": [long_text, "stocks fell on monday"]}
     local = reference.LocalReference(pools_dir / "original", threads=1)
-    ours, exported = local(body), server.http_post(10.0)(pools["reference"].url, body)
+    ours, exported = local(body), endpoints.http_post(10.0)(pools["reference"].url, body)
     assert local.max_length == 512
     assert max(abs(x - y) for x, y in zip(ours, exported, strict=True)) < 1e-4
     left = local({**body, "truncation_direction": "Left"})

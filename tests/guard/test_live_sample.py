@@ -1,6 +1,7 @@
 """The guard's live sample (quality_guard/sample.py): bounded by pairs and by age, written atomically in the format the
 quantization Job reads, taken up again by a restarted guard; and the guard process recording mirrored requests only
-(never its replayed evaluation pairs), exporting the sample's size for the operator (core/quality/assessment.py reads it)."""
+(never its replayed evaluation pairs), exporting the sample's size for the operator (core/quality/assessment.py reads
+it)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "operator" / "rerank_operator"
 
@@ -45,3 +47,19 @@ def test_the_map_names_every_module_and_folder() -> None:
 def test_the_map_names_nothing_that_is_gone() -> None:
     stale = mapped() - on_disk()
     assert not stale, f"docs/architecture.md's module map names what does not exist: {sorted(stale)}"
+
+
+def named_in(section: str) -> set[str]:
+    """The module files a map section's code block names (a line may name several: ``fetch.py export.py ...``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split(f"## Module map ({section})", 1)[1].split("```", 2)[1]
+    return set(re.findall(r"(?<![\w/.])(\w+\.py)\b", block))
+
+
+@pytest.mark.parametrize("package", ["quantizer_job", "quality_guard"])
+def test_the_maps_of_the_job_and_the_guard_name_exactly_their_modules(package: str) -> None:
+    modules = {p.name for p in (ROOT / package).glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    named = named_in(package)
+    missing, stale = sorted(modules - named), sorted(named - modules)
+    assert not missing, f"add to docs/architecture.md's {package} map: {missing}"
+    assert not stale, f"docs/architecture.md's {package} map names what does not exist: {stale}"

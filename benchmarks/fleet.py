@@ -1,6 +1,6 @@
 """Fleet benchmark: N RerankModels in M namespaces, autoscaling on, on the dev cluster (kwok nodes); prints JSON.
 
-    .venv/bin/python benchmarks/fleet.py --models 1000 [--namespaces 100] [--metrics-source direct|prometheus]
+    .venv/bin/python -m benchmarks.fleet --models 1000 [--namespaces 100] [--metrics-source direct|prometheus]
                                          [--replicas 1|2] [--steady-window 60] [--operator-ref HEAD]
 
 What it measures (progress on stderr, one JSON object on stdout):

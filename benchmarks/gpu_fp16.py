@@ -3,14 +3,14 @@ FP16 that the quality guard's benchmark (and its caveat) rests on. Prints JSON.
 
 The GPU pool serves the original weights in FP16 (TEI's CUDA path) and nothing in the Job checks them: the Job's gate
 is for the CPU pool's INT8 artifact. This measures, on a trained fixture's held-out pairs, what FP16 does to the
-ranking, how close the CPU emulation (``benchmarks/quality_guard.py``: every weight and activation rounded through
+ranking, how close the CPU emulation (``benchmarks.guard_detection``: every weight and activation rounded through
 float16, arithmetic in FP32) comes to real FP16 kernels, whether the emulated overflow fault overflows on the same
 pairs on a GPU, how much headroom each layer's activations leave below float16's 65504, and FP16 vs FP32 speed.
 
 Two steps, because the GPU machine reaches no network and takes only a small working tree:
 
-    python benchmarks/gpu_fp16.py prepare [--fixtures minilm-ce,xlmr-ce] [--out .gpu-prep]    # here, on CPU
-    python benchmarks/gpu_fp16.py measure [--prepared .gpu-prep] [--large]                      # on a CUDA machine
+    python -m benchmarks.gpu_fp16 prepare [--fixtures minilm-ce,xlmr-ce] [--out .gpu-prep]    # here, on CPU
+    python -m benchmarks.gpu_fp16 measure [--prepared .gpu-prep] [--large]                      # on a CUDA machine
 
 ``prepare`` (CPU; the fixtures of ``benchmarks/trained_fixture.py``): the quality guard benchmark's cached scores for
 ``reference`` (the FP32 ONNX export, TEI's batches of 8 in arrival order), ``healthy-fp16`` and ``fp16-overflow``
@@ -38,19 +38,16 @@ TEI's 512- and 8192-token shapes. Speeds are PyTorch's, not TEI's candle kernels
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from quantizer_job import metrics, textenc  # numpy only: `measure` runs from a bare checkout on the GPU machine
 
-from quantizer_job import metrics, textenc  # noqa: E402  (numpy only: it imports on the GPU machine as it is)
+ROOT = Path(__file__).resolve().parents[1]
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 FP16_MAX = 65504.0
@@ -58,15 +55,6 @@ TOPK = 3
 
 
 # --- prepare (CPU, where the fixtures and the quantizer's stack are) ------------------------------------------------
-def _guard_bench() -> Any:
-    """benchmarks/quality_guard.py, loaded under another name (its own would shadow the quality_guard package)."""
-    spec = importlib.util.spec_from_file_location("quality_guard_bench", ROOT / "benchmarks" / "quality_guard.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def overflow_site(onnx_path: Path, tensor: str) -> dict[str, Any]:
     """Which encoder layer's LayerNorm the emulated fault scales, from the ONNX graph (embeddings' LayerNorm first,
     then two a layer: attention output, FFN output), checked against the tensor the emulation scaled."""
@@ -92,9 +80,10 @@ def prepare_fixture(name: str, out: Path, threads: int) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file, save_file
 
-    qg = _guard_bench()
+    from benchmarks import guard_detection  # the quantizer's ML stack: prepare only, never on the GPU machine
+
     with tempfile.TemporaryDirectory(prefix="gpu-fp16-") as tmp:
-        lab = qg.Lab(name, threads, Path(tmp), rescore=False)
+        lab = guard_detection.Lab(name, threads, Path(tmp), rescore=False)
         scores = {v: lab.logits(v) for v in ("reference", "healthy-fp16", "fp16-overflow")}
         fault = lab.notes["fp16-overflow"]
         site = overflow_site(lab.fp32, fault["scaled_tensor"])

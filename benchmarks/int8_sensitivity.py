@@ -3,7 +3,7 @@ everything else is quantized as the fastest auto recipe does it. Prints JSON: Sp
 FP32 graph, speed vs FP32 (ONNX Runtime set up as TEI sets it up, all pairs once, batches of 8 in arrival order),
 and the outlier coarseness :mod:`quantizer_job.outliers` ranks FFN down-projections by.
 
-    python benchmarks/int8_sensitivity.py --fixture minilm-ce [--per-layer]
+    python -m benchmarks.int8_sensitivity --fixture minilm-ce [--per-layer]
 
 This is what chose the mixed-precision recipe (``fp32_ffn_down``): the group whose FP32 copy buys the most quality
 per speed lost, and whether the coarseness ranking picks the layers that matter.
@@ -24,16 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import trained_fixture
-
-from quantizer_job import evaldata, export, isa, layout, metrics, outliers, textenc, verify
+from benchmarks import trained_fixture
+from quantizer_job import embedding_int8, evaldata, export, fusion, isa, layout, metrics, outliers, textenc, verify
 from quantizer_job import quantize as Q
+from quantizer_job.recipes import Recipe
 
-BASE = Q.Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
-                operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True)
+BASE = Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
+              operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True)
 
 
 def roles(model: Any) -> dict[str, str]:
@@ -110,8 +107,8 @@ def main() -> None:
 
         ref = score(fp32)
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
-        cache: Q.GraphCache = {}
-        graph = Q.optimized_for(BASE, fp32, work, heads, hidden, cache).path
+        cache: fusion.GraphCache = {}
+        graph = fusion.optimized_for(BASE, fp32, work, heads, hidden, cache).path
         by_role = roles(onnx.load(str(graph), load_external_data=False))
         coarse = outliers.measure(graph, outliers.spread(batches, Q.PROBE_BATCHES), threads)
         rows: dict[str, dict[str, Any]] = {}
@@ -119,7 +116,7 @@ def main() -> None:
         def trial(name: str, keep: list[str], src: Path = graph) -> None:
             dst = work / name / "model.onnx"
             Q.quantize_dynamic(src, dst, BASE, exclude=keep)
-            Q.quantize_embeddings(dst)
+            embedding_int8.quantize_embeddings(dst)
             got = score(dst)
             rows[name] = {"kept_fp32": len(keep), "spearman": round(metrics.spearman(ref.scores, got.scores), 5),
                           "top3": round(metrics.topk_agreement(keys, ref.scores, got.scores, 3), 4),

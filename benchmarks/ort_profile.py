@@ -1,12 +1,13 @@
 """Where the time goes: ONNX Runtime's per-operator profile of FP32 vs INT8 at TEI's batch shapes. Prints JSON.
 
-    python benchmarks/ort_profile.py --fixture minilm-ce [--variants fused-attn-matmul-perchannel-emb8,...]
+    python -m benchmarks.ort_profile --fixture minilm-ce [--variants fused-attn-matmul-perchannel-emb8,...]
         [--batches 40]
 
-Each variant's directory (made as ``benchmarks/tei_rerank.py`` makes them) is loaded in TEI's session (ORT_ENABLE_ALL,
-intra-op threads = CPUs, sequential) with ``enable_profiling``; the fixture's held-out pairs are fed in arrival order
-as batches of 8 padded to their longest (what TEI's queue does). Node events are summed per op type: milliseconds
-per batch and share of the total, per variant, plus the session's op census after ORT's own fusions.
+Each variant's directory (made as ``benchmarks.tei_rerank`` makes them: ``tei_serving.prepare``) is loaded in TEI's
+session (ORT_ENABLE_ALL, intra-op threads = CPUs, sequential) with ``enable_profiling``; the fixture's held-out
+pairs are fed in arrival order as batches of 8 padded to their longest (what TEI's queue does). Node events are
+summed per op type: milliseconds per batch and share of the total, per variant, plus the session's op census after
+ORT's own fusions.
 
 Also a GEMM probe: one FP32 MatMul vs the INT8 kernels ORT uses for it (MatMulInteger, DynamicQuantizeMatMul,
 QLinearMatMul-free static form MatMulIntegerToFloat) at a BERT FFN shape. The INT8/FP32 ratio of the bare kernels
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -27,12 +27,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import tei_rerank
-import trained_fixture
-
+from benchmarks import tei_serving, trained_fixture
 from quantizer_job import isa, layout, textenc
 
 
@@ -177,7 +172,7 @@ def main() -> None:
     groups = [(p["query"], p["texts"]) for p in map(json.loads, Path(fx["eval_jsonl"]).read_text().splitlines())]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        dirs, _ = tei_rerank.prepare(fx, work, [v for v in a.variants.split(",") if v and v != "fp32"], threads)
+        dirs, _ = tei_serving.prepare(fx, work, [v for v in a.variants.split(",") if v and v != "fp32"], threads)
         batches = tei_batches(dirs["fp32"], groups, a.batches)
         out["batch_shapes"] = {"batches": len(batches), "median_padded_len": int(np.median([b["input_ids"].shape[1]
                                                                                            for b in batches]))}

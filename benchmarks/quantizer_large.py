@@ -1,7 +1,9 @@
-"""A bge-reranker-v2-m3-size model (XLM-RoBERTa large: 24 layers, hidden 1024, 568M parameters, random weights)
-through the whole ``rerank-quantize`` command: wall time, peak RSS of the process tree, output sizes. Prints JSON.
+"""A bge-reranker-v2-m3-size model (XLM-RoBERTa large: 24 layers, hidden 1024, 250002 tokens, random weights; 514
+positions, so 560M parameters where the real model's 8194 make 568M) through the whole ``rerank-quantize`` command:
+wall time, peak RSS of the process tree, output sizes. Prints JSON (``params_m``: the parameters the built model's
+safetensors hold, in millions).
 
-    python benchmarks/quantizer_large.py [--workdir DIR] [--keep] [-- extra rerank-quantize args]
+    python -m benchmarks.quantizer_large [--workdir DIR] [--keep] [-- extra rerank-quantize args]
 
 Building the random model is not part of the measured time. Peak RSS is sampled from /proc every 100 ms over the
 command and all its children (the export child included); the kernel's own high-water marks (ru_maxrss of the
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,8 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
+REPO = Path(__file__).resolve().parents[1]
 
 
 def tree_rss(pid: int) -> int:
@@ -51,6 +54,18 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def safetensors_params(d: Path) -> int:
+    """The parameters the model's safetensors files in ``d`` hold: the element count of every tensor their headers
+    list (an 8-byte little-endian length, then that much JSON), read without loading a weight."""
+    total = 0
+    for f in sorted(d.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
 def build_model(d: Path) -> dict:
     from rerank_devcluster import devmodels
 
@@ -68,23 +83,23 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
-    work = Path(a.workdir or tempfile.mkdtemp(prefix="qlarge-"))
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="qlarge-")).resolve()  # the model's builder runs in REPO
     work.mkdir(parents=True, exist_ok=True)
     src = work / "xlmr-large"
-    info: dict = {"model": "xlm-roberta-large-shape (random)", "params_m": 568}
+    info: dict = {"model": "xlm-roberta-large-shape (random)"}
     if not (src / "model.safetensors").is_file():
         # Build in a child so the benchmark process itself stays small.
-        repo = str(Path(__file__).resolve().parents[1])
-        code = (f"import json,sys; sys.path.insert(0, {repo!r}); from benchmarks.quantizer_large import build_model; "
-                f"print(json.dumps(build_model(__import__('pathlib').Path({str(src)!r}))))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        code = ("import json, pathlib, sys; from benchmarks.quantizer_large import build_model; "
+                "print(json.dumps(build_model(pathlib.Path(sys.argv[1]))))")
+        out = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, check=True,
+                             cwd=REPO)
         info.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    info["params_m"] = round(safetensors_params(src) / 1e6, 1)
     vol = work / "volume"
     shutil.rmtree(vol, ignore_errors=True)
     cmd = [sys.executable, "-m", "quantizer_job", "--model", str(src), "--output", str(vol), "--artifact-id", "large1",
            *a.extra]
-    env = dict(os.environ, TERMINATION_MESSAGE_PATH=str(work / "termination.log"),
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, TERMINATION_MESSAGE_PATH=str(work / "termination.log"))
     peak = 0
     stop = threading.Event()
     t0 = time.monotonic()

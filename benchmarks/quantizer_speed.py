@@ -6,7 +6,7 @@ threads, ORT_ENABLE_ALL, one inference at a time. Quality: Spearman / top-3 agre
 built-in multilingual evaluation set. Variants are timed in interleaved rounds (median per variant) so that other
 load on a shared machine hits all of them alike.
 
-    python benchmarks/quantizer_speed.py [--seconds 1.5] [--rounds 3] [--models minilm,bert-base]
+    python -m benchmarks.quantizer_speed [--seconds 1.5] [--rounds 3] [--models minilm,bert-base]
 """
 
 from __future__ import annotations
@@ -15,27 +15,24 @@ import argparse
 import functools
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
-
-from quantizer_job import evaldata, export, isa, metrics, textenc, verify
+from quantizer_job import evaldata, export, fusion, isa, metrics, textenc, verify
 from quantizer_job import quantize as Q
+from quantizer_job.recipes import Recipe
 from rerank_devcluster import devmodels
 
 RECIPES = [
     # The seeds' recipe: optimum AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False).
-    Q.Recipe("seed-plain-pertensor", optimization_level=0, per_channel=False, operators=("MatMul",)),
-    Q.Recipe("plain-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",)),
-    Q.Recipe("fused-matmul-perchannel", optimization_level=1, per_channel=True, operators=("MatMul",)),
-    Q.Recipe("fused-attn-matmul-perchannel", optimization_level=1, per_channel=True, operators=("MatMul", "Attention")),
-    Q.Recipe("fused-attn-matmul-pertensor", optimization_level=1, per_channel=False, operators=("MatMul", "Attention")),
+    Recipe("seed-plain-pertensor", optimization_level=0, per_channel=False, operators=("MatMul",)),
+    Recipe("plain-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",)),
+    Recipe("fused-matmul-perchannel", optimization_level=1, per_channel=True, operators=("MatMul",)),
+    Recipe("fused-attn-matmul-perchannel", optimization_level=1, per_channel=True, operators=("MatMul", "Attention")),
+    Recipe("fused-attn-matmul-pertensor", optimization_level=1, per_channel=False, operators=("MatMul", "Attention")),
 ]
 
 
@@ -73,8 +70,8 @@ def bench_model(name: str, src: Path, work: Path, threads: int, seconds: float, 
 
     variants: dict[str, Path] = {"fp32-ort": fp32}
     quality: dict[str, dict] = {}
-    opt = Q.optimize(fp32, work / "opt" / "model.onnx", 1, int(cfg["num_attention_heads"]),
-                     int(cfg["hidden_size"])).path
+    opt = fusion.optimize(fp32, work / "opt" / "model.onnx", 1, int(cfg["num_attention_heads"]),
+                          int(cfg["hidden_size"])).path
     variants["fp32-ort-fused"] = opt
     ref = verify.score_timed(verify.make_session(fp32, threads), batches, 0).scores
     for r in RECIPES:

@@ -1,11 +1,12 @@
 """A real TEI CPU pool in the dev cluster, run by the operator from its image, under real load; prints JSON.
 
-    .venv/bin/python benchmarks/serving_e2e.py --router /path/to/text-embeddings-router [--ort-library PATH]
+    .venv/bin/python -m benchmarks.serving_e2e --router /path/to/text-embeddings-router [--ort-library PATH]
         [--workdir DIR] [--step-seconds 40] [--fractions 0.3,0.6,0.9,1.2,1.6] [--out FILE]
 
-Opt-in (not in ./hack/test): TEI's source is not on crates.io, so CI cannot build its router. Build one with the ORT
-backend as ``../shared/tei-contract.md`` says (never commit it), then pass it here. ``--ort-library`` defaults to
-the ``libonnxruntime.so.1.22.0`` of this environment's onnxruntime wheel (TEI 1.9 embeds ONNX Runtime 1.22).
+Opt-in (not in ./hack/test): TEI's source is not on crates.io, so CI cannot build its router. Build one yourself
+with the ORT backend from TEI's own sources (``docs/tei-contract.md``; never commit it), then pass it here.
+``--ort-library`` defaults to the ``libonnxruntime.so.1.22.0`` of this environment's onnxruntime wheel (TEI 1.9
+embeds ONNX Runtime 1.22).
 
 What it does:
 1. wraps the router and ONNX Runtime's library in an image on the node's Debian rootfs
@@ -49,8 +50,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rerank_devcluster import binaries, nodeimage, realnode
 from rerank_devcluster.cluster import Cluster
@@ -491,7 +490,7 @@ def main() -> int:
     ap.add_argument("--scale-down-seconds", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    import trained_fixture  # type: ignore[import-not-found]  # an untyped script beside this one
+    from benchmarks import trained_fixture  # untyped: not followed by mypy (pyproject.toml), so Any here
 
     fixture = trained_fixture.make_fixture("minilm-ce")
     ort = (args.ort_library or default_ort_library()).resolve()

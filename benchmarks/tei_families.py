@@ -16,10 +16,10 @@ keys (``devmodels.family_cross_encoder``, as its hub repositories ship them), th
 
 Prints one JSON object: per family those figures, and ``all_served`` (every published directory loaded and scored).
 
-    python benchmarks/tei_families.py --router /path/to/text-embeddings-router [--families bert,deberta-v2]
+    python -m benchmarks.tei_families --router /path/to/text-embeddings-router [--families bert,deberta-v2]
 
-Without a router it exits with an error: TEI's router is the thing under test (``../shared/tei-contract.md`` says
-how to build one; it is never part of CI).
+Without a router it exits with an error: TEI's router is the thing under test (build one yourself with the ORT
+backend from TEI's own sources, ``docs/tei-contract.md``; it is never part of CI).
 """
 
 from __future__ import annotations
@@ -33,11 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import tei_rerank
-
+from benchmarks import tei_serving
 from quantizer_job import evaldata, export, layout, metrics, textenc
 from rerank_devcluster import devmodels
 
@@ -54,12 +50,13 @@ def groups_of(pairs: list[evaldata.Pair]) -> list[tuple[str, list[str]]]:
 
 
 def fp32_dir(model: Path, work: Path) -> Path:
-    """The FP32 export in a TEI directory, as ``tei_rerank`` builds its baseline (and the Job its CPU directory)."""
+    """The FP32 export in a TEI directory, as ``tei_serving.prepare`` builds its baseline (and the Job its CPU
+    directory)."""
     cfg = layout.read_config(model)
     exp = export.run({"src_dir": str(model), "onnx_dir": str(work / "fp32"), "tokenizer_dir": str(work / "tok"),
                       "max_length": textenc.max_input_length(cfg), "pad_id": layout.declared_pad_token_id(cfg),
                       "threads": 2})
-    return tei_rerank.tei_dir(Path(exp["onnx_path"]), model, Path(exp["tokenizer_json"]), work / "serve-fp32", exp)
+    return tei_serving.tei_dir(Path(exp["onnx_path"]), model, Path(exp["tokenizer_json"]), work / "serve-fp32", exp)
 
 
 def job(model: Path, work: Path) -> tuple[Path | None, dict]:
@@ -80,7 +77,7 @@ def job(model: Path, work: Path) -> tuple[Path | None, dict]:
 def served(router: str, d: Path, log: Path, groups: list[tuple[str, list[str]]], ref: np.ndarray) -> dict:
     """Serve ``d`` with the router and compare its raw scores with ``ref`` (PyTorch FP32, same pairs in order)."""
     try:
-        server = tei_rerank.RouterServer(router, d, log, BUDGET)
+        server = tei_serving.RouterServer(router, d, log, BUDGET)
     except SystemExit as exc:
         return {"loaded": False, "error": str(exc), "log_tail": log.read_text()[-600:] if log.exists() else ""}
     try:
@@ -97,7 +94,7 @@ def family(name: str, router: str, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     model = devmodels.family_cross_encoder(name, work / "model")
     groups = groups_of(evaldata.builtin_pairs())
-    ref = tei_rerank.torch_fp32(model, groups, threads=2)["scores"]
+    ref = tei_serving.torch_fp32(model, groups, threads=2)["scores"]
     row: dict = {"pairs": int(ref.size), "router_fp32": served(router, fp32_dir(model, work), work / "fp32.log",
                                                                groups, ref)}
     published, row["job"] = job(model, work)

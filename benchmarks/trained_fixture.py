@@ -23,7 +23,7 @@ and numpy (what the machine ships). A query is a docstring's first sentence; its
 its own docstring, 6 from the same module (hard negatives) and 8 from elsewhere. Queries are split by hash into
 training (80%) and held-out (20%): ``eval.jsonl`` holds only held-out queries; ``calib.jsonl`` training ones.
 
-    python benchmarks/trained_fixture.py [--which minilm-ce,xlmr-ce] [--force]
+    python -m benchmarks.trained_fixture [--which minilm-ce,xlmr-ce] [--force]
 
 Prints JSON: where each fixture is, held-out Spearman of student vs teacher, score spread, training time.
 """
@@ -38,14 +38,10 @@ import json
 import os
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # rerank_devcluster
 
 from quantizer_job import metrics, textenc
 from rerank_devcluster import devmodels

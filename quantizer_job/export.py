@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import external_data
-from .layout import SIZE_KEYS
+from .layout import MODEL_FILE, SIZE_KEYS
 from .textenc import uses_token_types
 
 OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
@@ -179,7 +179,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                                                         library_name="transformers")
     onnx_config = ctor(model.config)
     dummy = onnx_config.generate_dummy_inputs(framework="pt")
-    out_path = onnx_dir / "model.onnx"
+    out_path = onnx_dir / MODEL_FILE
     with torch.no_grad(), onnx_config.patch_model_for_export(model):
         inputs = onnx_config.ordered_inputs(model)
         input_names = list(inputs.keys())

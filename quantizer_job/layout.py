@@ -1,4 +1,4 @@
-"""The directories TEI loads (see shared/tei-contract.md): config.json fixes, tokenizer files, checks, manifest."""
+"""The directories TEI loads (see docs/tei-contract.md): config.json fixes, tokenizer files, checks, manifest."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def weight_files(src: Path) -> list[str]:
 def check_tei_dir(d: Path, expect_inputs: Iterable[str] | None = None, max_positions: int | None = None,
                   position_offset: int = 0) -> list[str]:
     """Problems that would stop TEI's CPU image from serving ``d`` with ONNX Runtime (empty: fine), read as TEI reads
-    the directory (shared/tei-contract.md). ``expect_inputs``: the FP32 export's inputs, which the Job proved against
+    the directory (docs/tei-contract.md). ``expect_inputs``: the FP32 export's inputs, which the Job proved against
     PyTorch fed as TEI feeds them: the published graph must take exactly those. ``max_positions``: the tokens the
     model takes; TEI's maximum input length must not exceed it. ``position_offset``: where the model's positions start
     (a RoBERTa-style table: after its padding index); TEI feeds a declared ``position_ids`` as 0..n, so a graph with

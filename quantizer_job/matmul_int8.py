@@ -3,7 +3,7 @@
 Why: ONNX Runtime's Python quantizer (``quantize_dynamic``) loads the whole FP32 model, runs shape inference on a
 second copy and holds the float and the int8 weights side by side: 7.6 GB peak on the 2.2 GB XLM-R large graph, past
 the Job's 6 GiB, and about a minute of its time. A large model gets one kind of recipe (the unfused graph, MatMul
-weights only, dynamic uint8 activations; ``pipeline.candidates``), and for it the result is simple:
+weights only, dynamic uint8 activations; ``recipe_trials.candidates``), and for it the result is simple:
 
 - each MatMul whose B is a constant 2-D FP32 initializer becomes ``com.microsoft.DynamicQuantizeMatMul(A, B_int8,
   B_scale, B_zero_point)``: the node ONNX Runtime itself makes of ``quantize_dynamic``'s DynamicQuantizeLinear /

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import serving
 from .errors import JobError
-from .quantize import Recipe
+from .recipes import Recipe
 from .results import round_finite
 
 

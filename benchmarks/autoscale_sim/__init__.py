@@ -52,26 +52,20 @@ shows as such.
 The policy runs with the CRD's defaults (spec.autoscaling empty); --ablations adds the policy with each part switched
 off, and with the earlier defaults (ABLATIONS).
 
-Run: python benchmarks/autoscale_sim --ablations --bounds   (full: 12 seeds, all shapes and variants; JSON)
-     python benchmarks/autoscale_sim --quick                 (2 seeds of 6 h, nominal variant only)
-     python benchmarks/autoscale_sim --from-rows OUT.json --format markdown   (the tables again, from a run's JSON)
+Run: python -m benchmarks.autoscale_sim --ablations --bounds   (full: 12 seeds, all shapes and variants; JSON)
+     python -m benchmarks.autoscale_sim --quick                 (2 seeds of 6 h, nominal variant only)
+     python -m benchmarks.autoscale_sim --from-rows OUT.json --format markdown   (the tables again, from a run's JSON)
 The JSON has `rows` (one per shape, seed, variant and controller) and `summary` (pooled per shape, per diurnal
 seed, tuning seeds 1-8 and held-out seeds 9-12, per variant: the policy, each baseline at its default and
 cost-matched, the strongest baseline, the bounds, the ablations).
 --format markdown prints the same report as tables instead: the targets, then per shape and variant a row per seed
 (and one pooled) with the policy and every baseline at its default and cost-matched on that seed.
 
-Layout, one module per part (from benchmarks/ each is `autoscale_sim.<module>`): world (the pods, what goes wrong,
+Layout, one module per part (each is `benchmarks.autoscale_sim.<module>`): world (the pods, what goes wrong,
 TEI's limits), traffic (the shapes and their spikes), observation (TEI's metrics as scraped, what a controller may
 read), attribution (one cause per violation-second), simulation (the queueing world and a run of it), controllers
 (the policy adapter, the baselines, the bounds), experiments (what one comparison runs), matching (pooling over
 seeds, cost-matching), targets (issue 12's targets, their bounds and seed bootstrap), report (the JSON and the
-markdown tables), cli (the flags; `__main__` runs it).
+markdown tables), cli (the flags; `__main__` runs it). The policy is the installed operator's
+(`rerank_operator.core.autoscale`, imported by name).
 """
-
-import sys
-from pathlib import Path
-
-# The operator's pure autoscaling core, imported from the source tree (no install needed); every module of the
-# package that imports it is imported after this.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator"))

@@ -1,5 +1,5 @@
 """The command line: the flags, the world and the traces they describe, one comparison per trace, the report
-printed (and written with --out). `python benchmarks/autoscale_sim --help` lists the flags."""
+printed (and written with --out). `python -m benchmarks.autoscale_sim --help` lists the flags."""
 
 from __future__ import annotations
 

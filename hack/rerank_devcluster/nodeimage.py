@@ -122,10 +122,10 @@ def _add_link(tar: tarfile.TarFile, arcname: str, target: str) -> None:
 def tei_image(router: Path, ort_library: Path) -> tuple[Path, str]:
     """An OCI archive (and its image name) of TEI's router on the node's rootfs, for benchmarks with a real TEI.
 
-    ``router``: a ``text-embeddings-router`` built with the ORT backend (``../shared/tei-contract.md`` says how; it is
-    never built by this project); ``ort_library``: the ``libonnxruntime.so.1.x.y`` it links (onnxruntime's wheel
-    ships it). The router's entrypoint and ``LD_LIBRARY_PATH`` are the image's; the pod's ``args`` are the
-    operator's, as with TEI's own image. Cached by the two files' digests."""
+    ``router``: a ``text-embeddings-router`` the user built with the ORT backend from TEI's own sources
+    (``docs/tei-contract.md``; never built by this project); ``ort_library``: the ``libonnxruntime.so.1.x.y`` it
+    links (onnxruntime's wheel ships it). The router's entrypoint and ``LD_LIBRARY_PATH`` are the image's; the pod's
+    ``args`` are the operator's, as with TEI's own image. Cached by the two files' digests."""
     key = hashlib.sha256((ociimage.file_digest(router) + ociimage.file_digest(ort_library)).encode()).hexdigest()[:12]
     name = f"{TEI_REPO}:{key}"
     rootfs = ensure_rootfs()

@@ -2,6 +2,6 @@
 (per test) are defined in rrm_harness.py, with the harness they drive; importing them here registers them once, so a
 test module asks for them by name and need not import them (an import that pyflakes would see as unused)."""
 
-from rrm_harness import operator_identity, rrm_env
+from tests.cluster.rrm_harness import operator_identity, rrm_env
 
 __all__ = ["operator_identity", "rrm_env"]

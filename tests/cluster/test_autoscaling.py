@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, static_pv
 
 from rerank_devcluster.fake_tei import MetricsServer, TeiCounters, TrafficLoop
 from rerank_devcluster.waiting import eventually
+from tests.cluster.rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, static_pv
 
 pytestmark = pytest.mark.cluster
 

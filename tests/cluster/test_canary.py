@@ -23,9 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import test_quality_guard
-from test_autoscaling import AUTOSCALING, GATEWAY, NAME, POOLS, route_weights, status
-from test_quality_guard import (
+
+from quality_guard.config import Config
+from rerank_operator.core.builders import deployment
+from tests.cluster import test_quality_guard
+from tests.cluster.test_autoscaling import AUTOSCALING, GATEWAY, NAME, POOLS, route_weights, status
+from tests.cluster.test_quality_guard import (
     GATE,
     GUARD,
     SMALL,
@@ -40,9 +43,6 @@ from test_quality_guard import (
     route,
     wait,
 )
-
-from quality_guard import server
-from rerank_operator.core.builders import deployment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.slow]
 
@@ -72,7 +72,7 @@ class GuardPod:
         self._thread.start()
 
     def _start(self, raw: Mapping[str, Any]) -> GuardProcess:
-        config = server.Config.from_dict(raw)
+        config = Config.from_dict(raw)
         return GuardProcess.start(dataclasses.replace(
             config, pools={p: self.local[p] for p in config.pools}, reference=self.reference, settings=SMALL,
             calls_per_second=1e6), mirror_token(self.env))

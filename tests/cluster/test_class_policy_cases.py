@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
-from class_policy_cases import CASES, CLASSES, Case
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.waiting import eventually
+from tests.class_policy_cases import CASES, CLASSES, Case
 
 pytestmark = pytest.mark.cluster
 

@@ -39,12 +39,12 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, refused, static_pv
 
 from rerank_devcluster import binaries
 from rerank_devcluster.fake_tei import Histogram, MetricsServer, TeiCounters, TrafficLoop
 from rerank_devcluster.prometheus_server import PrometheusError, PrometheusServer, Sample, write_file_sd
 from rerank_devcluster.waiting import eventually
+from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, refused, static_pv
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus]
 

@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 
 import pytest
 from kubernetes import client, config
-from rrm_harness import Identity, bind_leader_election, eventually
 
 from rerank_devcluster.cluster import Cluster
 from rerank_operator.adapters import kube_api
 from rerank_operator.adapters.lease import LeaseStore
 from rerank_operator.controllers.leader import Elector
 from rerank_operator.core.leadership import LeaderElectionSettings, format_micro_time
+from tests.cluster.rrm_harness import Identity, bind_leader_election, eventually
 
 pytestmark = pytest.mark.cluster
 

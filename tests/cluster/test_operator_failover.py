@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from rrm_harness import Env, Identity, Kube, OperatorProcess, cleanup, eventually, published, static_pv
 
 from rerank_devcluster.cluster import Cluster
+from tests.cluster.rrm_harness import Env, Identity, Kube, OperatorProcess, cleanup, eventually, published, static_pv
 
 pytestmark = pytest.mark.cluster
 

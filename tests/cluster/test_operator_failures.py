@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rrm_harness import Env, eventually, refused
 
 from quantizer_job import contract
+from tests.cluster.rrm_harness import Env, eventually, refused
 
 pytestmark = pytest.mark.cluster
 

@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 import pytest
-from rrm_harness import Env, audit_now, eventually
 
 from quantizer_job import contract
+from tests.cluster.rrm_harness import Env, audit_now, eventually
 
 pytestmark = pytest.mark.cluster
 

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
-from rrm_harness import (
+
+from rerank_devcluster.cluster import Cluster
+from tests.cluster.rrm_harness import (
     Env,
     Identity,
     Kube,
@@ -17,8 +19,6 @@ from rrm_harness import (
     published,
     static_pv,
 )
-
-from rerank_devcluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import random
-import sys
 import threading
 import time
 import urllib.error
@@ -35,21 +34,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
-from test_autoscaling import AUTOSCALING, GATEWAY, NAME, POOLS, Fleet, operator_log, route_weights, status
 
+from quality_guard import detector, intake, reference, sample, server
+from quality_guard.checks import Guard
+from quality_guard.config import Config
+from quantizer_job import evaldata
 from rerank_devcluster.waiting import eventually
-
-ROOT = Path(__file__).resolve().parents[2]
-for extra in (ROOT, ROOT / "tests" / "guard"):  # quality_guard (not in the editable install); scoring_server
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
-from scoring_server import ScoringServer, tiny_pools  # noqa: E402
-
-from quality_guard import detector, intake, reference, sample, server  # noqa: E402
-from quantizer_job import evaldata  # noqa: E402
-from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV  # noqa: E402
+from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV
+from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
+from tests.cluster.test_autoscaling import AUTOSCALING, GATEWAY, NAME, POOLS, Fleet, operator_log, route_weights, status
+from tests.guard.scoring_server import ScoringServer, tiny_pools
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.slow]
 
@@ -125,7 +119,7 @@ class Switch:
 
 # --- the guard process --------------------------------------------------------------------------------------------
 
-class WatchedGuard(server.Guard):
+class WatchedGuard(Guard):
     """The guard, counting the operator's reads of its /metrics (so the test can post a burst between two)."""
 
     scrapes = 0
@@ -143,7 +137,7 @@ class GuardProcess:
     posted: int = 0
 
     @classmethod
-    def start(cls, config: server.Config, token: str, sample_every: float = 0.2) -> GuardProcess:
+    def start(cls, config: Config, token: str, sample_every: float = 0.2) -> GuardProcess:
         """The guard pod's process, with the pod's environment: the mirror token (``mirror_token``)."""
         guard = WatchedGuard(config, environ={MIRROR_TOKEN_ENV: token})
         return cls(guard, server.serve(guard, sample_every=sample_every), token)
@@ -352,7 +346,7 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["command"][:3] == ["python", "-m", "quality_guard.server"]
     raw = guard_config(env)
-    op_config = server.Config.from_dict(raw)
+    op_config = Config.from_dict(raw)
     assert (op_config.namespace, op_config.model) == (ns, NAME)
     assert op_config.floor == detector.Floor(min_spearman=GATE["minSpearman"], min_topk=GATE["minTopKAgreement"])
     assert op_config.k == GATE["topK"]
@@ -447,7 +441,7 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         # The guard restarts (the Deployment rolled with the new configuration): it starts below the floor, with no
         # figures, and the operator keeps the CPU pool out (no QualityRestored on a guard that knows nothing yet).
         proc.stop()
-        restarted = server.Config.from_dict(guard_config(env))
+        restarted = Config.from_dict(guard_config(env))
         assert restarted.below_floor == ("cpu",)
         proc = GuardProcess.start(dataclasses.replace(restarted, pools={"cpu": switch.url},
                                                       reference=scorers.reference.url, settings=SMALL,
@@ -530,7 +524,7 @@ def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
     claim = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert claim["persistentVolumeClaim"]["readOnly"] is True
     assert container["resources"]["requests"]["memory"] == "3Gi", container["resources"]  # room for the weights
-    op_config = server.Config.from_dict(guard_config(env))
+    op_config = Config.from_dict(guard_config(env))
     assert op_config.reference == reference.LOCAL and op_config.reference_model == "/artifact/original"
     assert op_config.replay == "/artifact/evaluation.jsonl"
     assert dict(op_config.pools) == {"cpu": f"http://{NAME}-cpu.{ns}.svc:80"}
@@ -595,7 +589,7 @@ def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_serve
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["subPath"] == f"samples/{NAME}")
     assert not mount.get("readOnly") and not next(
         v for v in pod["volumes"] if v["name"] == mount["name"])["persistentVolumeClaim"].get("readOnly")
-    op_config = server.Config.from_dict(guard_config(env))
+    op_config = Config.from_dict(guard_config(env))
     assert op_config.live_sample == sample.Settings(f"{mount['mountPath']}/live.jsonl", 400, 24 * 3600.0)
 
     # The guard pod's process, its sample where the mount puts it on the volume; the CPU pool has drifted.

@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from rrm_harness import Env, Kube, _kubectl_apply, eventually
 
 from quantizer_job import contract, evaldata, publish
 from rerank_devcluster import realnode
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_release import OperatorRelease
+from tests.cluster.rrm_harness import Env, Kube, _kubectl_apply, eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.slow]
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rrm_harness import Env, audit_now, eventually
+
+from tests.cluster.rrm_harness import Env, audit_now, eventually
 
 pytestmark = pytest.mark.cluster
 

@@ -6,7 +6,6 @@ that model served with a truncation at 12 tokens, as a pool whose max input leng
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
@@ -241,9 +240,7 @@ def test_a_guard_process_whose_reference_cannot_load_exits(tmp_path: Path) -> No
               "reference_model": str(tmp_path / "missing")}
     path = tmp_path / "guard.json"
     path.write_text(json.dumps(config))
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "quality_guard.server", "--config", str(path), "--port", "0",
-                           "--host", "127.0.0.1"], cwd=root, capture_output=True, text=True, timeout=120, env=env)
+                           "--host", "127.0.0.1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "the FP32 reference could not be loaded" in proc.stderr and "missing" in proc.stderr

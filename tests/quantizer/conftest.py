@@ -34,8 +34,7 @@ class Run:
 def run_quantize(args: list[str], tmp: Path, env: dict | None = None, timeout: int = 300) -> Run:
     """Run ``python -m quantizer_job`` as the Job container would (termination message to a file)."""
     term = tmp / f"termination-{os.getpid()}-{len(list(tmp.glob('termination-*')))}.log"
-    e = dict(os.environ, TERMINATION_MESSAGE_PATH=str(term), RERANK_QUANTIZE_TIMING_SECONDS="0.2",
-             PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e = dict(os.environ, TERMINATION_MESSAGE_PATH=str(term), RERANK_QUANTIZE_TIMING_SECONDS="0.2")
     e.update(env or {})
     p = subprocess.run([sys.executable, "-m", "quantizer_job", *args], capture_output=True, text=True,
                        timeout=timeout, env=e, cwd=str(REPO))

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dockerfiles
 import pytest
-from dockerfiles import REPO_ROOT
+
+from tests import dockerfiles
+from tests.dockerfiles import REPO_ROOT
 
 pytestmark = pytest.mark.quantizer
 

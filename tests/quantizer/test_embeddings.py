@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import quantize as Q
+from quantizer_job import embedding_int8, recipes
 
 pytestmark = pytest.mark.quantizer
 
@@ -33,7 +33,7 @@ def test_embedding_table_becomes_int8_rows_and_lookups_stay_within_half_a_step(t
     path = tmp_path / "model.onnx"
     _lookup_model(path, table, small)
     before = path.stat().st_size
-    info = Q.quantize_embeddings(path)
+    info = embedding_int8.quantize_embeddings(path)
     assert [t["table"] for t in info["tables"]] == ["W"]  # the 64-row table is left as it is
     m = onnx.load(str(path))
     inits = {t.name: t for t in m.graph.initializer}
@@ -48,6 +48,6 @@ def test_embedding_table_becomes_int8_rows_and_lookups_stay_within_half_a_step(t
 
 
 def test_gather_in_operators_means_the_embedding_table():
-    r = Q.fixed_recipe("dynamic", "avx512_vnni", 1, True, False, ["MatMul", "Gather"])
+    r = recipes.fixed_recipe("dynamic", "avx512_vnni", 1, True, False, ["MatMul", "Gather"])
     assert r.embeddings == "int8" and r.operators == ("MatMul",)
-    assert Q.fixed_recipe("dynamic", "avx512_vnni", 1, True, False, ["MatMul"]).embeddings == "fp32"
+    assert recipes.fixed_recipe("dynamic", "avx512_vnni", 1, True, False, ["MatMul"]).embeddings == "fp32"

@@ -5,7 +5,7 @@ Each family is a tiny random one-label model made with its own family's tokenize
 repositories ship them (``devmodels.family_cross_encoder``): DeBERTa-v2 with no token types and relative positions
 (mxbai-rerank-*-v1's shape), ModernBERT with 8192 positions and local/global attention, DistilBERT whose config
 names its sizes ``dim``/``n_layers``. The published CPU directory is then read and fed the way TEI 1.9.3 reads and
-feeds it, written out here from shared/tei-contract.md rather than taken from the Job's own code, and its INT8
+feeds it, written out here from docs/tei-contract.md rather than taken from the Job's own code, and its INT8
 scores are compared with PyTorch FP32 of the same weights as a user's transformers code computes them.
 """
 

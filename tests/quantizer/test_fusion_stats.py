@@ -3,12 +3,13 @@ comes from the Job's cache; and the size above which fusions are skipped is read
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from quantizer_job import contract, export, layout, pipeline, textenc
-from quantizer_job import quantize as Q
+from quantizer_job import contract, export, fusion, layout, recipe_trials, textenc
+from quantizer_job.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 
@@ -20,19 +21,19 @@ def test_each_fused_graph_keeps_its_own_fusion_counts_through_the_cache(bert_mod
                        "pad_id": layout.pad_token_id(cfg), "threads": 1})
     fp32 = Path(info["onnx_path"])
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
-    cache: Q.GraphCache = {}
+    cache: fusion.GraphCache = {}
 
-    def graph(recipe: Q.Recipe) -> Q.Optimized:
-        return Q.optimized_for(recipe, fp32, tmp_path / "work", heads, hidden, cache)
+    def graph(recipe: Recipe) -> fusion.Optimized:
+        return fusion.optimized_for(recipe, fp32, tmp_path / "work", heads, hidden, cache)
 
-    erf = Q.Recipe(name="erf-gelu", optimization_level=1, operators=("MatMul", "Attention"))
-    tanh = Q.replace(erf, name="fast-gelu", fast_gelu=True)
+    erf = Recipe(name="erf-gelu", optimization_level=1, operators=("MatMul", "Attention"))
+    tanh = replace(erf, name="fast-gelu", fast_gelu=True)
     first = graph(erf)
     second = graph(tanh)
     assert first.path != second.path and first.fusions and second.fusions
     assert first.fusions != second.fusions  # FastGelu replaces the exact GELU in the second graph only
-    assert graph(Q.replace(erf, name="same-graph")) == first  # from the cache, with its own counts, not the last's
-    assert graph(Q.Recipe(name="plain", optimization_level=0)) == Q.Optimized(fp32, {})
+    assert graph(replace(erf, name="same-graph")) == first  # from the cache, with its own counts, not the last's
+    assert graph(Recipe(name="plain", optimization_level=0)) == fusion.Optimized(fp32, {})
     assert len(cache) == 3
 
 
@@ -40,7 +41,7 @@ def test_the_fusion_size_limit_is_read_when_the_job_runs(monkeypatch):
     req = contract.JobRequest(model="/m", output_root="/v", artifact_id="a", target="avx2")
 
     def fused(fp32_bytes: int) -> bool:
-        return any(r.optimization_level > 0 for r in pipeline.candidates(req, fp32_bytes, has_calibration=False))
+        return any(r.optimization_level > 0 for r in recipe_trials.candidates(req, fp32_bytes, has_calibration=False))
 
     monkeypatch.delenv("RERANK_QUANTIZE_FUSION_MAX_BYTES", raising=False)
     assert fused(1 << 30) and not fused((1 << 30) + 1)  # the default: 1 GiB

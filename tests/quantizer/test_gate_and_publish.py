@@ -98,8 +98,7 @@ def test_killed_run_leaves_nothing_then_rerun_publishes_then_already_published(b
     vol = tmp_path / "vol"
     args = [sys.executable, "-m", "quantizer_job", "--model", str(bert_model), "--output", str(vol),
             "--artifact-id", "killme", *FIXED_RECIPE]
-    env = dict(os.environ, RERANK_QUANTIZE_TIMING_SECONDS="0.2", TERMINATION_MESSAGE_PATH=str(tmp_path / "t.log"),
-               PYTHONPATH=str(REPO))
+    env = dict(os.environ, RERANK_QUANTIZE_TIMING_SECONDS="0.2", TERMINATION_MESSAGE_PATH=str(tmp_path / "t.log"))
     p = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
     killed_at = None
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantizer_job import isa, outliers
 from quantizer_job import quantize as Q
 from quantizer_job.errors import JobError
+from quantizer_job.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 
@@ -89,11 +92,11 @@ def test_outlier_layer_is_ranked_first_kept_fp32_and_that_cuts_the_int8_error(tm
     # Quantized as this CPU's kernels need (reduce_range on AVX2 without VNNI), or saturation in every layer
     # would drown the one outlier layer this test is about.
     target = isa.detect_local_target()
-    recipe = Q.Recipe(name="mixed", optimization_level=0, fp32_ffn_down=0.5, target=target,
-                      reduce_range=isa.REDUCE_RANGE_REQUIRED[target])
+    recipe = Recipe(name="mixed", optimization_level=0, fp32_ffn_down=0.5, target=target,
+                    reduce_range=isa.REDUCE_RANGE_REQUIRED[target])
     assert Q.fp32_nodes(src, recipe, feeds) == ["down_b"]
     Q.quantize_dynamic(src, mixed, recipe, exclude=["down_b"])
-    Q.quantize_dynamic(src, full, Q.replace(recipe, fp32_ffn_down=0.0))
+    Q.quantize_dynamic(src, full, replace(recipe, fp32_ffn_down=0.0))
     kept = {n.name for n in onnx.load(str(mixed)).graph.node if n.op_type == "MatMul"}
     assert kept == {"down_b"}  # every other MatMul was quantized
     assert not {n.name for n in onnx.load(str(full)).graph.node if n.op_type == "MatMul"}
@@ -115,12 +118,12 @@ def test_share_one_keeps_every_down_projection(tmp_path):
     src = tmp_path / "src.onnx"
     two_ffn_layers(src, outlier_gain=40.0)
     feeds = [{"x": np.ones((4, HIDDEN), np.float32)}]
-    assert sorted(Q.fp32_nodes(src, Q.Recipe(name="all", fp32_ffn_down=1.0), feeds)) == ["down_a", "down_b"]
+    assert sorted(Q.fp32_nodes(src, Recipe(name="all", fp32_ffn_down=1.0), feeds)) == ["down_a", "down_b"]
 
 
 def test_mixed_recipe_without_batches_to_measure_is_an_error(tmp_path):
     src = tmp_path / "src.onnx"
     two_ffn_layers(src, outlier_gain=1.0)
     with pytest.raises(JobError, match="needs batches"):
-        Q.fp32_nodes(src, Q.Recipe(name="mixed", fp32_ffn_down=0.34), [])
-    assert Q.fp32_nodes(src, Q.Recipe(name="plain"), []) == []
+        Q.fp32_nodes(src, Recipe(name="mixed", fp32_ffn_down=0.34), [])
+    assert Q.fp32_nodes(src, Recipe(name="plain"), []) == []

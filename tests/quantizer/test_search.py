@@ -11,7 +11,7 @@ import pytest
 
 from quantizer_job import results, search
 from quantizer_job.errors import JobError
-from quantizer_job.quantize import Recipe
+from quantizer_job.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 

@@ -17,7 +17,7 @@ import pytest
 
 from quantizer_job import search, serving
 from quantizer_job.evaldata import Pair
-from quantizer_job.quantize import Recipe
+from quantizer_job.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 
@@ -171,19 +171,20 @@ def test_the_search_chooses_by_the_served_spread() -> None:
 
 @pytest.mark.parametrize("pool, job, expect", [(0, 4, 4), (2, 4, 2), (8, 4, 4), (1, 1, 1)])
 def test_the_pool_thread_count_is_measured_within_the_jobs_own_cpus(pool: int, job: int, expect: int) -> None:
-    from quantizer_job import pipeline
+    from quantizer_job import measurement, stage_data
     from quantizer_job.contract import JobRequest
 
     req = JobRequest(model="m", output_root="/v", artifact_id="a", serve_threads=pool)
-    ctx = pipeline.Context(req=req, tmp=Path("/tmp/x"), threads=job, elapsed=lambda: 0.0)
-    assert pipeline.serve_threads(ctx) == expect
+    ctx = stage_data.Context(req=req, tmp=Path("/tmp/x"), threads=job, elapsed=lambda: 0.0)
+    assert measurement.serve_threads(ctx) == expect
     assert serving.tokenization_workers(expect) == max(1, expect - 1)
 
 
 def test_the_default_eval_set_is_sized_on_a_median_length_batch_after_a_one_pair_warm_up(bert_model: Path) -> None:
-    """``pipeline._default_eval_size``: two runs only (the shortest pair to warm up, then 8 pairs around the median
-    length, timed), and the set capped to what the FP32 speed allows in its share of the budget, never below 74."""
-    from quantizer_job import evaldata, pipeline, textenc
+    """``fp32_reference._default_eval_size``: two runs only (the shortest pair to warm up, then 8 pairs around the
+    median length, timed), and the set capped to what the FP32 speed allows in its share of the budget, never below
+    74."""
+    from quantizer_job import evaldata, fp32_reference, textenc
 
     tok = textenc.load_tokenizer(str(bert_model / "tokenizer.json"), 128)
     pairs = evaldata.default_pairs()
@@ -202,13 +203,14 @@ def test_the_default_eval_set_is_sized_on_a_median_length_batch_after_a_one_pair
             time.sleep(self.seconds_per_pair * feed["input_ids"].shape[0])
 
     sess = Session(0.05)  # 20 pairs/s at most (sleeping is a floor on the time, so never faster)
-    n = pipeline._default_eval_size(sess, tok, 0, pairs, 900)  # 36 s of the budget: ~720 pairs
+    n = fp32_reference._default_eval_size(sess, tok, 0, pairs, 900)  # 36 s of the budget: ~720 pairs
     assert 400 < n <= 720, n
     (warm_rows, _), (probe_rows, probe_len) = sess.rows
     assert warm_rows == 1 and probe_rows == 8 and len(sess.rows) == 2
     assert lengths[len(lengths) // 2 - 8] <= probe_len <= lengths[len(lengths) // 2 + 8]
-    assert pipeline._default_eval_size(sess, tok, 0, pairs, 9000) == len(pairs)  # all 840
-    assert pipeline._default_eval_size(sess, tok, 0, pairs, 90) == pipeline.MIN_DEFAULT_EVAL_PAIRS  # 72 -> floor
+    assert fp32_reference._default_eval_size(sess, tok, 0, pairs, 9000) == len(pairs)  # all 840
+    floor = fp32_reference.MIN_DEFAULT_EVAL_PAIRS
+    assert fp32_reference._default_eval_size(sess, tok, 0, pairs, 90) == floor  # 72 -> floor
 
 
 def test_only_a_one_batch_round_is_timed_fewer_times() -> None:

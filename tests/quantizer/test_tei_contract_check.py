@@ -1,4 +1,4 @@
-"""``layout.check_tei_dir`` reads a directory as TEI 1.9.3 reads it (shared/tei-contract.md): each problem TEI would
+"""``layout.check_tei_dir`` reads a directory as TEI 1.9.3 reads it (docs/tei-contract.md): each problem TEI would
 stop on is found and named, and a directory TEI serves has none. Small hand-made directories, one fault each."""
 
 from __future__ import annotations

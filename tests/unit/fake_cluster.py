@@ -9,14 +9,13 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rerankmodel_gen import FakeWorld
-
 from rerank_operator.core import names
 from rerank_operator.core.events import Event
 from rerank_operator.core.observed import ObjectRef, Observed, PoolsView, ref_of
 from rerank_operator.core.plan import Plan
 from rerank_operator.core.spec import RerankModelSpec
 from rerank_operator.core.writes import Executed
+from tests.unit.rerankmodel_gen import FakeWorld
 
 
 class FakeCluster:

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_metrics_names import operator_metric_names
 
 from rerank_devcluster import binaries
+from tests.unit.operator_metrics_names import operator_metric_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALERTS = REPO_ROOT / "alerts"

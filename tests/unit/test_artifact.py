@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from rerankmodel_gen import Mod, model, replicas, revision, set_, spec_of, without
 
 from rerank_operator.core import artifact
+from tests.unit.rerankmodel_gen import Mod, model, replicas, revision, set_, spec_of, without
 
 BASELINE = artifact.artifact_id(spec_of(model()))
 

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from benchmarks.autoscale_sim import experiments, simulation, traffic, world
 from rerank_operator.adapters import operator_metrics as metrics
-from rerank_operator.core import cost, slo
+from rerank_operator.controllers import model_autoscaler
+from rerank_operator.core import cost, names, slo
 from rerank_operator.core.autoscale.exposition import Histogram, fraction_above, quantile
 from rerank_operator.core.autoscale.signals import PoolSignals
+from rerank_operator.core.observed import PoolsView
+from tests.unit.fake_cluster import FakeCluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Appended, not first: benchmarks/quality_guard.py must not shadow the quality_guard package.
-sys.path.append(str(REPO / "benchmarks"))  # the simulator is a package there
-
-from autoscale_sim import experiments, simulation, traffic, world  # noqa: E402
 
 PRICING = {"currency": "EUR", "gpuReplicaHour": 2.5, "cpuReplicaHour": 0.2, "gpuReplicaRequestsPerSecond": 100}
 
@@ -69,10 +69,26 @@ def test_no_usable_price_means_no_cost_figures(pricing: object) -> None:
     assert cost.Pricing.from_class({"pricing": pricing} if pricing is not None else {}) is None
 
 
-def test_the_operators_metering_agrees_with_the_simulators_cost_model_on_the_same_trace() -> None:
-    """The simulator bills each second's pods; the operator bills, at each tick, the pods it sees for the interval
-    since its last tick. On two hours of traffic stepping up and down, with the policy scaling both pools, the two
-    totals agree within 1%."""
+def _pools(gpu: int, cpu: int) -> PoolsView:
+    """What the autoscaler observes: each pool's Deployment with ``n`` pods (all ready), and one scrapeable pod each."""
+    def deployment(pool: str, n: int) -> dict[str, Any]:
+        return {"metadata": {"name": f"m-{pool}", "labels": {names.LABEL_POOL: pool}}, "spec": {"replicas": n},
+                "status": {"replicas": n, "readyReplicas": n}}
+
+    def pod(pool: str, i: int) -> dict[str, Any]:
+        return {"metadata": {"name": f"m-{pool}-{i}", "labels": {names.LABEL_POOL: pool}},
+                "status": {"podIP": f"10.0.0.{i}", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    return PoolsView(deployments={"gpu": deployment("gpu", gpu), "cpu": deployment("cpu", cpu)},
+                     pods=(pod("gpu", 1), pod("cpu", 2)))
+
+
+def test_the_operators_own_loop_meters_what_the_simulators_cost_model_bills_on_the_same_trace() -> None:
+    """The simulator bills each second's pods; the operator's autoscaler (``ModelAutoscaler``, the loop it runs for
+    every model) bills, at each of its ticks, the pods it observes for the interval since its last tick and exports
+    the sum as ``rerank_operator_pool_cost``. Driven on a fake clock through two hours of traffic stepping up and
+    down, with the pools scaled as the simulator's policy scaled them, the exported total and the simulator's agree
+    within 1%."""
     gpu = world.PoolModel("gpu", 120, 0.05, 120, 1, 6, 2.5)
     cpu = world.PoolModel("cpu", 10.0, 0.12, 40.0, 1, 32, 0.2)
     spec = experiments.policy_spec(gpu, cpu)
@@ -83,11 +99,26 @@ def test_the_operators_metering_agrees_with_the_simulators_cost_model_on_the_sam
     [result] = simulation.simulate(rates, [run], gpu, cpu, 0.5, seed=3, replicas=seconds)
     pods = np.array([row[0] for row in seconds])      # (second, pool): gpu, cpu
     assert pods[:, 0].max() > pods[:, 0].min() and pods[:, 1].max() > pods[:, 1].min()  # both pools scaled
-    pricing = cost.Pricing(gpu_replica_hour=gpu.price_per_hour, cpu_replica_hour=cpu.price_per_hour)
-    interval = int(spec.interval_seconds)
-    metered = sum(cost.accrue(pricing, cost.Usage(interval, {"gpu": int(pods[t, 0]), "cpu": int(pods[t, 1])})).total
-                  for t in range(interval, len(pods), interval))
-    assert metered == pytest.approx(result["cost_usd"], rel=0.01)
+
+    priced = {"metadata": {"name": "priced"}, "spec": {"pricing": {
+        "currency": "USD", "gpuReplicaHour": gpu.price_per_hour, "cpuReplicaHour": cpu.price_per_hour}}}
+    model = {"metadata": {"name": "metered", "namespace": "cost", "uid": "u1", "generation": 1},
+             "spec": {"className": "priced", "model": {"id": "org/m"},
+                      "pools": {"gpu": {"minReplicas": 1, "maxReplicas": 6}, "cpu": {"minReplicas": 1,
+                                                                                        "maxReplicas": 32}},
+                      "autoscaling": {"intervalSeconds": int(spec.interval_seconds)}}}
+    clock = [0.0]
+    cluster = FakeCluster(model, view=_pools(int(pods[0, 0]), int(pods[0, 1])), classes=[priced])
+    loop = model_autoscaler.ModelAutoscaler(cluster, "cost", "metered", fetch=lambda url, timeout: "te_queue_size 0\n",
+                                            clock=lambda: clock[0], now_iso=lambda: "t")
+    while clock[0] < len(pods):
+        cluster.view = _pools(int(pods[int(clock[0]), 0]), int(pods[int(clock[0]), 1]))
+        clock[0] += loop.tick()
+    labels = {"namespace": "cost", "rerankmodel": "metered", "class": "priced"}
+    exported = sum(REGISTRY.get_sample_value("rerank_operator_pool_cost_total", {**labels, "pool": pool}) or 0.0
+                   for pool in ("gpu", "cpu"))
+    metrics.forget_model("cost", "metered")
+    assert exported == pytest.approx(result["cost_usd"], rel=0.01)
 
 
 def test_fraction_above_inverts_histogram_quantile() -> None:

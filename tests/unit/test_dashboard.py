@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from operator_metrics_names import HIST_SUFFIXES, operator_metric_names
+from tests.unit.operator_metrics_names import HIST_SUFFIXES, operator_metric_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO_ROOT / "dashboards" / "rerank.json"

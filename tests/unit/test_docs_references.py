@@ -7,15 +7,16 @@ Flags. A ``--flag`` counts only inside code (an inline code span or a fenced blo
   ``|``, ``&&``, ``||`` and ``;`` start a new command);
 - in an inline span, to the program the span starts with (``rerank-quantize --model ...``), else to the last
   command its paragraph (a list item; a table row, else its table's header) names before the span:
-  ``rerank-operator``, ``rerank-quantize``, ``rerank-dev-cluster``, ``hack/demo``, a benchmark by its file name
-  (``tei_rerank.py``) or, for a package run as ``python benchmarks/<name>``, by its folder's (``autoscale_sim``), or
-  the possessives "operator's" and "quantizer's"; naming another program (kubectl, helm, mypy, "TEI's", ...) ends
-  the attribution, and so does a command line of an unknown program in a span.
+  ``rerank-operator``, ``rerank-quantize``, ``rerank-dev-cluster``, ``hack/demo``, a benchmark by its module
+  (``benchmarks.tei_rerank``, as ``python -m benchmarks.tei_rerank`` runs it), its file (``benchmarks/tei_rerank.py``,
+  ``tei_rerank.py``) or, for a package (``benchmarks.autoscale_sim``), its folder (``benchmarks/autoscale_sim``,
+  ``autoscale_sim``), or the possessives "operator's" and "quantizer's"; naming another program (kubectl, helm, mypy,
+  "TEI's", ...) ends the attribution, and so does a command line of an unknown program in a span.
 
 A flag of one of our commands must be one its parser defines. The parsers are the real ones: each command's entry
-point is run with ``ArgumentParser.parse_args`` stopped, which hands back the parser it built. Benchmark scripts (and
-``hack/gen_api_docs.py``) are read, not run (they edit ``sys.path`` and load the ML stack on import): their flags are
-their ``add_argument`` calls.
+point is run with ``ArgumentParser.parse_args`` stopped, which hands back the parser it built. Benchmarks are read,
+not run (importing one loads the quantizer's ML stack or the dev cluster's harness): their flags are their
+``add_argument`` calls.
 A flag in an inline span that no command is named for must be a flag of one of ours (so name the program).
 
 Fields. A dotted path in code starting with ``spec.`` or ``status.`` (optionally ``rerankmodel.``/``rerankclass.``
@@ -113,15 +114,18 @@ def script_flags(path: Path) -> Callable[[], frozenset[str]]:
     return load
 
 
+#: The benchmarks by module name (``python -m benchmarks.<name>``): a file's, or a package's (a folder with
+#: ``__main__.py``).
+BENCHMARK_SOURCES = {**{p.stem: p for p in sorted(BENCHMARKS.glob("*.py")) if p.name != "__init__.py"},
+                     **{p.parent.name: p.parent for p in sorted(BENCHMARKS.glob("*/__main__.py"))}}
 #: Our commands: what names them in a doc, and their flags.
 COMMANDS: dict[str, Callable[[], frozenset[str]]] = {
     "rerank-operator": entry_point_flags("rerank_operator.main", "parse_args"),
     "rerank-quantize": entry_point_flags("quantizer_job.cli", "main"),
     "rerank-dev-cluster": entry_point_flags("rerank_devcluster.cli", "main"),
     "hack/demo": entry_point_flags("rerank_devcluster.demo", "main"),
-    **{p.name: script_flags(p) for p in sorted(BENCHMARKS.glob("*.py"))},
-    **{p.parent.name: script_flags(p.parent) for p in sorted(BENCHMARKS.glob("*/__main__.py"))},
-    "gen_api_docs.py": script_flags(REPO_ROOT / "hack" / "gen_api_docs.py"),
+    "gen_api_docs.py": entry_point_flags("rerank_devcluster.api_docs", "main"),
+    **{f"benchmarks.{name}": script_flags(path) for name, path in BENCHMARK_SOURCES.items()},
 }
 #: Other names of our commands: console-script modules, ``python -m`` modules, possessives in prose.
 ALIASES = {
@@ -129,6 +133,9 @@ ALIASES = {
     "quantizer_job": "rerank-quantize", "quantizer_job.cli": "rerank-quantize", "quantizer's": "rerank-quantize",
     "rerank_devcluster": "rerank-dev-cluster", "rerank_devcluster.cli": "rerank-dev-cluster",
     "rerank_devcluster.demo": "hack/demo", "hack/gen_api_docs.py": "gen_api_docs.py",
+    "rerank_devcluster.api_docs": "gen_api_docs.py",
+    # a benchmark by its file or folder (tei_rerank.py, autoscale_sim; a leading benchmarks/ is a folder: PROGRAM_DIRS)
+    **{path.name: f"benchmarks.{name}" for name, path in BENCHMARK_SOURCES.items()},
 }
 #: Programs that are not ours: a flag attributed to one of them is not checked.
 OTHER_PROGRAMS = ["kubectl", "helm", "git", "mypy", "ruff", "pytest", "lint-imports", "hack/test", "curl", "docker",

@@ -3,31 +3,18 @@ the fake TEI endpoint, the quantizer's "published" status patch, and the benchma
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from benchmarks import fleet as bench
 from rerank_devcluster import operator_process as op
 from rerank_devcluster.fake_tei import MetricsServer, SteadyTei, TeiCounters
 from rerank_devcluster.scrape_redirect import ANY_POD, redirected
 from rerank_operator.adapters import tei_scrape
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def fleet() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleet_bench", REPO_ROOT / "benchmarks" / "fleet.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fleet_bench"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def target(name: str) -> tei_scrape.PodTarget:
@@ -87,7 +74,6 @@ def test_publish_status_carries_the_contracts_message() -> None:
 
 
 def test_audit_summary_counts_the_operators_requests_by_verb_and_watches_apart() -> None:
-    bench = fleet()
 
     def event(verb: str, stage: str = "ResponseComplete", user: str = op.OPERATOR_USER,
               resource: str = "rerankmodels") -> dict[str, Any]:
@@ -104,7 +90,6 @@ def test_audit_summary_counts_the_operators_requests_by_verb_and_watches_apart()
 
 
 def test_targets_pass_fail_and_not_measured() -> None:
-    bench = fleet()
     args = bench.parse_args(["--models", "10"])
     result = {"bring_up": {"all_ready": True, "all_ready_after_jobs_finished_s": 5.0,
                            "apply_to_job_s": {"p95": 4.0}},
@@ -121,7 +106,6 @@ def test_targets_pass_fail_and_not_measured() -> None:
 
 
 def test_audit_tail_follows_a_rotation(tmp_path: Path) -> None:
-    bench = fleet()
     log = tmp_path / "audit.log"
     log.write_text(json.dumps({"verb": "get", "n": 0}) + "\n")
     tail = bench.AuditTail(log)
@@ -136,7 +120,6 @@ def test_audit_tail_follows_a_rotation(tmp_path: Path) -> None:
 def test_apply_to_job_is_read_on_the_api_servers_clock() -> None:
     """From the model's create received to the operator's first Job answered; other users' Jobs, failed creates,
     other namespaces and models without a Job count for nothing."""
-    bench = fleet()
 
     def create(resource: str, ns: str, name: str, received: str, done: str, user: str = "system:admin",
                code: int = 201) -> dict[str, Any]:

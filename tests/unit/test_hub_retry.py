@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rerankmodel_gen import FakeWorld, job_pod, model, owner_of, published, refused, set_, spec_of
 
 from quantizer_job import contract
 from rerank_operator.core import artifact, conditions, events, names
@@ -17,6 +16,7 @@ from rerank_operator.core.builders import job as jobs
 from rerank_operator.core.spec import HubAccess
 from rerank_operator.core.tenancy.resolve import resolve as resolve_spec
 from rerank_operator.core.tenancy.violations import violations
+from tests.unit.rerankmodel_gen import FakeWorld, job_pod, model, owner_of, published, refused, set_, spec_of
 
 BACKOFF = jobs.RetryBackoff(base_seconds=30, max_seconds=120)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rerankmodel_gen import Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without
 
 from quantizer_job import contract
 from rerank_operator.core import artifact, names
 from rerank_operator.core.builders import job
+from tests.unit.rerankmodel_gen import Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without
 
 
 def build(*mods: Mod, attempt: int = 1) -> tuple[dict[str, Any], contract.JobRequest]:

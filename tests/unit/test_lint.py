@@ -9,13 +9,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-#: What ruff checks; mypy's scope is `files` in [tool.mypy] (of the benchmarks, fleet.py and quality_guard.py).
+#: What ruff checks; mypy's scope is `files` in [tool.mypy] (of the benchmarks: fleet, serving_e2e, guard_detection).
 RUFF_SCOPE = ["operator/rerank_operator", "hack/rerank_devcluster", "hack/gen_api_docs.py",
-              "hack/lock_image_requirements.py", "quantizer_job",
-              "benchmarks/autoscale_sim", "benchmarks/ort_profile.py", "benchmarks/quantizer_large.py",
-              "benchmarks/quantizer_speed.py", "benchmarks/tei_rerank.py", "benchmarks/trained_fixture.py",
-              "benchmarks/int8_sensitivity.py", "benchmarks/fleet.py", "quality_guard", "benchmarks/quality_guard.py",
-              "tests"]
+              "hack/lock_image_requirements.py", "quantizer_job", "quality_guard", "benchmarks", "tests"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:

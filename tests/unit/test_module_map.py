@@ -56,8 +56,8 @@ def named_in(section: str) -> set[str]:
     return set(re.findall(r"(?<![\w/.])(\w+\.py)\b", block))
 
 
-@pytest.mark.parametrize("package", ["quantizer_job", "quality_guard"])
-def test_the_maps_of_the_job_and_the_guard_name_exactly_their_modules(package: str) -> None:
+@pytest.mark.parametrize("package", ["quantizer_job", "quality_guard", "benchmarks"])
+def test_the_maps_of_the_job_the_guard_and_the_benchmarks_name_exactly_their_modules(package: str) -> None:
     modules = {p.name for p in (ROOT / package).glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
     named = named_in(package)
     missing, stale = sorted(modules - named), sorted(named - modules)

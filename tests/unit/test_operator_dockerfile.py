@@ -12,9 +12,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-import dockerfiles
 import pytest
-from dockerfiles import REPO_ROOT
+
+from tests import dockerfiles
+from tests.dockerfiles import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rerankmodel_gen import Mod, model, owner_of, set_, spec_of
 
 from quantizer_job import contract
 from rerank_operator.core import names
 from rerank_operator.core.builders import deployment, routing, service
+from tests.unit.rerankmodel_gen import Mod, model, owner_of, set_, spec_of
 
 ARTIFACT = "0123456789abcdef"
 

@@ -3,11 +3,10 @@ queue run for real; the cluster is the shared fake)."""
 
 from __future__ import annotations
 
-from fake_cluster import FakeCluster
-from rerankmodel_gen import model
-
 from rerank_operator.controllers import handlers
 from rerank_operator.core.settings import Settings
+from tests.unit.fake_cluster import FakeCluster
+from tests.unit.rerankmodel_gen import model
 
 KEY = ("search", "bge-m3")
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rerankmodel_gen import model, set_, spec_of
 
 from rerank_operator.core import readiness
 from rerank_operator.core.builders.routing import Traffic
 from rerank_operator.core.observed import Observed
 from rerank_operator.core.plan import ArtifactDecision, Pending, Plan
+from tests.unit.rerankmodel_gen import model, set_, spec_of
 
 RULES = yaml.safe_load((Path(__file__).resolve().parents[2] / "operator/rerank_operator/rbac_rules.yaml").read_text())
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import kopf
 import pytest
-from fake_cluster import FakeCluster
-from rerankmodel_gen import model, set_
 
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.reconcile_loop import reconcile
 from rerank_operator.core import conditions
 from rerank_operator.core.settings import Settings
+from tests.unit.fake_cluster import FakeCluster
+from tests.unit.rerankmodel_gen import model, set_
 
 NOW = "2025-01-01T00:00:00Z"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
-from autoscale_helpers import NOW, pool, spec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +17,7 @@ from rerank_operator.core.autoscale.history import History, PoolHistory
 from rerank_operator.core.autoscale.load import Load, learn_capacity
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import PoolSignals, Signals
+from tests.unit.autoscale.autoscale_helpers import NOW, pool, spec
 
 # Capacities learned at saturation: a GPU replica serves 100 rps within target, a CPU replica 10 rps.
 LEARNED = History(gpu=PoolHistory(capacity=100.0, capacity_from_saturation=True),

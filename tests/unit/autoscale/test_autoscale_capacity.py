@@ -9,12 +9,11 @@ could never rise at 2 replicas (2 per replica), so the pool kept a GPU it did no
 
 from __future__ import annotations
 
-from autoscale_helpers import pool, spec
-
 from rerank_operator.core.autoscale import load as loads
 from rerank_operator.core.autoscale.history import History, PoolHistory
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
+from tests.unit.autoscale.autoscale_helpers import pool, spec
 
 QUICK_DOWN = {"stabilizationSeconds": 0, "maxStep": 2, "cooldownSeconds": 0}
 IDLE_CPU = pool(1, rate=0, p95=None)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from autoscale_helpers import NOW, pool, spec
 
 from rerank_operator.core.autoscale.history import History, PoolHistory
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
+from tests.unit.autoscale.autoscale_helpers import NOW, pool, spec
 
 CALM_GPU = pool(2, rate=100, p95=80, queue=0)       # far under 250 ms and 16/replica
 CALM_CPU = pool(1, rate=0, p95=None, queue=0)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoscale_helpers import NOW, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import PoolSignals, Signals
+from tests.unit.autoscale.autoscale_helpers import NOW, spec
 
 SPEC = spec(gpu=(1, 6), cpu=(1, 8), crd_defaults=True)  # the shipped defaults
 settings.register_profile("autoscale", max_examples=150, deadline=None)

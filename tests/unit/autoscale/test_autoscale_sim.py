@@ -4,16 +4,22 @@ small worked cases, and the world model on cases whose answer follows from capac
 
 from __future__ import annotations
 
-import sys
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.append(str(Path(__file__).resolve().parents[3] / "benchmarks"))  # the benchmark is a package there
-
-from autoscale_sim import attribution, cli, controllers, matching, observation, report, simulation, targets, world
+from benchmarks.autoscale_sim import (
+    attribution,
+    cli,
+    controllers,
+    matching,
+    observation,
+    report,
+    simulation,
+    targets,
+    world,
+)
 
 # (tuning factor, cost, violations); f=0.6 costs more than f=0.5 and violates more: dominated, never interpolated.
 POINTS = [(0.5, 100.0, 50.0), (0.6, 110.0, 60.0), (0.7, 120.0, 30.0), (0.9, 140.0, 10.0)]

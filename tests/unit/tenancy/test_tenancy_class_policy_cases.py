@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from class_policy_cases import CASES, CLASSES, Case
-from tenancy_helpers import REPO, apply_defaults, rclass
 
 from rerank_operator.core import tenancy
+from tests.class_policy_cases import CASES, CLASSES, Case
+from tests.unit.tenancy.tenancy_helpers import REPO, apply_defaults, rclass
 
 MODEL_CRD = REPO / "crds" / "rerankmodel.yaml"
 

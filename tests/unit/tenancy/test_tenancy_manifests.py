@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import yaml
-from tenancy_helpers import POLICY, REPO, class_schema
+
+from tests.unit.tenancy.tenancy_helpers import POLICY, REPO, class_schema
 
 
 def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tenancy_helpers import at, rclass
 
 from rerank_operator.core import names, tenancy
+from tests.unit.tenancy.tenancy_helpers import at, rclass
 
 MODEL = {"metadata": {"name": "bge", "namespace": "team-a", "uid": "u-1", "generation": 3}}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tenancy_helpers import at, model_spec, rclass
 
 from rerank_operator.core import spec_parse, tenancy
+from tests.unit.tenancy.tenancy_helpers import at, model_spec, rclass
 
 GPU_NODES = {"pool": "gpu"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from tenancy_helpers import Mod, at, model_spec, rclass
 
 from rerank_operator.core import tenancy
+from tests.unit.tenancy.tenancy_helpers import Mod, at, model_spec, rclass
 
 CLASS = rclass(
     at("pools.cpu.maxReplicas", 4),

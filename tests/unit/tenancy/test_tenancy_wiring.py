@@ -7,8 +7,6 @@ import copy
 from typing import Any
 
 import pytest
-import rerankmodel_gen
-from tenancy_helpers import at, rclass
 
 from rerank_operator.controllers import class_index
 from rerank_operator.core import conditions, drift, names, spec_parse, tenancy
@@ -21,6 +19,8 @@ from rerank_operator.core.observed import ObjectRef, Observed
 from rerank_operator.core.settings import DEFAULT_OPERATOR_POD_LABELS, Settings, operator_pod_labels
 from rerank_operator.core.tenancy import tenant
 from rerank_operator.core.writes import Executed, Refused
+from tests.unit import rerankmodel_gen
+from tests.unit.tenancy.tenancy_helpers import at, rclass
 
 NOW, LATER = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z"
 

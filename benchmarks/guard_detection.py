@@ -1,6 +1,6 @@
 """Does the quality guard catch broken pools fast, and never a healthy one, within its budget? Prints JSON.
 
-    python benchmarks/quality_guard.py [--fixtures minilm-ce] [--seeds 20] [--healthy-requests 10000]
+    python -m benchmarks.guard_detection [--fixtures minilm-ce] [--seeds 20] [--healthy-requests 10000]
         [--healthy-seeds 5] [--rescore]
 
 On a trained fixture (``benchmarks/trained_fixture.py``: a fine-tuned cross-encoder and its 80 held-out queries of
@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import math
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -49,21 +47,12 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-# This script's own folder must not come first: its name would shadow the quality_guard package. The packages come
-# from the repository root; the benchmark helpers (trained_fixture, tei_rerank) from the end of the path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(BENCH))
-
-from quality_guard import budget, compare, detector  # noqa: E402
-from quantizer_job import evaldata, export, isa, layout, textenc, verify  # noqa: E402
-from quantizer_job import quantize as Q  # noqa: E402
-
-#: Untyped benchmark modules, imported by name so that mypy --strict does not check them through this file.
-trained_fixture: Any = importlib.import_module("trained_fixture")
-tei_rerank: Any = importlib.import_module("tei_rerank")
+# trained_fixture and tei_serving are untyped: mypy does not follow them (pyproject.toml), their names are Any here.
+from benchmarks import tei_serving, trained_fixture
+from quality_guard import budget, compare, detector
+from quantizer_job import evaldata, export, isa, layout, textenc, verify
+from quantizer_job import quantize as Q
+from quantizer_job.recipes import Recipe, benchmark_recipes, candidate_recipes
 
 HEALTHY = ("healthy-int8", "healthy-fp16")
 BROKEN = ("wrong-tokenizer", "truncate-64", "gate-failing-recipe", "fp16-overflow")
@@ -123,14 +112,14 @@ class Lab:
         tok = textenc.load_tokenizer(str(tokenizer or self.tokenizer), max_length or self.max_length)
         return textenc.make_batches(tok, self.pairs, self.pad_id, batch_size=verify.TEI_MAX_BATCH)
 
-    def build(self, recipe: Q.Recipe, dst: Path, calib: Sequence[dict[str, np.ndarray]] = ()) -> Path:
+    def build(self, recipe: Recipe, dst: Path, calib: Sequence[dict[str, np.ndarray]] = ()) -> Path:
         heads, hidden = int(self.cfg["num_attention_heads"]), int(self.cfg["hidden_size"])
         return Q.build_int8(self.fp32, dst, recipe, self.work, heads, hidden, calib,
                             self.exported()["input_names"], probe_feeds=self.batches()[: Q.PROBE_BATCHES])
 
     def int8(self) -> Path:
         if self._int8 is None:
-            recipe = Q.candidate_recipes(self.target, "dynamic")[0]
+            recipe = candidate_recipes(self.target, "dynamic")[0]
             self.notes["healthy_int8_recipe"] = recipe.name
             self._int8 = self.build(recipe, self.work / "int8" / "model.onnx")
         return self._int8
@@ -187,15 +176,15 @@ class Lab:
         return self.score(self.int8(), self.batches(max_length=64)), {"pairs_longer_than_64": round(cut, 3)}
 
     def _gate_failing_recipe(self) -> tuple[np.ndarray, dict[str, Any]]:
-        recipe = Q.Recipe(name="static-plain-pertensor-all-matmul", mode="static", optimization_level=0,
+        recipe = Recipe(name="static-plain-pertensor-all-matmul", mode="static", optimization_level=0,
                           per_channel=False, operators=("MatMul",), target=self.target,
                           reduce_range=isa.REDUCE_RANGE_REQUIRED.get(self.target, False))
-        calib = tei_rerank.calib_feeds(self.fx, self.tokenizer, self.cfg)
+        calib = tei_serving.calib_feeds(self.fx, self.tokenizer, self.cfg)
         dst = self.build(recipe, self.work / "static" / "model.onnx", calib)
         return self.score(dst, self.batches()), {"recipe": recipe.to_dict(), "calibration_batches": len(calib)}
 
     def _seeds_recipe(self) -> tuple[np.ndarray, dict[str, Any]]:
-        recipe = Q.benchmark_recipes(self.target)[0]  # optimum's avx512_vnni config: dynamic, per-tensor, plain graph
+        recipe = benchmark_recipes(self.target)[0]  # optimum's avx512_vnni config: dynamic, per-tensor, plain graph
         dst = self.build(recipe, self.work / "seeds" / "model.onnx")
         return self.score(dst, self.batches()), {"recipe": recipe.name}
 
@@ -434,7 +423,9 @@ def run_fixture(name: str, threads: int, seeds: int, healthy_requests: int, heal
     return out
 
 
-def targets(fixtures: dict[str, Any], traffic: dict[str, Any]) -> dict[str, bool]:
+def targets(fixtures: dict[str, Any], traffic: dict[str, Any], healthy_requests: int) -> dict[str, bool]:
+    """The issue's targets, named for what was run: detection within DETECT_WITHIN sampled requests, and no false
+    alarm over ``healthy_requests`` sampled requests a seed on each healthy variant."""
     det, fa = True, True
     for fx in fixtures.values():
         for v, row in fx["variants"].items():
@@ -443,7 +434,8 @@ def targets(fixtures: dict[str, Any], traffic: dict[str, Any]) -> dict[str, bool
                 det = det and d["within_200"] == d["seeds"]
             elif v in HEALTHY:
                 fa = fa and row["false_alarms"]["total"] == 0
-    return {"detection_within_200_sampled_requests": det, "zero_false_alarms_over_10000_healthy": fa,
+    return {f"detection_within_{DETECT_WITHIN}_sampled_requests": det,
+            f"zero_false_alarms_over_{healthy_requests}_healthy": fa,
             "extra_load_within_budget": bool(traffic["budget_held"])}
 
 
@@ -461,7 +453,7 @@ def main() -> None:
                 for f in a.fixtures.split(",")}
     traffic = traffic_budget()
     out = {"detector": {"floor": asdict(detector.Floor()), "settings": asdict(detector.Settings())},
-           "fixtures": fixtures, "traffic": traffic, "targets_met": targets(fixtures, traffic),
+           "fixtures": fixtures, "traffic": traffic, "targets_met": targets(fixtures, traffic, a.healthy_requests),
            "threads": threads, "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(out, indent=1))
 

@@ -1,0 +1,1 @@
+"""The autoscaler's unit tests; ``autoscale_helpers`` builds their specs and signals."""

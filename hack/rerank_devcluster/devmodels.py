@@ -133,7 +133,8 @@ def xlmr_cross_encoder(out: str | Path, *, layers: int = 2, hidden: int = 64, he
 
 
 def xlmr_large_config_kwargs() -> dict[str, Any]:
-    """bge-reranker-v2-m3's shape: XLM-RoBERTa large, 24 layers, hidden 1024, 250002 tokens (the real one has 568M parameters; with the 514 positions built here, 560M)."""
+    """bge-reranker-v2-m3's shape: XLM-RoBERTa large, 24 layers, hidden 1024, 250002 tokens (the real one has 568M
+    parameters; with the 514 positions built here, 560M)."""
     return dict(layers=24, hidden=1024, heads=16, intermediate=4096, vocab_size=250002)
 
 

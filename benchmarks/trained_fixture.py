@@ -11,6 +11,8 @@ script trains two small cross-encoders against a bi-encoder teacher and caches t
   offset, its own head): MiniLM's weights moved into that architecture (same layer shapes) with MiniLM's WordPiece
   ``tokenizer.json`` (pad id 0), fine-tuned the same way. It is not multilingual: no multilingual encoder is
   trainable in CPU minutes; what it exercises is the XLM-R graph (inputs, positions, head) the Job must handle.
+  ``roberta-ce`` and ``camembert-ce`` are the same build in RoBERTa's and CamemBERT's classes (``ROBERTA_LIKE``).
+- ``distilbert-ce``, ``electra-ce``, ``deberta-v2-ce``, ``modernbert-ce``: the other families (``FAMILY_FIXTURES``).
 
 Training is full fine-tuning of encoder and head (:func:`fine_tune`): MSE to the teacher's scores, one epoch over
 TRAIN_QUERIES x CANDIDATES pairs truncated to TRAIN_MAX_LENGTH tokens, about a second a 16-pair step on 2 cores.
@@ -167,17 +169,26 @@ def build_minilm_student(out: Path):
     return model, AutoTokenizer.from_pretrained(str(devmodels.minilm_dir()))
 
 
-def build_xlmr_student(out: Path):
-    import torch
-    from transformers import AutoTokenizer, BertModel, XLMRobertaConfig, XLMRobertaForSequenceClassification
+#: The RoBERTa-shaped families (no token types, positions offset past the pad id, RoBERTa's head), one class each in
+#: transformers: XLM-RoBERTa (bge-reranker-v2-m3), RoBERTa (cross-encoder/stsb-roberta-*) and CamemBERT (French
+#: rerankers). Their graphs are the same; what differs is the model_type TEI and the Job read from config.json.
+ROBERTA_LIKE = {"xlmr-ce": "XLMRoberta", "roberta-ce": "Roberta", "camembert-ce": "Camembert"}
 
+
+def build_xlmr_student(out: Path, name: str = "xlmr-ce"):
+    import torch
+    import transformers as tf
+    from transformers import AutoTokenizer, BertModel
+
+    kind = ROBERTA_LIKE[name]
     bert = BertModel.from_pretrained(str(devmodels.minilm_dir()))
     bc = bert.config
-    cfg = XLMRobertaConfig(vocab_size=bc.vocab_size, hidden_size=bc.hidden_size, num_hidden_layers=bc.num_hidden_layers,
-                           num_attention_heads=bc.num_attention_heads, intermediate_size=bc.intermediate_size,
-                           max_position_embeddings=513, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-                           type_vocab_size=1, num_labels=1, layer_norm_eps=bc.layer_norm_eps)
-    model = XLMRobertaForSequenceClassification(cfg).eval()
+    cfg = getattr(tf, f"{kind}Config")(
+        vocab_size=bc.vocab_size, hidden_size=bc.hidden_size, num_hidden_layers=bc.num_hidden_layers,
+        num_attention_heads=bc.num_attention_heads, intermediate_size=bc.intermediate_size,
+        max_position_embeddings=513, pad_token_id=0, bos_token_id=101, eos_token_id=102, type_vocab_size=1,
+        num_labels=1, layer_norm_eps=bc.layer_norm_eps)
+    model = getattr(tf, f"{kind}ForSequenceClassification")(cfg).eval()
     with torch.no_grad():
         model.roberta.encoder.load_state_dict(bert.encoder.state_dict())
         e, be = model.roberta.embeddings, bert.embeddings
@@ -200,7 +211,7 @@ def build_xlmr_student(out: Path):
 #: pretrained in its own family: what they exercise is each family's graph (inputs, positions, attention, FFN, head)
 #: with trained weights, which is what INT8 perturbs. Tokenizer: MiniLM's WordPiece tokenizer.json (its pair
 #: template gives type ids that families without token types ignore).
-FAMILY_FIXTURES = ("distilbert-ce", "electra-ce", "deberta-v2-ce", "modernbert-ce")
+FAMILY_FIXTURES = ("distilbert-ce", "electra-ce", "deberta-v2-ce", "modernbert-ce", "roberta-ce", "camembert-ce")
 
 
 def _minilm_parts():
@@ -406,7 +417,7 @@ def make_fixture(name: str, threads: int = 2, force: bool = False) -> dict:
         return json.loads(info_path.read_text())
     import shutil
 
-    if name not in ("minilm-ce", "xlmr-ce", *FAMILY_FIXTURES):
+    if name not in ("minilm-ce", *ROBERTA_LIKE, *FAMILY_FIXTURES):
         raise SystemExit(f"unknown fixture {name!r}")
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -418,8 +429,12 @@ def make_fixture(name: str, threads: int = 2, force: bool = False) -> dict:
     teach = _teacher_cached(trn + held, threads)
     teach_trn, teach_held = teach[:len(trn)], teach[len(trn):]
     t_teacher = time.monotonic() - t0
-    builders = {"minilm-ce": build_minilm_student, "xlmr-ce": build_xlmr_student}
-    model, tok = (builders[name](tmp / "model") if name in builders else build_family_student(name, tmp / "model"))
+    if name == "minilm-ce":
+        model, tok = build_minilm_student(tmp / "model")
+    elif name in ROBERTA_LIKE:
+        model, tok = build_xlmr_student(tmp / "model", name)
+    else:
+        model, tok = build_family_student(name, tmp / "model")
     stats = fine_tune(model, tok, trn, teach_trn, threads)
     model.save_pretrained(str(tmp / "model"), safe_serialization=True)
     got = student_scores(model, tok, held, threads)

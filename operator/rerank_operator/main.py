@@ -45,6 +45,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "not answer, start the next attempt this long after it, doubling per failure in a row")
     parser.add_argument("--hub-retry-max-seconds", type=float, default=RetryBackoff().max_seconds,
                         help="the longest wait between such attempts (they go on until the hub answers)")
+    workloads = parser.add_argument_group("workloads", "what the platform gives every model's Job, guard and pools")
+    workloads.add_argument("--quantizer-image", default="",
+                           help="the quantization Job's and the quality guard's image for models without a RerankClass "
+                                "that name none (a class decides for its models: quantization.images; default: the "
+                                "built-in release image)")
+    workloads.add_argument("--image-pull-secret", action="append", default=[], dest="image_pull_secrets",
+                           metavar="NAME", help="an image pull Secret for the models' pods (repeatable); the platform "
+                                                "keeps a Secret of that name in each model namespace")
     prom = parser.add_argument_group("metrics sources", "the Prometheus server the autoscaler queries for models "
                                      "with autoscaling.metrics.source prometheus whose RerankClass names none")
     prom.add_argument("--prometheus-url", default="", help="base URL of the Prometheus HTTP API")
@@ -82,7 +90,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
             retry_period_seconds=args.leader_election_retry_seconds)
         return Settings.from_env(env, prometheus=prometheus, resync_seconds=args.resync_seconds,
                                  watch_server_timeout=args.watch_server_timeout, leader_election=election,
-                                 hub_retry=RetryBackoff(args.hub_retry_seconds, args.hub_retry_max_seconds))
+                                 hub_retry=RetryBackoff(args.hub_retry_seconds, args.hub_retry_max_seconds),
+                                 quantizer_image=args.quantizer_image or None,
+                                 image_pull_secrets=tuple(args.image_pull_secrets))
     except ValueError as exc:  # inconsistent flags: refuse to start, saying which, as argparse would
         raise SystemExit(f"rerank-operator: error: {exc}") from exc
 

@@ -402,3 +402,18 @@ def test_the_platforms_prometheus_reaches_the_operator(helm: str) -> None:
     assert "--prometheus-gpu-memory-used-query=sum(used$selector)" in args
     refused = run_helm(helm, "template", "rr", str(CHART), "--set", "prometheus.url=file:///etc/passwd", check=False)
     assert refused.returncode != 0 and "prometheus" in refused.stderr
+
+
+def test_the_workloads_values_become_the_operators_flags(helm: str) -> None:
+    image = "registry.example.com/rq@sha256:" + "0" * 64
+    args = container(render(helm, "--set", f"workloads.quantizerImage={image}",
+                            "--set", "workloads.imagePullSecrets[0].name=regcred",
+                            "--set", "workloads.imagePullSecrets[1].name=mirror"))["args"]
+    assert f"--quantizer-image={image}" in args
+    assert [a for a in args if a.startswith("--image-pull-secret")] == ["--image-pull-secret=regcred",
+                                                                         "--image-pull-secret=mirror"]
+    plain = container(render(helm))["args"]
+    assert not [a for a in plain if a.startswith(("--quantizer-image", "--image-pull-secret"))]
+    refused = run_helm(helm, "template", "rr", str(CHART), "--set", "workloads.imagePullSecrets[0].name=Reg_Cred",
+                       check=False)
+    assert refused.returncode != 0 and "imagePullSecrets" in refused.stderr

@@ -73,3 +73,16 @@ def test_peer_identity_never_needs_a_user_name() -> None:
     assert main.peer_identity({"POD_NAME": "op-7d9-x2"}, "host", 12) == "op-7d9-x2"
     assert main.peer_identity({}, "host", 12) == "host/12"
 
+
+
+def test_the_platforms_workload_flags_become_settings_and_bad_ones_refuse_to_start() -> None:
+    args = main.parse_args(["--quantizer-image", "registry.example.com/rq@sha256:" + "0" * 64,
+                            "--image-pull-secret", "regcred", "--image-pull-secret", "mirror"])
+    settings = main.settings_from(args, {})
+    assert settings.quantizer_image == "registry.example.com/rq@sha256:" + "0" * 64
+    assert settings.image_pull_secrets == ("regcred", "mirror")
+    assert main.settings_from(main.parse_args([]), {}).quantizer_image is None
+    with pytest.raises(SystemExit, match="--quantizer-image '--pull' is not an image reference"):
+        main.settings_from(main.parse_args(["--quantizer-image=--pull"]), {})
+    with pytest.raises(SystemExit, match="--image-pull-secret 'Reg_Cred' is not a Secret name"):
+        main.settings_from(main.parse_args(["--image-pull-secret", "Reg_Cred"]), {})

@@ -8,7 +8,9 @@ import pytest
 
 from quantizer_job import contract
 from rerank_operator.core import names
-from rerank_operator.core.builders import deployment, routing, service
+from rerank_operator.core import plan as plans
+from rerank_operator.core.builders import deployment, pods, routing, service
+from rerank_operator.core.observed import Observed
 from tests.unit.rerankmodel_gen import Mod, model, owner_of, set_, spec_of
 
 ARTIFACT = "0123456789abcdef"
@@ -182,3 +184,20 @@ def test_model_service_selects_the_receiving_pools() -> None:
     quantizer_pod = {names.LABEL_INSTANCE: "bge-m3", names.LABEL_NAME: names.APP_NAME,
                      names.LABEL_COMPONENT: "quantizer"}
     assert not matches(both, quantizer_pod)
+
+
+def test_the_platforms_pull_secrets_go_on_every_pod_the_plan_makes_and_nowhere_else() -> None:
+    body = model()
+    owner, spec = owner_of(body), spec_of(body)
+    wanted = [{"name": "regcred"}, {"name": "mirror"}]
+    first = plans.compute(owner, spec, Observed(), {}, "2026-01-01T00:00:00Z", pull_secrets=("regcred", "mirror"))
+    (job,) = first.create
+    assert job["spec"]["template"]["spec"]["imagePullSecrets"] == wanted
+    assert "imagePullSecrets" not in plans.compute(owner, spec, Observed(), {}, "2026-01-01T00:00:00Z"
+                                                   ).create[0]["spec"]["template"]["spec"]
+    pool = build("cpu")
+    with_secrets = pods.with_pull_secrets(pool, ("regcred", "mirror"))
+    assert with_secrets["spec"]["template"]["spec"]["imagePullSecrets"] == wanted
+    assert "imagePullSecrets" not in pool["spec"]["template"]["spec"]  # the input is left alone
+    svc = service.build_pool_service(owner, spec.cpu)
+    assert pods.with_pull_secrets(svc, ("regcred",)) == svc  # no pod template: nothing to add

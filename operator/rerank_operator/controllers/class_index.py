@@ -200,24 +200,27 @@ def class_event(event_type: str | None, rclass: Obj, index: ClassIndex, models: 
     return tenant.affected_models(models.snapshot(), tenant.essence(rclass), before, after)
 
 
-def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> Understood:
+def for_model(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry,
+              quantizer_image: str | None = None) -> Understood:
     """``understand`` for the reconcile loop, which also remembers which class the model asks for."""
     meta = body.get("metadata") or {}
     registry.models.record(meta.get("namespace", ""), meta.get("name", ""), (body.get("spec") or {}).get("className"))
-    return understand(body, lister, registry)
+    return understand(body, lister, registry, quantizer_image)
 
 
-def understand(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry) -> Understood:
-    """The model's effective spec against the cached classes (``tenant.resolve_model``), parsed by the one parser
-    (``spec_parse.parse``); computed once per version of the model and of the classes, whichever loop asks first.
-    A model without a resourceVersion (built by hand) is resolved every time."""
+def understand(body: Obj, lister: Callable[[], Iterable[Obj] | None], registry: Registry,
+               quantizer_image: str | None = None) -> Understood:
+    """The model's effective spec against the cached classes (``tenant.resolve_model``; ``quantizer_image``: the
+    platform's default, a process setting), parsed by the one parser (``spec_parse.parse``); computed once per
+    version of the model and of the classes, whichever loop asks first. A model without a resourceVersion (built by
+    hand) is resolved every time."""
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     # The classes' version is read before the classes: a change in between makes this entry stale, never wrong.
     rv, versions = meta.get("resourceVersion"), (str(meta.get("resourceVersion")), registry.classes.version)
     if rv is not None and (hit := registry.specs.get(key, versions)) is not None:
         return hit
-    tenancy = tenant.resolve_model(dict(body), registry.classes.items(lister))
+    tenancy = tenant.resolve_model(dict(body), registry.classes.items(lister), quantizer_image)
     understood = Understood(tenancy, None)
     if tenancy.not_found is None:
         try:

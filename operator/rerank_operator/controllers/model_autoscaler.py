@@ -185,7 +185,8 @@ class ModelAutoscaler:
         """The parsed effective spec (``class_index.understand``: resolved and parsed once per version of the model
         and of the classes, for the reconcile loop too) and the autoscaling settings; a float: the seconds until the
         next look (nothing to scale)."""
-        understood = class_index.understand(body, self.cluster.list_classes, self.registry)
+        understood = class_index.understand(body, self.cluster.list_classes, self.registry,
+                                            self.settings.quantizer_image)
         if self._memo is not None and self._memo[0] is understood and understood.spec is not None:
             return understood.spec, self._memo[1]
         if understood.tenancy.not_found is not None:

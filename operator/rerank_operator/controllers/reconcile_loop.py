@@ -102,7 +102,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     meta = body["metadata"]
     owner = names.Owner(name=name, namespace=namespace, uid=meta["uid"], generation=int(meta.get("generation", 1)))
     previous = body.get("status") or {}
-    understood = class_index.for_model(body, cluster.list_classes, registry)  # the class, the effective spec
+    understood = class_index.for_model(body, cluster.list_classes, registry, settings.quantizer_image)
     tenancy = understood.tenancy
     metrics.record_class(namespace, name, tenancy.class_name or "")
     if tenancy.not_found is not None:  # apply nothing; a class created later re-triggers the model
@@ -118,7 +118,8 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=tenant.network_policy(body, tenancy, settings),
-                         guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry)
+                         guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
+                         pull_secrets=settings.image_pull_secrets)
     executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)

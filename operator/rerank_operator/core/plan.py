@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from quantizer_job import contract
 from rerank_operator.core import artifact, conditions, drift, names
-from rerank_operator.core.builders import deployment, guard, job, routing, service, storage
+from rerank_operator.core.builders import deployment, guard, job, pods, routing, service, storage
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import canary as canaries
@@ -287,11 +287,12 @@ def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> 
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
     network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
-    backoff: job.RetryBackoff = DEFAULT_BACKOFF,
+    backoff: job.RetryBackoff = DEFAULT_BACKOFF, pull_secrets: tuple[str, ...] = (),
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
-    artifacts go through a canary. ``backoff``: the retry of a Job that failed transiently."""
+    artifacts go through a canary. ``backoff``: the retry of a Job that failed transiently. ``pull_secrets``: the
+    platform's image pull Secrets, on every pod the plan makes (``pods.with_pull_secrets``)."""
     canary = canaries.policy(spec, guard_settings)
     # After a re-quantization round on drift, the artifact is planned on the live sample (quality/requantize.py).
     decision, new_job = decide_artifact(owner, requantize.effective(spec, status, owner.name), observed, status, now,
@@ -340,6 +341,8 @@ def compute(
                                                    max_input_tokens=max_input_tokens(decision.canary)))
         desired.append(service.build_canary_service(owner))
 
+    desired = [pods.with_pull_secrets(d, pull_secrets) for d in desired]
+    new_job = pods.with_pull_secrets(new_job, pull_secrets) if new_job else None
     to_apply = tuple(s for s in (drift.stamp(d) for d in desired) if drift.needs_apply(s, observed.live(s)))
     deletes = _obsolete_jobs(observed, decision)
     for pool_name in names.POOLS:

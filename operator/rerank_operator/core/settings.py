@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from rerank_operator.core import shapes
 from rerank_operator.core.autoscale.config import PrometheusSettings
 from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import LeaderElectionSettings
@@ -31,7 +32,9 @@ class Settings:
     (``--watch-server-timeout``; kopf's default otherwise; the informers' own last 240-420 s), and whether replicas
     elect one writer through a Lease (``--leader-election*``; its namespace defaults to the operator's own), and
     when a quantization Job that failed transiently is tried again (``--hub-retry-seconds``,
-    ``--hub-retry-max-seconds``)."""
+    ``--hub-retry-max-seconds``), and what the platform gives every model's workloads: the quantizer image when
+    neither the model nor its class names one (``--quantizer-image``; else the built-in one) and the image pull
+    Secrets of their pods (``--image-pull-secret``: Secrets the platform keeps in each model namespace)."""
 
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))
@@ -40,16 +43,24 @@ class Settings:
     watch_server_timeout: int | None = None
     leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
     hub_retry: RetryBackoff = field(default_factory=RetryBackoff)
+    quantizer_image: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None,
                  leader_election: LeaderElectionSettings | None = None,
-                 hub_retry: RetryBackoff | None = None) -> Settings:
+                 hub_retry: RetryBackoff | None = None, quantizer_image: str | None = None,
+                 image_pull_secrets: tuple[str, ...] = ()) -> Settings:
         """The pod's own identity from ``env``; the rest as main.py parsed it from the flags. An enabled election
         without a namespace of its own takes the pod's; with neither (not in a pod, no flag) it cannot name its
         Lease, which is refused here, at start-up, rather than at the first election."""
         namespace = env.get(POD_NAMESPACE_ENV) or None
+        if quantizer_image and not shapes.image(quantizer_image):
+            raise ValueError(f"--quantizer-image {quantizer_image!r} is not an image reference")
+        for secret in image_pull_secrets:
+            if not shapes.dns_subdomain(secret):
+                raise ValueError(f"--image-pull-secret {secret!r} is not a Secret name")
         election = leader_election or LeaderElectionSettings()
         if election.enabled and not election.namespace:
             if not namespace:
@@ -60,7 +71,8 @@ class Settings:
                    operator_pod_labels=operator_pod_labels(env),
                    prometheus=prometheus or PrometheusSettings(),
                    resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout,
-                   leader_election=election, hub_retry=hub_retry or RetryBackoff())
+                   leader_election=election, hub_retry=hub_retry or RetryBackoff(),
+                   quantizer_image=quantizer_image or None, image_pull_secrets=tuple(image_pull_secrets))
 
 
 def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:

@@ -333,3 +333,23 @@ def test_workers_waiting_through_a_failed_class_list_get_its_error_not_a_retry_e
         t.join(5)
     assert len(calls) == 1 and len(errors) == 8 and not index.primed
     assert index.items(lambda: [rclass(name="standard")]) and index.primed  # the next caller lists again
+
+
+def test_the_platforms_quantizer_image_is_the_default_of_models_without_a_class() -> None:
+    """``--quantizer-image`` fills in last. A RerankClass always decides for its models: its
+    ``quantization.images.default`` (the CRD defaults it to the release image) and ``allowed`` are the platform's
+    per-class choice, so a platform that mirrors the image sets them there too (docs/platform-teams.md)."""
+    platform = "registry.local/platform/rerank-quantizer@sha256:" + "1" * 64
+
+    def image(t: tenant.Tenancy) -> str:
+        return spec_parse.parse(t.effective).quantization.image
+
+    assert image(tenant.resolve_model(body(), [])) == specs.QUANTIZER_IMAGE  # the built-in release image
+    assert image(tenant.resolve_model(body(), [], platform)) == platform
+    own = body({"model": {"id": "BAAI/x"}, "quantization": {"image": "registry.local/mine:1"}})
+    assert image(tenant.resolve_model(own, [], platform)) == "registry.local/mine:1"
+    by_class = rclass(at("quantization.images.default", "registry.local/class-q:1"),
+                      at("quantization.images.allowed", ["registry.local/*"]), name="standard", default=True)
+    assert image(tenant.resolve_model(body(), [by_class], platform)) == "registry.local/class-q:1"
+    assert image(tenant.resolve_model(body(), [rclass(name="standard", default=True)], platform)) == \
+        specs.QUANTIZER_IMAGE  # the class's CRD default, not the platform's flag

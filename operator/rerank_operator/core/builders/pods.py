@@ -1,4 +1,4 @@
-"""Pod pieces shared by the quantization Job and the TEI pools: hardening and the model volume.
+"""Pod pieces shared by the quantization Job and the TEI pools: hardening, the model volume, image pull Secrets.
 
 Everything runs as the same non-root uid/gid with fsGroup set, so files the Job writes to the volume are readable by
 TEI pods. Root filesystems are read-only; scratch space is an emptyDir at /tmp (and /data for TEI's hub cache).
@@ -6,6 +6,8 @@ TEI pods. Root filesystems are read-only; scratch space is an emptyDir at /tmp (
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quantizer_job import contract
@@ -51,3 +53,15 @@ def on_volume(relative: str) -> str:
 
 def secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def with_pull_secrets(obj: Mapping[str, Any], secrets: Sequence[str]) -> dict[str, Any]:
+    """``obj`` with the platform's image pull Secrets (``--image-pull-secret``) on its pod template, if it has one
+    (the Job, the pools' and the guard's Deployments): the images the operator names may live in a private registry.
+    The Secrets are the platform's, one of each name in every model namespace; a tenant cannot name them."""
+    template = (obj.get("spec") or {}).get("template")
+    if not secrets or not isinstance(template, Mapping):
+        return dict(obj)
+    out = copy.deepcopy(dict(obj))
+    out["spec"]["template"]["spec"]["imagePullSecrets"] = [{"name": name} for name in secrets]
+    return out

@@ -93,8 +93,10 @@ class Tenancy:
                          f"within the limits of RerankClass {self.class_name}")
 
 
-def resolve_model(body: Obj, classes: Sequence[Obj]) -> Tenancy:
-    """The model's class, effective spec and violations (the operator's double-check of the admission policy)."""
+def resolve_model(body: Obj, classes: Sequence[Obj], quantizer_image: str | None = None) -> Tenancy:
+    """The model's class, effective spec and violations (the operator's double-check of the admission policy).
+    ``quantizer_image``: the platform's (``--quantizer-image``), when the model names none and its class (if any)
+    gives none (the RerankClass CRD defaults ``quantization.images.default``, so a class always decides)."""
     raw = body.get("spec") or {}
     class_name = raw.get("className") or None
     missing = tenancy.class_not_found(class_name, classes)
@@ -104,6 +106,8 @@ def resolve_model(body: Obj, classes: Sequence[Obj]) -> Tenancy:
     rclass = plain(chosen) if chosen is not None else None
     class_spec = (rclass or {}).get("spec") or {}
     effective = tenancy.resolve(raw, class_spec if rclass is not None else None)
+    if quantizer_image and not (effective.get("quantization") or {}).get("image"):
+        effective.setdefault("quantization", {})["image"] = quantizer_image
     if rclass is None:
         return Tenancy(None, effective)
     try:

@@ -511,7 +511,9 @@ def main() -> int:
     client = Client(groups)
     try:
         assert cluster.real_node is not None
-        cluster.real_node.import_images((archive,))
+        repository, _, tag = tei.rpartition(":")
+        tei = cluster.real_node.push_image(archive, f"rerank/{repository.rsplit('/', 1)[-1]}", tag)  # the node pulls it
+        result["tei_image"] = tei
         result["cluster_start_s"] = round(time.monotonic() - started, 1)
         cluster.apply(realnode.quantizer_placement_policy(REAL_NODE_LABEL))
         cluster.apply(volume_objects(volume))  # the namespace first: the chart's Roles go into it

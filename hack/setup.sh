@@ -41,7 +41,7 @@ apt_install() {  # apt_install PACKAGE... : only what is missing; one apt-get up
 # makes its images' rootfs. Debian starts containerd as a service; the dev cluster runs its own instance.
 had_containerd="$(command -v containerd || true)"
 # buildah builds the operator's and the quantizer's images from their Dockerfiles (no daemon, no registry).
-apt_install containerd runc containernetworking-plugins mmdebstrap buildah
+apt_install containerd runc containernetworking-plugins mmdebstrap buildah docker-registry
 if [ -z "$had_containerd" ]; then  # only the service we just installed; a machine's own containerd stays as it was
   $SUDO systemctl disable --now containerd >/dev/null 2>&1 || $SUDO service containerd stop >/dev/null 2>&1 || true
 fi

@@ -2,8 +2,10 @@
 
 1. start the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes) and the real node
    (kubelet + containerd), whose images are the project's Dockerfiles built by buildah (cached);
-2. ``helm install`` the chart: the operator runs as the chart's pods on the real node, from its image, with the
-   chart's ServiceAccount, RBAC, probes and securityContext;
+2. release and install it as a platform team would: ``hack/release`` pushes both images and the chart (naming them
+   by digest) to the dev cluster's registry, then ``helm install oci://...`` of what it pushed; the operator runs as
+   the chart's pods on the real node, its image pulled from the registry, with the chart's ServiceAccount, RBAC,
+   probes and securityContext;
 3. put a small cross-encoder (all-MiniLM-L6-v2's encoder + a 1-logit head, shipped on PyPI) on a local volume and
    apply a RerankModel pointing at it;
 4. the operator's quantization Job runs on the real node from the quantizer image (an admission policy of the dev
@@ -25,10 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rerank_devcluster import binaries, realnode
+from rerank_devcluster import binaries, nodeimage, realnode
+from rerank_devcluster import release as releases
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_release import OperatorRelease, ReleaseError
 from rerank_devcluster.waiting import eventually
+from rerank_operator import __version__
 
 REPO = binaries.REPO_ROOT
 CHART = REPO / "charts" / "rerank-operator"
@@ -47,18 +51,24 @@ def kubectl_json(cluster: Cluster, *args: str) -> Any:
 
 
 def install_operator(cluster: Cluster, workdir: Path) -> OperatorRelease:
-    """``helm install`` of the chart, its pods (two: a leader and a standby) on the real node, from the operator
-    image built from operator/Dockerfile."""
-    assert cluster.real_node is not None
-    release = OperatorRelease(cluster, OPERATOR_NS, RELEASE, cluster.real_node.images.operator.name, replicas=2)
+    """A release into the dev cluster's registry (``hack/release``), then ``helm install`` of the chart it pushed,
+    with none of its images overridden: its pods (two: a leader and a standby) on the real node."""
+    node = cluster.real_node
+    assert node is not None and node.registry is not None
+    published = releases.publish(node.registry.client, nodeimage.REGISTRY_PREFIX, __version__, workdir=workdir)
+    say(f"hack/release {__version__}: pushed {published.operator_image}, {published.quantizer_image} and "
+        f"{published.chart} {published.chart_version}")
+    release = OperatorRelease(cluster, OPERATOR_NS, RELEASE, None, replicas=2,
+                              chart_args=published.helm_args(insecure=True))
     try:
         release.install(workdir, timeout=240)
     except ReleaseError as exc:
         raise SystemExit(str(exc)) from None
     pods = release.pods()
-    say(f"helm: chart {CHART.name} installed in {OPERATOR_NS}; operator pods "
+    images = sorted({c["image"] for p in pods for c in p["spec"]["containers"]})
+    say(f"helm: chart {published.chart} {published.chart_version} installed in {OPERATOR_NS}; operator pods "
         + ", ".join(f"{p['metadata']['name']} on {p['spec'].get('nodeName')}" for p in pods)
-        + f" ({release.image})")
+        + f" ({', '.join(images)})")
     return release
 
 
@@ -84,7 +94,7 @@ def volume_objects(volume: Path) -> list[dict[str, Any]]:
     ]
 
 
-def rerank_model(model_path: str, quantizer_image: str) -> dict[str, Any]:
+def rerank_model(model_path: str) -> dict[str, Any]:
     return {
         "apiVersion": "rerank.io/v1alpha1", "kind": "RerankModel",
         "metadata": {"name": MODEL, "namespace": DEMO_NS},
@@ -92,7 +102,8 @@ def rerank_model(model_path: str, quantizer_image: str) -> dict[str, Any]:
             "model": {"path": model_path},
             # The demo model's head is untrained, so its scores are close together and a little INT8 noise
             # reorders them more than on a trained reranker: the gate is relaxed here, and only here.
-            "quantization": {"image": quantizer_image, "timeBudgetSeconds": 300,
+            # No quantization.image: the release's own (the chart's workloads.quantizerImage, by digest).
+            "quantization": {"timeBudgetSeconds": 300,
                              "qualityGate": {"minSpearman": 0.98, "minTopKAgreement": 0.85}},
             "storage": {"existingClaim": CLAIM},
             "pools": {"cpu": {"minReplicas": 1, "maxReplicas": 4},
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kubectl_run("create", "namespace", DEMO_NS, check=False)
         cluster.kubectl_run("label", "namespace", DEMO_NS, f"{REAL_NODE_LABEL}=true", "--overwrite")
         cluster.kubectl_run("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in volume_objects(volume)))
-        model = rerank_model(model_path, cluster.real_node.images.quantizer_image)
+        model = rerank_model(model_path)
         cluster.kubectl_run("apply", "-f", "-", input=json.dumps(model))
         say(f"applied RerankModel {DEMO_NS}/{MODEL} (model.path={model_path})")
         obj = watch(cluster, release, args.timeout)

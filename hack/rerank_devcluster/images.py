@@ -4,7 +4,8 @@
 changed: ``PYTHON_IMAGE`` names a local base (the node's Debian rootfs, :mod:`rerank_devcluster.nodeimage`) instead
 of ``python:3.11-slim`` from a registry nobody can reach here. ``RUN`` steps install from the package index this
 machine's pip uses (its ``index-url``, ``cert``), through a pip cache kept under ``~/.cache/rerank-operator`` so a
-rebuild downloads nothing. The result is an OCI archive the real node's containerd imports (``ctr images import``).
+rebuild downloads nothing. The result is an OCI archive, pushed to the dev cluster's registry (``registry.py``)
+for the node to pull.
 
 Cache key (the image's tag): the Dockerfile, the base, the build arguments and every file the build context sends
 (``.dockerignore`` says which). Same key, same archive: nothing is built.

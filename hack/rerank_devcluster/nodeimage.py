@@ -22,7 +22,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rerank_devcluster import binaries, images, ociimage
+from rerank_devcluster import binaries, images, ociimage, registry
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -34,6 +34,11 @@ ROOTFS_RECIPE = f"mmdebstrap --variant=essential {SUITE} {' '.join(PACKAGES)} {P
 PAUSE_IMAGE = "rerank.local/pause:1"
 BASE_REPO = "rerank.local/python"
 OPERATOR_REPO = "rerank.local/operator"
+#: Where the dev cluster's registry keeps the images (``<registry>/rerank/rerank-operator``...): the names a release
+#: pushes too (``hack/release --registry <registry>/rerank``), so a release into the dev cluster reuses every blob.
+REGISTRY_PREFIX = "rerank"
+OPERATOR_REPOSITORY = "rerank-operator"
+QUANTIZER_REPOSITORY = "rerank-quantizer"
 QUANTIZER_REPO = "rerank.local/quantizer"
 TEI_REPO = "rerank.local/tei"
 TEI_BIN = "/usr/local/bin/text-embeddings-router"
@@ -44,11 +49,13 @@ QUANTIZER_DOCKERFILE = binaries.REPO_ROOT / "quantizer_job" / "Dockerfile"
 
 @dataclass(frozen=True)
 class NodeImages:
-    """OCI archives to import into the node's containerd, and the names the pods use."""
+    """The node's images as OCI archives, and the names pods use: the built names until :meth:`pushed`, then their
+    references by digest in the dev cluster's registry (what the kubelet pulls)."""
 
     pause: Path
     quantizer: images.Image
     operator: images.Image
+    pause_image: str = PAUSE_IMAGE
 
     @property
     def quantizer_image(self) -> str:
@@ -57,6 +64,19 @@ class NodeImages:
     @property
     def archives(self) -> tuple[Path, ...]:
         return (self.pause, self.quantizer.archive, self.operator.archive)
+
+    def pushed(self, to: registry.LocalRegistry) -> NodeImages:
+        """Push the three images to ``to`` (repository and tag as built); the same images named by digest there."""
+        def push(archive: Path, name: str, repository: str) -> str:  # tag: the build's content key
+            return to.push_archive(archive, f"{REGISTRY_PREFIX}/{repository}", name.rpartition(":")[2])
+
+        return NodeImages(
+            pause=self.pause,
+            quantizer=images.Image(push(self.quantizer.archive, self.quantizer.name, QUANTIZER_REPOSITORY),
+                                   self.quantizer.archive),
+            operator=images.Image(push(self.operator.archive, self.operator.name, OPERATOR_REPOSITORY),
+                                  self.operator.archive),
+            pause_image=push(self.pause, PAUSE_IMAGE, "pause"))
 
 
 def _key(text: str) -> str:

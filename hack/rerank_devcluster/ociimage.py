@@ -1,6 +1,6 @@
-"""OCI image archives made from plain tarballs, for a container runtime with no registry to pull from.
+"""OCI image archives made from plain tarballs (the real node's pause image, TEI's stand-in image).
 
-The real node's containerd imports these with ``ctr images import``: an OCI image layout (``oci-layout``,
+The dev cluster's registry takes these as they are (``registry.push_archive``): an OCI image layout (``oci-layout``,
 ``index.json``, ``blobs/sha256/...``) in one tar, the image's name in the index's annotations. Layers stay
 uncompressed (an allowed OCI media type): gzip would cost CPU on every cold build and save nothing locally.
 """

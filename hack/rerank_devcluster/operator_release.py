@@ -1,6 +1,8 @@
 """The operator as users run it: ``helm install`` of charts/rerank-operator, its pod on the dev cluster's real node.
 
-The pod runs the image built from operator/Dockerfile (:mod:`rerank_devcluster.nodeimage`), with the chart's
+The chart is installed from the dev cluster's registry as an OCI artifact (``helm push``, then ``helm install
+oci://...``), and the pod runs the image built from operator/Dockerfile (:mod:`rerank_devcluster.nodeimage`),
+pulled by the node from that registry by digest, with the chart's
 ServiceAccount token, RBAC, probes, securityContext and ports, exactly as rendered. Only values a user sets too:
 the image, where the pod goes (the real node's nodeSelector and toleration), which namespaces it watches, and one
 environment override every cluster without kube-proxy needs: the API server's address (this node has no
@@ -26,12 +28,20 @@ class ReleaseError(RuntimeError):
     """helm failed, or the operator's pod did not become Ready; the message has helm's output or the pod's log."""
 
 
-def values(*, image: str, api_host: str, api_port: int, watch_namespaces: list[str], replicas: int,
+def values(*, image: str | None, api_host: str, api_port: int, watch_namespaces: list[str], replicas: int,
            extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The chart's values for an operator pod on the real node (pure: the chart's own defaults do the rest)."""
-    repository, _, tag = image.rpartition(":")
+    """The chart's values for an operator pod on the real node (pure: the chart's own defaults do the rest; no
+    ``image``: the chart's own, as a released chart names it)."""
+    if image is None:
+        ref: dict[str, str] = {}
+    elif "@" in image:  # by digest, as the dev cluster's registry names what it holds
+        repository, _, digest = image.partition("@")
+        ref = {"repository": repository, "digest": digest}
+    else:
+        repository, _, tag = image.rpartition(":")
+        ref = {"repository": repository, "tag": tag}
     out: dict[str, Any] = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},  # imported, never pulled
+        "image": {**ref, "pullPolicy": "IfNotPresent"},  # pulled by the node from the registry, as anywhere
         "replicaCount": replicas,
         "watchNamespaces": watch_namespaces,
         "nodeSelector": realnode.node_selector(),
@@ -52,11 +62,12 @@ class OperatorRelease:
     cluster: Cluster
     namespace: str
     name: str
-    image: str
+    image: str | None  # None: the chart's own (a released chart names its image by digest)
     watch_namespaces: list[str] = field(default_factory=list)
     replicas: int = 1
     extra_values: dict[str, Any] = field(default_factory=dict)
     helm_flags: tuple[str, ...] = ()
+    chart_args: tuple[str, ...] = ()  # helm's arguments for another chart (a release's oci://... --version ...)
 
     @property
     def selector(self) -> str:
@@ -75,10 +86,29 @@ class OperatorRelease:
                       replicas=self.replicas, extra=self.extra_values)
         path = workdir / f"values-{self.name}.json"
         path.write_text(json.dumps(vals, indent=1))
-        self._helm("upgrade", "--install", self.name, str(CHART), "--namespace", self.namespace,
+        self._helm("upgrade", "--install", self.name, *self.chart(workdir), "--namespace", self.namespace,
                    "--create-namespace", "-f", str(path), "--wait", "--timeout", f"{int(timeout)}s",
                    *self.helm_flags, timeout=timeout + 30)
         return self
+
+    def chart(self, workdir: Path) -> tuple[str, ...]:
+        """What ``helm install`` installs: with a real node, the chart as an OCI artifact in the node's registry
+        (packaged and pushed once per cluster, then ``oci://...`` with its version), as a platform team installs a
+        published release; without one, the chart's folder."""
+        if self.chart_args:
+            return self.chart_args
+        node = self.cluster.real_node
+        if node is None or node.registry is None:
+            return (str(CHART),)
+        if node.chart is None:
+            out = workdir / "chart"
+            out.mkdir(parents=True, exist_ok=True)
+            packaged = self._helm("package", str(CHART), "--destination", str(out)).stdout.strip()
+            archive = packaged.rsplit(": ", 1)[-1]
+            self._helm("push", archive, f"oci://{node.registry.host}/charts", "--plain-http")
+            version = Path(archive).name.removeprefix("rerank-operator-").removesuffix(".tgz")
+            node.chart = (f"oci://{node.registry.host}/charts/rerank-operator", "--version", version, "--plain-http")
+        return node.chart
 
     def uninstall(self) -> None:
         subprocess.run([str(binaries.ensure("helm")), "uninstall", self.name, "-n", self.namespace, "--wait",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rerank_devcluster import nodeimage, pki
+from rerank_devcluster import nodeimage, pki, registry
 from rerank_devcluster.processes import Processes, free_port
 from rerank_devcluster.waiting import eventually
 
@@ -168,8 +168,10 @@ class RealNodeError(RuntimeError):
     """The real node could not start; the message says which part and why."""
 
 
-def containerd_config(root: Path, sock: Path, cni_conf_dir: Path, cni_bin_dir: str, sandbox_image: str) -> str:
-    """containerd 1.6's config (version 2): own root, state and socket, the CRI plugin with runc (cgroupfs)."""
+def containerd_config(root: Path, sock: Path, cni_conf_dir: Path, cni_bin_dir: str, sandbox_image: str,
+                      registry_hosts: Path) -> str:
+    """containerd 1.6's config (version 2): own root, state and socket, the CRI plugin with runc (cgroupfs), the
+    registries' host configuration under ``registry_hosts`` (the dev cluster's registry is plain HTTP)."""
     return f"""version = 2
 root = "{root}/root"
 state = "{root}/state"
@@ -195,6 +197,8 @@ state = "{root}/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin_dir}"
     conf_dir = "{cni_conf_dir}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{registry_hosts}"
 """
 
 
@@ -263,6 +267,8 @@ class RealNode:
     cgroup_root: str
     bridge: str
     images: nodeimage.NodeImages
+    registry: registry.LocalRegistry | None = None
+    chart: tuple[str, ...] | None = None  # helm's arguments for the chart pushed to the registry (operator_release)
 
     @property
     def sock(self) -> Path:
@@ -284,9 +290,12 @@ class RealNode:
                    kubelet=kubelet, cgroup_root=f"/rerank-{tag}", bridge=f"rrk{tag}", images=images)
 
     def start(self, deadline: float) -> None:
+        """The registry, the images pushed to it, containerd, then the kubelet. Pods name the images by their
+        digest in the registry (``self.images`` after this), and containerd pulls them as any node would."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self.registry = registry.LocalRegistry(self.processes, self.root / "registry").start(deadline)
+        self.images = self.images.pushed(self.registry)
         self._start_containerd(deadline)
-        self.import_images(self.images.archives)
         self._start_kubelet(free_port(), free_port())
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -302,19 +311,25 @@ class RealNode:
         net_d.mkdir(exist_ok=True)
         (net_d / "10-rerank-dev.conflist").write_text(json.dumps(cni_config(self.bridge, subnet(self.bridge[3:]),
                                                                             self.root / "ipam")))
+        hosts = self.root / "certs.d"
+        assert self.registry is not None
+        (hosts / self.registry.host).mkdir(parents=True, exist_ok=True)
+        (hosts / self.registry.host / "hosts.toml").write_text(registry.hosts_toml(self.registry.host))
         config = self.root / "containerd.toml"
         config.write_text(containerd_config(self.root / "containerd", self.sock, net_d, cni_bin,
-                                            nodeimage.PAUSE_IMAGE))
+                                            self.images.pause_image, hosts))
         self.processes.spawn("containerd", ["containerd", "--config", str(config)])
         self.processes.wait_for(lambda: self.sock.exists() and self._ctr("version", check=False).returncode == 0,
                                 deadline, "containerd's socket")
 
-    def import_images(self, archives: tuple[Path, ...]) -> None:
-        """``ctr images import`` of OCI archives into the node's containerd (pods name them, pullPolicy Never)."""
-        for archive in archives:
-            done = self._ctr("images", "import", str(archive), check=False, timeout=300)
-            if done.returncode != 0:
-                raise RealNodeError(f"ctr images import {archive}: {done.stderr.strip()}")
+    def image_refs(self) -> list[str]:
+        """Every image reference containerd holds for the kubelet (``ctr images ls``): what it pulled."""
+        return self._ctr("images", "ls", "-q").stdout.split()
+
+    def push_image(self, archive: Path, repository: str, tag: str) -> str:
+        """Push another image (e.g. a benchmark's TEI image) to the node's registry; returns its digest reference."""
+        assert self.registry is not None, "the node is not started"
+        return self.registry.push_archive(archive, repository, tag)
 
     def _start_kubelet(self, port: int, healthz_port: int) -> None:
         certs = self.pki_dir

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +30,7 @@ import pytest
 from kubernetes import client
 
 from quantizer_job import contract, evaldata, publish
-from rerank_devcluster import realnode
+from rerank_devcluster import binaries, realnode
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_release import OperatorRelease
 from tests.cluster.rrm_harness import Env, Kube, _kubectl_apply, eventually
@@ -63,7 +64,7 @@ def prepared_volume(root: Path) -> Path:
 
 class NodeEnv(Env):
     volume: Path
-    image: str  # the quantizer image imported into the real node's containerd
+    image: str  # the quantizer image: in the dev cluster's registry, by digest, pulled by the real node
     release: OperatorRelease  # the operator: the chart's pod on the real node, from operator/Dockerfile's image
 
     def describe(self) -> str:
@@ -199,6 +200,45 @@ def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: 
     assert quantizer_status(second)["state"]["terminated"]["exitCode"] == 0
     assert (env.volume / contract.ARTIFACTS_DIR / new / contract.CPU_SUBDIR / "model.onnx").is_file()
     assert onnx.is_file(), "the artifact the pools served before was touched"
+
+
+def test_every_image_the_node_runs_is_pulled_from_the_registry_and_the_chart_comes_from_it(
+        node_env: NodeEnv, real_node: realnode.RealNode) -> None:
+    """The path every real cluster takes: the chart installed from the dev cluster's OCI registry, the operator's and
+    the quantizer's images (and the pod sandbox's) named there by digest and pulled by the kubelet's containerd; no
+    pod says ``imagePullPolicy: Never``, and nothing was imported behind the kubelet's back."""
+    env, ns = node_env, node_env.namespace
+    assert real_node.registry is not None
+    host = real_node.registry.host
+    env.kube.create_model(env.model_body("pulled"))
+    env.terminated_quantizer("pulled")
+    on_node = [p for p in env.kube.pods(ns, "") if p["spec"].get("nodeName") == realnode.NAME]
+    kinds = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in on_node}
+    assert {"operator", "quantizer"} <= kinds, kinds
+    images = set()
+    for pod in on_node:
+        for c in pod["spec"]["containers"]:
+            assert c["image"].startswith(f"{host}/") and "@sha256:" in c["image"], c["image"]
+            assert c.get("imagePullPolicy") != "Never", (pod["metadata"]["name"], c["name"])
+            images.add(c["image"])
+        for s in pod["status"].get("containerStatuses") or ():
+            assert s["imageID"].endswith(s["image"].rpartition("@")[2]), s  # the digest that ran is the one named
+    events = json.loads(env.cluster.kubectl_run("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    pulled = {image for image in images
+              for e in events if e.get("reason") == "Pulled" and f'"{image}"' in e.get("message", "")}
+    assert pulled == images, f"no kubelet Pulled event for {images - pulled}"
+    # containerd holds only what it pulled: the registry's references, the sandbox's included
+    refs = real_node.image_refs()
+    assert refs and all(r.startswith(f"{host}/") or r.startswith("sha256:") for r in refs), refs
+    assert real_node.images.pause_image.startswith(f"{host}/")
+    # the chart: an OCI artifact in the registry, installed from there (helm reports the chart it installed)
+    version = real_node.registry.tags("charts/rerank-operator")
+    assert version, "the chart was not pushed to the registry"
+    helm = subprocess.run([str(binaries.ensure("helm")), "list", "-n", ns, "-o", "json"], env=env.cluster.env(),
+                          capture_output=True, text=True, check=True, timeout=60)
+    releases = json.loads(helm.stdout)
+    assert [r["chart"] for r in releases] == [f"rerank-operator-{version[0]}"]
+    assert env.release.chart(Path("/nonexistent"))[0] == f"oci://{host}/charts/rerank-operator"
 
 
 def test_memory_limit_kills_the_quantizer_with_oomkilled(node_env: NodeEnv) -> None:

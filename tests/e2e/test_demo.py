@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rerank_devcluster import realnode
+from rerank_operator import __version__
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.node]
 
@@ -23,6 +24,10 @@ def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
     assert "Ready=True(Serving)" in done.stdout
     assert "quantizer exited 0" in done.stdout
     assert f"on {realnode.NAME}" in done.stdout  # the operator and the quantizer ran as pods on the real node
+    # A release into the dev cluster's registry, installed from there: the chart and both images by digest.
+    assert f"hack/release {__version__}: pushed 127.0.0.1:" in done.stdout
+    assert "installed in rerank-system" in done.stdout and f"/charts/rerank-operator {__version__}" in done.stdout
+    assert "/rerank/rerank-operator@sha256:" in done.stdout.split("installed in rerank-system", 1)[1].split("\n")[0]
 
     artifacts = [p for p in (tmp_path / "volume" / "artifacts").iterdir() if not p.name.startswith(".")
                  and p.is_dir()]

@@ -65,7 +65,12 @@ def test_the_build_uses_this_machines_index_and_trust() -> None:
 def test_operator_release_values_put_the_pod_on_the_real_node_and_point_it_at_the_api_server() -> None:
     vals = operator_release.values(image="rerank.local/operator:abc123", api_host="10.88.7.1", api_port=6443,
                                    watch_namespaces=["a"], replicas=1, extra={"tenantRoles": {"enabled": False}})
-    assert vals["image"] == {"repository": "rerank.local/operator", "tag": "abc123", "pullPolicy": "Never"}
+    assert vals["image"] == {"repository": "rerank.local/operator", "tag": "abc123", "pullPolicy": "IfNotPresent"}
+    digest = "sha256:" + "ab" * 32
+    by_digest = operator_release.values(image=f"127.0.0.1:5000/rerank/operator@{digest}", api_host="10.88.7.1",
+                                        api_port=6443, watch_namespaces=[], replicas=1)
+    assert by_digest["image"] == {"repository": "127.0.0.1:5000/rerank/operator", "digest": digest,
+                                  "pullPolicy": "IfNotPresent"}
     assert vals["nodeSelector"] == realnode.node_selector() and vals["tolerations"] == [realnode.toleration()]
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.88.7.1"} in vals["extraEnv"]
     assert {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"} in vals["extraEnv"]

@@ -124,6 +124,7 @@ COMMANDS: dict[str, Callable[[], frozenset[str]]] = {
     "rerank-quantize": entry_point_flags("quantizer_job.cli", "main"),
     "rerank-dev-cluster": entry_point_flags("rerank_devcluster.cli", "main"),
     "hack/demo": entry_point_flags("rerank_devcluster.demo", "main"),
+    "hack/release": entry_point_flags("rerank_devcluster.release", "main"),
     "gen_api_docs.py": entry_point_flags("rerank_devcluster.api_docs", "main"),
     **{f"benchmarks.{name}": script_flags(path) for name, path in BENCHMARK_SOURCES.items()},
 }

@@ -87,7 +87,7 @@ class Client:
     def _once(self, method: str, path: str, body: IO[bytes] | bytes | None,
               headers: dict[str, str] | None) -> tuple[int, dict[str, str], bytes]:
         conn_type = http.client.HTTPConnection if self.insecure else http.client.HTTPSConnection
-        conn = conn_type(self.host, timeout=600)
+        conn = conn_type(self.host, timeout=600, blocksize=1 << 20)  # layers of GBs: 1 MiB writes, not 8 KiB
         sent = dict(headers or {})
         if self._token:
             sent["Authorization"] = f"Bearer {self._token}"

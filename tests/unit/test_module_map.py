@@ -63,3 +63,14 @@ def test_the_maps_of_the_job_the_guard_and_the_benchmarks_name_exactly_their_mod
     missing, stale = sorted(modules - named), sorted(named - modules)
     assert not missing, f"add to docs/architecture.md's {package} map: {missing}"
     assert not stale, f"docs/architecture.md's {package} map names what does not exist: {stale}"
+
+
+#: A module a newcomer reads in one sitting; past this, it holds more than one concept (issue: the house, step 2).
+MAX_MODULE_LINES = 400
+
+
+@pytest.mark.parametrize("package", ["operator/rerank_operator", "quantizer_job", "quality_guard"])
+def test_no_module_is_over_the_size_one_concept_takes(package: str) -> None:
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / package).rglob("*.py")}
+    large = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not large, f"split by concept (at most {MAX_MODULE_LINES} lines a module): {large}"

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autoscale_helpers import NOW, pool, spec
+
 from rerank_operator.core.autoscale import load as loads
 from rerank_operator.core.autoscale import surge
 from rerank_operator.core.autoscale.history import History, PoolHistory
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.autoscale.split import Tuning
-from tests.unit.autoscale.autoscale_helpers import NOW, pool, spec
 
 
 def feed(rates: list[float], history: History | None = None, start: float = NOW, interval: float = 5.0) -> History:

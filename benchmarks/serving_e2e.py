@@ -512,7 +512,8 @@ def main() -> int:
     try:
         assert cluster.real_node is not None
         repository, _, tag = tei.rpartition(":")
-        tei = cluster.real_node.push_image(archive, f"rerank/{repository.rsplit('/', 1)[-1]}", tag)  # the node pulls it
+        tei = cluster.real_node.push_image(archive, f"{nodeimage.REGISTRY_PREFIX}/{repository.rsplit('/', 1)[-1]}",
+                                           tag)  # the node pulls it from the registry, as it pulls the others
         result["tei_image"] = tei
         result["cluster_start_s"] = round(time.monotonic() - started, 1)
         cluster.apply(realnode.quantizer_placement_policy(REAL_NODE_LABEL))

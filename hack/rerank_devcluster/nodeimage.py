@@ -61,10 +61,6 @@ class NodeImages:
     def quantizer_image(self) -> str:
         return self.quantizer.name
 
-    @property
-    def archives(self) -> tuple[Path, ...]:
-        return (self.pause, self.quantizer.archive, self.operator.archive)
-
     def pushed(self, to: registry.LocalRegistry) -> NodeImages:
         """Push the three images to ``to`` (repository and tag as built); the same images named by digest there."""
         def push(archive: Path, name: str, repository: str) -> str:  # tag: the build's content key

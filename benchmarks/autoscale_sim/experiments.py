@@ -67,6 +67,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_bridge_drain": {"tuning": {"bridge_drain": False}},
     "no_drain_room": {"tuning": {"drain_room": False}},
     "no_backoff": {"tuning": {"backoff": False}},
+    "no_reserve": {"tuning": {"reserve": False}},
     "interval_15s": {"intervalSeconds": 15},
     "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }

@@ -15,6 +15,7 @@ from typing import Any
 # lowest, at most two per distinct replica count, so any window (up to the CRD's 3600 s) at any interval fits.
 MAX_RECOMMENDATIONS = 256
 MAX_REVERSALS = 8
+MAX_SURGES = 32  # remembered surges of the arrival rate (`surge.observe`); a day of hourly surges fits
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,12 @@ class History:
     cpu: PoolHistory = field(default_factory=PoolHistory)
     last_spill: float | None = None    # last time the CPU share was raised
     last_recover: float | None = None  # last time the CPU share was lowered
+    # The total arrival rate at the fresh ticks of the last `surge.NET_OF_RISE_S` (time, requests/s), oldest first:
+    # what a rise is measured against. Not saved in the annotation (a restarted operator measures afresh).
+    arrivals: tuple[tuple[float, float], ...] = ()
+    # Recent surges of the arrival rate, (time, rise in requests/s), oldest first: what `surge.reserve` sizes the
+    # GPU pool's standing headroom from. Saved, so a restart keeps the headroom the traffic has taught.
+    surges: tuple[tuple[float, float], ...] = ()
 
     def pool(self, name: str) -> PoolHistory:
         return self.gpu if name == "gpu" else self.cpu
@@ -104,7 +111,7 @@ class History:
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": 1, "gpu": self.gpu.to_dict(), "cpu": self.cpu.to_dict(), "spill": self.last_spill,
-                "recover": self.last_recover}
+                "recover": self.last_recover, "surges": [[round(t, 3), round(s, 2)] for t, s in self.surges]}
 
     @classmethod
     def from_dict(cls, data: Any) -> History:
@@ -112,7 +119,8 @@ class History:
             return cls()
         try:
             return cls(PoolHistory.from_dict(data.get("gpu")), PoolHistory.from_dict(data.get("cpu")),
-                       _optional_float(data.get("spill")), _optional_float(data.get("recover")))
+                       _optional_float(data.get("spill")), _optional_float(data.get("recover")),
+                       surges=tuple((float(t), float(s)) for t, s in data.get("surges") or ())[-MAX_SURGES:])
         except (TypeError, ValueError):
             return cls()
 

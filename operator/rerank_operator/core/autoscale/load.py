@@ -85,18 +85,24 @@ def learn_capacity(history: PoolHistory, signals: PoolSignals, load: Load) -> Po
     return replace(history, capacity=lowered, capacity_from_saturation=True)
 
 
-def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: float, current: int) -> int:
+def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: float, current: int,
+              reserve: float = 0.0) -> int:
     """Replicas this pool should have for `demand` requests/s (before bounds, windows, steps, cooldowns).
 
     Overloaded: to the size learned at saturation, and by one more than ready while the backlog grows; without
     such a capacity, grow at least by one and at most doubling the ready count per tick.
     Otherwise: the learned size; from a lower bound (not learned at saturation) only downwards, and without
     UTILIZATION's headroom (module docstring); idle: nothing; unknown: hold.
+    `reserve`: requests/s of standing headroom for the next surge (`surge.reserve`): the learned size is at least
+    what serves demand plus it at the full capacity, so the headroom a surge finds does not depend on the load it
+    lands on (UTILIZATION's alone grows and shrinks with it). Demand alone keeps UTILIZATION: sizing it at 95-100%
+    under a reserve saved under 0.5% of the cost for 3-10% more violations in the simulator.
     """
     ready = signals.ready_replicas
     sized = None
     if history.capacity and demand > 0:
-        sized = math.ceil(min(demand / (history.capacity * UTILIZATION), MAX_REPLICAS))
+        need = max(demand / (history.capacity * UTILIZATION), (demand + reserve) / history.capacity)
+        sized = math.ceil(min(need, MAX_REPLICAS))
     if ready <= 0:
         if sized is not None and history.capacity_from_saturation:
             return max(sized, 1)
@@ -115,7 +121,7 @@ def recommend(history: PoolHistory, signals: PoolSignals, load: Load, demand: fl
     if history.capacity_from_saturation:
         return sized
     # A floor is itself a rate served within target: no headroom on top of it (module docstring).
-    return min(math.ceil(min(demand / history.capacity, MAX_REPLICAS)), current)
+    return min(math.ceil(min((demand + reserve) / history.capacity, MAX_REPLICAS)), current)
 
 
 def keeping_up(signals: PoolSignals) -> bool:

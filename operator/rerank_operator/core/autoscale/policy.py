@@ -6,9 +6,10 @@ Order of a tick, each step explained where it lives:
    last sample is younger than staleAfterSeconds is a miss, not stale data: replicas and split are kept the same
    way, but the decision is not marked held (`missed`);
 2. judge each pool's load and refine its learned capacity (`load`);
-3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), then
-   apply HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being undone within the
-   window gets a longer one);
+3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), with standing
+   headroom for the next surge learned from the last ones (`surge`: a surge's onset is served only by what stands
+   when it comes), then apply HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being
+   undone within the window gets a longer one);
 4. move the split (`routing`), knowing whether the GPU is still waiting for replicas;
 5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess and queue), so it starts scaling
    with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
@@ -26,6 +27,7 @@ from typing import Any
 from rerank_operator.core.autoscale import load as loads
 from rerank_operator.core.autoscale import scaling
 from rerank_operator.core.autoscale import split as routing
+from rerank_operator.core.autoscale import surge as surges
 from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool
 from rerank_operator.core.autoscale.history import History, PoolHistory
 from rerank_operator.core.autoscale.signals import Signals
@@ -108,8 +110,12 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
                   else (signals.gpu.request_rate or 0.0))
     if policy == "cpu-only":
         gpu_demand = 0.0
+    # Standing headroom for the next surge, learned from the surges seen (`surge`): the GPU pool is sized for it
+    # whenever it is sized for all demand.
+    history = surges.observe(history, signals.total_request_rate, now, spec.interval_seconds)
+    reserve = (surges.reserve(history, now) if tuning.reserve and policy in ("gpu-first", "gpu-only") else 0.0)
     gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
-                                  backoff=tuning.backoff)
+                                  backoff=tuning.backoff, reserve=reserve)
 
     gpu_state = routing.GpuState(gpu_load, gpu_replicas, spec.gpu.max_replicas)
     split = routing.route(spec, signals, current.cpu_percent, gpu_state, cpu_load, history, now, tuning)
@@ -137,13 +143,14 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
 def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,
           current: Current, history: History, now: float, external: bool,
           notes: list[str], surge_step: int | None = None, release: bool = False,
-          grow: bool = True, backoff: bool = True) -> tuple[int, History]:
-    """Replicas for one pool this tick and the updated history (external management: leave replicas alone)."""
+          grow: bool = True, backoff: bool = True, reserve: float = 0.0) -> tuple[int, History]:
+    """Replicas for one pool this tick and the updated history (external management: leave replicas alone).
+    `reserve`: standing headroom in requests/s on top of `demand` (`surge.reserve`)."""
     bounds = spec.bounds(pool)
     if external or not bounds.enabled:
         return (current.replicas(pool) if external else 0), history
     pool_history = history.pool(pool)
-    wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool))
+    wanted = loads.recommend(pool_history, signals.pool(pool), load, demand, current.replicas(pool), reserve)
     if not grow:
         wanted = min(wanted, current.replicas(pool))
     result = scaling.scale(bounds, spec.scale_up, spec.scale_down, current.replicas(pool), wanted,

@@ -55,6 +55,7 @@ class Tuning:
     bridge_drain: bool = True  # the CPU pool is sized for the excess plus the GPU queue's drain, not the excess alone
     drain_room: bool = True    # while the GPU's queue alone outlasts its target, the CPU may take DRAIN_ROOM x its room
     backoff: bool = True       # scale-downs that had to be undone lengthen the scale-down window (scaling.backed_off)
+    reserve: bool = True       # keep standing GPU headroom for the next surge, learned from the last ones (surge)
 
 
 PRODUCTION = Tuning()  # every part on: what the operator runs

@@ -27,7 +27,7 @@ class Optimized:
 
 
 def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int, embed_layer_norm: bool = True,
-             fast_gelu: bool = False) -> Optimized:
+             fast_gelu: bool = False, multi_head_attention: bool = False) -> Optimized:
     """ORT transformer fusions (Attention, SkipLayerNormalization, BiasGelu, EmbedLayerNormalization).
 
     ``embed_layer_norm=False`` leaves the embedding lookups as plain Gathers, so the word table can be stored in INT8
@@ -42,6 +42,7 @@ def optimize(src: Path, dst: Path, level: int, num_heads: int, hidden_size: int,
     # Keep graph inputs int64 as TEI feeds them; the fused EmbedLayerNormalization casts internally.
     opts.enable_embed_layer_norm = embed_layer_norm
     opts.enable_gelu_approximation = fast_gelu
+    opts.use_multi_head_attention = multi_head_attention
     try:
         # Python fusions on the exported graph (opt_level 0 means "no ORT pass first"): ORT's own offline pass
         # would bake CPU-specific layouts into the file, which the serving session re-derives anyway.
@@ -69,10 +70,11 @@ def optimized_for(recipe: Recipe, fp32: Path, work: Path, num_heads: int, hidden
     fusion counts of that very graph (a cached graph keeps its own)."""
     lvl = recipe.optimization_level
     eln = recipe.embeddings != "int8"
-    key: tuple[object, ...] = (lvl, eln, recipe.fast_gelu) if lvl > 0 else (0,)
+    mha = recipe.multi_head_attention
+    key: tuple[object, ...] = (lvl, eln, recipe.fast_gelu, mha) if lvl > 0 else (0,)
     if key not in cache:
-        name = f"opt{lvl}{'' if eln else '-noeln'}{'-fastgelu' if recipe.fast_gelu else ''}"
+        name = f"opt{lvl}{'' if eln else '-noeln'}{'-fastgelu' if recipe.fast_gelu else ''}{'-mha' if mha else ''}"
         cache[key] = optimize(fp32, work / name / MODEL_FILE, lvl, num_heads, hidden_size, embed_layer_norm=eln,
-                              fast_gelu=recipe.fast_gelu)
+                              fast_gelu=recipe.fast_gelu, multi_head_attention=mha)
     return cache[key]
 

@@ -46,7 +46,7 @@ def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[
     unfused: list[Recipe] = []
     for r in found:
         ops = tuple(o for o in r.operators if o != "Attention") or ("MatMul",)  # no fused Attention nodes
-        r2 = replace(r, optimization_level=0, operators=ops, fast_gelu=False,
+        r2 = replace(r, optimization_level=0, operators=ops, fast_gelu=False, multi_head_attention=False,
                      name=r.name if r.optimization_level == 0 else r.name + "-unfused")
         if all(replace(u, name="") != replace(r2, name="") for u in unfused):
             unfused.append(r2)

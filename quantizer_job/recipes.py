@@ -38,6 +38,10 @@ class Recipe:
     #: Share (0..1) of the FFN down-projections kept FP32: those whose input has the heaviest outliers, measured on
     #: a few batches (:mod:`.outliers`). They carry most of the INT8 ranking error; 1/3 of them costs ~7 % speed.
     fp32_ffn_down: float = 0.0
+    #: Fuse attention into ``MultiHeadAttention`` (Q, K and V stay separate MatMuls, quantized as
+    #: DynamicQuantizeMatMul; the attention core runs in MHA's CPU kernel) instead of ``Attention`` (which quantizes
+    #: to QAttention, whose FP32 attention core is most of an INT8 graph's time). Needs optimization_level > 0.
+    multi_head_attention: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +119,8 @@ def benchmark_recipes(target: str) -> list[Recipe]:
                embeddings="int8", **b),
         Recipe("fused-attn-matmul-perchannel-emb8-fastgelu-ffn33", optimization_level=1, per_channel=True,
                operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True, fp32_ffn_down=1 / 3, **b),
+        Recipe("fused-mha-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
+               operators=("MatMul",), embeddings="int8", fast_gelu=True, multi_head_attention=True, **b),
         Recipe("fused-attn-matmul-perchannel-emb8-fastgelu-ffn100", optimization_level=1, per_channel=True,
                operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True, fp32_ffn_down=1.0, **b),
         Recipe("plain-matmul-rr-perchannel", optimization_level=0, per_channel=True, operators=("MatMul",),

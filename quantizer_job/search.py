@@ -58,7 +58,8 @@ def not_faster(recipe: Recipe, passed: Recipe) -> bool:
     never serve faster (the embedding table's precision changes the bytes, not the speed)."""
     return (recipe.mode == passed.mode and recipe.optimization_level == passed.optimization_level
             and recipe.operators == passed.operators and recipe.per_channel == passed.per_channel
-            and recipe.fast_gelu == passed.fast_gelu and recipe.fp32_ffn_down >= passed.fp32_ffn_down)
+            and recipe.fast_gelu == passed.fast_gelu and recipe.multi_head_attention == passed.multi_head_attention
+            and recipe.fp32_ffn_down >= passed.fp32_ffn_down)
 
 
 @dataclass(frozen=True)

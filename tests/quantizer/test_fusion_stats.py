@@ -34,7 +34,12 @@ def test_each_fused_graph_keeps_its_own_fusion_counts_through_the_cache(bert_mod
     assert first.fusions != second.fusions  # FastGelu replaces the exact GELU in the second graph only
     assert graph(replace(erf, name="same-graph")) == first  # from the cache, with its own counts, not the last's
     assert graph(Recipe(name="plain", optimization_level=0)) == fusion.Optimized(fp32, {})
-    assert len(cache) == 3
+    # MultiHeadAttention instead of Attention: its own graph, the Q/K/V MatMuls left to quantize on their own.
+    mha = graph(replace(tanh, name="mha", operators=("MatMul",), multi_head_attention=True))
+    assert mha.path not in (first.path, second.path)
+    assert mha.fusions.get("MultiHeadAttention") and not mha.fusions.get("Attention"), mha.fusions
+    assert second.fusions.get("Attention") and not second.fusions.get("MultiHeadAttention"), second.fusions
+    assert len(cache) == 4
 
 
 def test_the_fusion_size_limit_is_read_when_the_job_runs(monkeypatch):

@@ -2,7 +2,9 @@
 next to what the quantization Job reports for the same model and pairs.
 Prints JSON: pairs/s, request p50/p95, Spearman and top-3 agreement vs FP32 PyTorch, size vs the FP32 ONNX, and
 PyTorch FP32 throughput on the same pairs with the same threads; for ``auto`` the Job's own speed figures and
-``job_vs_router`` (the Job's speedup over the router's for the same artifact).
+``job_vs_router`` (the Job's speedup over the router's for the same artifact). ``user_anchors``: what a user would
+run instead, on the same pairs and threads: PyTorch FP32 with length-sorted batches of 32 and, on CPUs with AMX-BF16
+or AVX-512 BF16, BF16 autocast within the pool's budget and length-sorted (each variant's ``x_<anchor>``).
 
     python -m benchmarks.tei_rerank --fixture minilm-ce [--router /path/to/text-embeddings-router]
         [--profile fixture|short|longtail] [--variants auto,fused-matmul-perchannel-emb8,...] [--clients 4]
@@ -70,13 +72,16 @@ import numpy as np
 
 from benchmarks import trained_fixture
 from benchmarks.tei_serving import (
+    BF16_FLAGS,
     FallbackServer,
     RouterServer,
+    bf16_hardware,
     dir_bytes,
     interleaved,
     on_cpus,
     placement,
     prepare,
+    sorted_spans,
     taskset,
     torch_fp32,
 )
@@ -88,6 +93,7 @@ SHORT_MAX_CHARS = 300
 LONGTAIL_MEDIAN, LONGTAIL_P90, LONGTAIL_MAX, LONGTAIL_MIN = 200, 1000, 1500, 16
 PROFILE_SEED = 25
 PROFILES = ("fixture", "short", "longtail")
+USER_BATCH = 32  # the length-sorted batch of the user anchors (issue 43's PyTorch figures)
 
 
 # --- length profiles ------------------------------------------------------------------------------------------------
@@ -259,8 +265,9 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
     jh = {}
     with on_cpus(serve_cpus):
         torch_again = torch_fp32(Path(fx["model_dir"]), groups, threads)
-        torch_budget = torch_fp32(Path(fx["model_dir"]), groups, threads, serving.batch_spans(len(lengths), lengths,
-                                                                                             budget))
+        in_budget = serving.batch_spans(len(lengths), lengths, budget)
+        torch_budget = torch_fp32(Path(fx["model_dir"]), groups, threads, in_budget)
+        anchors = user_anchors(Path(fx["model_dir"]), groups, threads, lengths, in_budget, tref["scores"])
         if with_job_harness:
             pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
             jh = job_harness(dirs, pairs, threads, rounds, timed, budget)
@@ -276,6 +283,8 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
                    "x_fp32_ort_per_round": [round(x, 3) for x in per_round],
                    "x_torch_fp32": round(r["pairs_per_s"] / torch_pps, 2),
                    "x_torch_fp32_within_budget": round(r["pairs_per_s"] / torch_budget["pairs_per_s"], 2),
+                   **{f"x_{name}": round(r["pairs_per_s"] / a["pairs_per_s"], 2)
+                      for name, a in anchors.items() if "pairs_per_s" in a},
                    "p50_ms": round(r["p50_ms"], 1), "p95_ms": round(r["p95_ms"], 1),
                    "spearman_vs_torch": round(metrics.spearman(tref["scores"], s), 5),
                    "top3_vs_torch": round(metrics.topk_agreement(keys, tref["scores"], s, 3), 4),
@@ -298,8 +307,32 @@ def run(fixture: str, variants: list[str], router: str | None, clients: int, rou
             "chunk_queries": chunk, "threads": threads, "queries": len(groups),
             "pairs": len(keys), "job_timed_pairs": timed, "torch_fp32_pairs_per_s": round(torch_pps, 2),
             "torch_fp32_within_budget_pairs_per_s": round(torch_budget["pairs_per_s"], 2),
+            "user_anchors": anchors,
             "fixture_training": fx.get("heldout_vs_teacher"), "job_vs_router": compare_job(rows, notes),
             "variants": rows}
+
+
+def user_anchors(model_dir: Path, groups, threads: int, lengths: list[int], in_budget: list[tuple[int, int]],
+                 ref_scores) -> dict[str, dict]:
+    """What a user would run instead of the pool, on the same pairs and threads: PyTorch FP32 with length-sorted
+    batches of 32 (an offline batch, little padding) and, on a CPU with native BF16 (``bf16_hardware``), BF16
+    autocast both within the pool's token budget and length-sorted. Each with its rankings against PyTorch FP32;
+    BF16 is left out, and says why, where PyTorch would only emulate it."""
+    order, by_length = sorted_spans(lengths, USER_BATCH)
+    runs: dict[str, tuple[list[tuple[int, int]], list[int] | None, bool]] = {
+        "torch_fp32_sorted32": (by_length, order, False)}
+    flag = bf16_hardware()
+    if flag:
+        runs["torch_bf16_within_budget"] = (in_budget, None, True)
+        runs["torch_bf16_sorted32"] = (by_length, order, True)
+    out: dict[str, dict] = {}
+    for name, (spans, idx, bf16) in runs.items():
+        r = torch_fp32(model_dir, groups, threads, spans, idx, bf16=bf16)
+        out[name] = {"pairs_per_s": round(r["pairs_per_s"], 2),
+                     "spearman_vs_torch": round(metrics.spearman(ref_scores, r["scores"]), 5)}
+    if not flag:
+        out["torch_bf16"] = {"not_run": f"no {' or '.join(BF16_FLAGS)} on this CPU: PyTorch would emulate BF16"}
+    return out
 
 
 def main() -> None:

@@ -373,9 +373,31 @@ def interleaved(servers: dict, groups: list[tuple[str, list[str]]], clients: int
 
 
 # --- the reference --------------------------------------------------------------------------------------------------
-def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int]] | None = None) -> dict:
+#: CPU flags with native BF16 matrix math (AMX tiles, or AVX-512 BF16 dot products): where a user's PyTorch BF16
+#: autocast is a fair anchor. Without them PyTorch emulates BF16 and runs slower than FP32: no anchor at all.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def bf16_hardware(cpuinfo_text: str | None = None) -> str | None:
+    """The BF16 flag this CPU has (``BF16_FLAGS``), or None."""
+    text = cpuinfo_text if cpuinfo_text is not None else Path("/proc/cpuinfo").read_text()
+    flags = isa.parse_cpu_flags(text)
+    return next((f for f in BF16_FLAGS if f in flags), None)
+
+
+def sorted_spans(lengths: list[int], size: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """What a user with an offline batch does: the pairs in order of length, in batches of ``size`` (little
+    padding). Returns the order (indices into the pairs) and the spans over it."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return order, [(i, min(i + size, len(order))) for i in range(0, len(order), size)]
+
+
+def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int]] | None = None,
+               order: list[int] | None = None, bf16: bool = False) -> dict:
     """transformers cross-encoder in PyTorch FP32: the same pairs in batches of 8, same threads; ``spans``: other
-    batches ([start, end) pairs, e.g. within the routers' token budget, ``serving.batch_spans``)."""
+    batches ([start, end) pairs, e.g. within the routers' token budget, ``serving.batch_spans``), over the pairs in
+    ``order`` (indices; scores come back in the pairs' own order). ``bf16``: under ``torch.autocast`` to BF16, what a
+    user on an AMX or AVX-512 BF16 CPU would run (:func:`bf16_hardware`)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -383,23 +405,27 @@ def torch_fp32(model_dir: Path, groups, threads: int, spans: list[tuple[int, int
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
     pairs = [(q, t) for q, ts in groups for t in ts]
+    idx = order if order is not None else list(range(len(pairs)))
     out = []
     token_types = textenc.uses_token_types(model.config.to_dict())
-    with torch.inference_mode():
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torch.inference_mode(), cast:
         b = tok([pairs[0][0]], [pairs[0][1]], return_tensors="pt")
         if not token_types:
             b.pop("token_type_ids", None)
         model(**b)
         t0 = time.perf_counter()
         for a, b in spans or [(i, i + TEI_MAX_BATCH) for i in range(0, len(pairs), TEI_MAX_BATCH)]:
-            chunk = pairs[a:b]
+            chunk = [pairs[i] for i in idx[a:b]]
             b = tok([p[0] for p in chunk], [p[1] for p in chunk], padding=True, truncation="longest_first",
                     max_length=512, return_tensors="pt")
             if not token_types:  # XLM-R, DistilBERT, DeBERTa-v3, ModernBERT: no segment embeddings
                 b.pop("token_type_ids", None)
-            out.append(model(**b).logits[:, 0].numpy())
+            out.append(model(**b).logits[:, 0].float().numpy())
         total = time.perf_counter() - t0
-    return {"scores": np.concatenate(out).astype(np.float64), "pairs_per_s": len(pairs) / total}
+    scores = np.empty(len(pairs), dtype=np.float64)
+    scores[idx] = np.concatenate(out).astype(np.float64)
+    return {"scores": scores, "pairs_per_s": len(pairs) / total}
 
 
 def dir_bytes(d: Path) -> int:

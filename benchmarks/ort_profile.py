@@ -13,6 +13,11 @@ Also a GEMM probe: one FP32 MatMul vs the INT8 kernels ORT uses for it (MatMulIn
 QLinearMatMul-free static form MatMulIntegerToFloat) at a BERT FFN shape. The INT8/FP32 ratio of the bare kernels
 bounds what quantizing the MatMuls alone can give, and says whether MLAS's VNNI kernels are in use (VNNI: INT8
 GEMM runs ~3-4x FP32 GEMM; without: ~1.5-2x).
+
+``bound`` (with the probe): how fast each INT8 variant could be with these kernels, every weight GEMM of the FP32
+graph at the probe's DynamicQuantizeMatMul/FP32 ratio and the rest (attention core, GELU, LayerNorm) as the variant's
+own profile shows it, and how close the variant is (``of_bound``). Only variants whose profile splits into GEMMs and
+the rest: the MultiHeadAttention form, not QAttention (which holds both).
 """
 
 from __future__ import annotations
@@ -63,12 +68,14 @@ def profile(model_path: Path, batches, threads: int, work: Path) -> dict:
     wall = time.perf_counter() - t0
     trace = json.loads(Path(sess.end_profiling()).read_text())
     per_op: dict[str, float] = defaultdict(float)
+    per_node: dict[str, float] = defaultdict(float)
     runs = 0
     for ev in trace:
         if ev.get("cat") == "Session" and ev.get("name") == "model_run":
             runs += 1
         if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
             per_op[ev["args"]["op_name"]] += ev["dur"] / 1e3
+            per_node[ev["name"].removesuffix("_kernel_time")] += ev["dur"] / 1e3
     nb = len(batches)
     total = sum(per_op.values()) * (nb / max(1, runs))  # the warm-up run is in the trace too
     scale = nb / max(1, runs)
@@ -76,11 +83,43 @@ def profile(model_path: Path, batches, threads: int, work: Path) -> dict:
     import onnx
 
     census: dict[str, int] = defaultdict(int)
-    for n in onnx.load(str(work / (model_path.parent.name + "-optimized.onnx"))).graph.node:
+    graph = onnx.load(str(work / (model_path.parent.name + "-optimized.onnx"))).graph
+    weights = {i.name for i in graph.initializer}
+    weight_gemms = set()
+    for n in graph.node:
         census[n.op_type] += 1
+        if n.op_type in FP32_GEMMS and len(n.input) > 1 and n.input[1] in weights:
+            weight_gemms.add(n.name)
     return {"ms_per_batch_wall": round(wall / nb * 1e3, 2), "ms_per_batch_ops": round(total / nb, 2),
             "ops": {k: {"ms_per_batch": round(v, 3), "share": round(v / (total / nb), 4)} for k, v in ops},
+            "weight_gemm_ms_per_batch": round(sum(per_node[n] for n in weight_gemms) * scale / nb, 3),
             "optimized_graph_ops": dict(sorted(census.items(), key=lambda kv: -kv[1]))}
+
+
+#: FP32 operators that multiply by a weight matrix when their second input is an initializer (the projections and
+#: FFN layers; the attention core's MatMuls multiply two activations).
+FP32_GEMMS = ("MatMul", "Gemm", "FusedGemm", "FusedMatMul")
+#: INT8 operators that are weight GEMMs and nothing else. QAttention is not: it holds the Q/K/V projection *and* the
+#: FP32 attention core, so a variant with QAttention cannot be split (the MultiHeadAttention form can).
+INT8_GEMMS = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeLinear",
+              "QLinearMatMul")
+
+
+def bound(fp32: dict, int8: dict, gemm_ratio: float) -> dict | None:
+    """How fast INT8 could be with the kernels measured: every weight GEMM of the FP32 graph at the bare kernels'
+    INT8/FP32 ratio (``gemm_probe``), everything else as the INT8 profile shows it (attention core, GELU,
+    LayerNorm: FP32 in both). None when the INT8 profile cannot be split (QAttention). ``x_fp32``: the bound,
+    ``achieved_x_fp32``: the variant, ``of_bound``: how close it is."""
+    if "QAttention" in int8["ops"]:
+        return None
+    gemm = sum(v["ms_per_batch"] for k, v in int8["ops"].items() if k in INT8_GEMMS)
+    rest = int8["ms_per_batch_ops"] - gemm
+    ms = fp32["weight_gemm_ms_per_batch"] / gemm_ratio + rest
+    achieved = fp32["ms_per_batch_ops"] / int8["ms_per_batch_ops"]
+    limit = fp32["ms_per_batch_ops"] / ms
+    return {"gemm_ratio": gemm_ratio, "fp32_weight_gemm_ms": fp32["weight_gemm_ms_per_batch"],
+            "int8_gemm_ms": round(gemm, 3), "int8_rest_ms": round(rest, 3), "ms_per_batch": round(ms, 3),
+            "x_fp32": round(limit, 3), "achieved_x_fp32": round(achieved, 3), "of_bound": round(achieved / limit, 3)}
 
 
 def gemm_probe(threads: int, m: int = 8 * 96, k: int = 384, n: int = 1536, reps: int = 200) -> dict:
@@ -180,6 +219,9 @@ def main() -> None:
         out["variants"] = {v: profile(d / layout.MODEL_FILE, batches, threads, work / "prof") for v, d in dirs.items()}
     if not a.no_gemm:
         out["gemm_probe"] = gemm_probe(threads)
+        ratio = out["gemm_probe"]["dynamic_quantize_matmul"]["x_vs_fp32"]
+        bounds = {v: bound(out["variants"]["fp32"], p, ratio) for v, p in out["variants"].items() if v != "fp32"}
+        out["bound"] = {v: b for v, b in bounds.items() if b is not None}
     print(json.dumps(out, indent=1))
 
 

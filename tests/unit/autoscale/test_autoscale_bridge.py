@@ -264,6 +264,13 @@ def test_learned_decisions_respect_bounds_and_bounded_steps(gpu, cpu, gpu_now, c
          PoolSignals(ready_replicas=9, scraped_replicas=9, request_rate=6.1e-05, success_rate=6.1e-05,
                      queue_size=144.0, sampled_at=NOW),
          1, 1, 0, History(gpu=PoolHistory(capacity=20.0), cpu=PoolHistory(capacity=2.0)))
+# A CPU pool at its latency target with arrivals of 1.6e-20 requests/s and none served: learning from that rate
+# walked its capacity down 20% a tick for 216 ticks, then grew the pool to its maximum at the hour's last tick.
+@example(PoolSignals(ready_replicas=0, scraped_replicas=0, request_rate=0.0, success_rate=0.0, failure_rate=0.0,
+                     queue_size=0.0, sampled_at=NOW),
+         PoolSignals(ready_replicas=1, scraped_replicas=1, request_rate=1.6496152270841383e-20, success_rate=0.0,
+                     failure_rate=0.0, queue_size=0.0, latency_p95_ms=500.0, sampled_at=NOW),
+         1, 1, 0, History(gpu=PoolHistory(capacity=20.0), cpu=PoolHistory(capacity=9.0)))
 def test_learned_steady_signal_never_oscillates(gpu, cpu, gpu_replicas, cpu_replicas, cpu_percent, history):
     """Replaying identical signals over a learned history: each pool and the split reverse direction at most once,
     then settle within the hour. Unlike the unlearned case (test_autoscale_properties), one reversal is allowed: the

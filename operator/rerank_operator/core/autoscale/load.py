@@ -29,6 +29,10 @@ UTILIZATION = 0.85     # size pools for this fraction of the learned capacity
 BACKLOG_EVIDENCE = 0.05  # completions this far (relative) from arrivals: the pool works at its ceiling
 MAX_REPLICAS = 10_000   # recommendations are clamped by the pool bounds anyway; this keeps arithmetic finite
 MAX_DECREASE = 0.8       # one over-target tick lowers the capacity estimate by at most 20%
+# Arrivals below this (requests/s: one per ~17 minutes) are no traffic, whatever the latency says: a rate that small
+# is what a counter's float arithmetic leaves, and learning from it walked the capacity down 20% a tick for
+# hours (to 1e-20 requests/s per replica) and then grew the pool to its maximum (found by the property tests).
+MIN_LEARNING_RATE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def learn_capacity(history: PoolHistory, signals: PoolSignals, load: Load) -> Po
     arrived = signals.request_rate or 0.0
     served = signals.success_rate if signals.success_rate is not None else arrived
     replicas = signals.scraped_replicas or signals.ready_replicas
-    if arrived <= 0 or replicas <= 0:
+    if arrived < MIN_LEARNING_RATE or replicas <= 0:
         return history
     if not load.overloaded:
         history = replace(history, last_state=(signals.ready_replicas, False))

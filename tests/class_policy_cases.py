@@ -32,14 +32,21 @@ DIRECT_ONLY: dict[str, Any] = {"metrics": {"allowedSources": ["direct"]}}
 PLACEMENT: dict[str, Any] = {"pools": {"cpu": {"allowTenantPlacement": True}}}
 GPU_ONLY: dict[str, Any] = {"pools": {"cpu": {"allowed": False}}}
 REMOTE_CODE: dict[str, Any] = {"modelSources": {"allowRemoteCode": True}}
+SCALE_TO_ZERO: dict[str, Any] = {"scaleToZero": {"allowed": True, "minIdleSeconds": 600, "maxIdleSeconds": 3600}}
+LONG_IDLE: dict[str, Any] = {"scaleToZero": {"allowed": True, "minIdleSeconds": 1800}}  # above the model's 900
+ZERO_DEFAULT: dict[str, Any] = {"pools": {"cpu": {"defaultMinReplicas": 0}}}  # scale to zero itself not allowed
 
 # Every class a case names, by a short key; the cluster test creates one RerankClass per key.
 CLASSES: dict[str, dict[str, Any]] = {"limits": LIMITS, "defaults": DEFAULTS, "secure": SECURE,
                                       "direct-only": DIRECT_ONLY, "placement": PLACEMENT, "gpu-only": GPU_ONLY,
-                                      "remote-code": REMOTE_CODE}
+                                      "remote-code": REMOTE_CODE, "scale-to-zero": SCALE_TO_ZERO,
+                                      "long-idle": LONG_IDLE, "zero-default": ZERO_DEFAULT}
 
 GPU_POOL: dict[str, Any] = {"enabled": True, "resources": {"limits": {"nvidia.com/gpu": 1}}}
 API_KEY: dict[str, Any] = {"tei": {"apiKeySecretRef": {"name": "tei", "key": "api-key"}}}
+# A model at zero pods is woken through its HTTPRoute (the CRD refuses every enabled pool at 0 without a gateway).
+ROUTED: dict[str, Any] = {"gateway": {"parentRefs": [{"name": "edge"}]}}
+AT_ZERO: dict[str, Any] = {"pools": {"cpu": {"minReplicas": 0}}, "routing": ROUTED}
 
 
 @dataclass(frozen=True)
@@ -155,4 +162,24 @@ CASES: list[Case] = [
          "autoscaling.metrics.source prometheus is not allowed by RerankClass {cls}: "
          "metrics.allowedSources is [direct]"),
     Case("metrics source the class allows", "direct-only", {"autoscaling": {"metrics": {"source": "direct"}}}),
+    # -- scale to zero (every enabled pool's minReplicas, the model's or the class's default, at 0) -------------------
+    Case("scale to zero where the class allows it", "scale-to-zero", AT_ZERO),
+    Case("scale to zero the default class forbids", "defaults", AT_ZERO,
+         "scale to zero (minReplicas 0 on every enabled pool) is not allowed by RerankClass {cls}: "
+         "scaleToZero.allowed is false"),
+    Case("both pools at zero", "scale-to-zero", {
+        "pools": {"cpu": {"minReplicas": 0}, "gpu": {**GPU_POOL, "minReplicas": 0}}, "routing": ROUTED,
+        "autoscaling": {"idleSeconds": 3600}}),
+    Case("idle time below the class's bounds", "scale-to-zero", {**AT_ZERO, "autoscaling": {"idleSeconds": 60}},
+         "autoscaling.idleSeconds 60 is outside the bounds of RerankClass {cls}: scaleToZero allows 600-3600"),
+    Case("idle time above the class's bounds", "scale-to-zero", {**AT_ZERO, "autoscaling": {"idleSeconds": 7200}},
+         "autoscaling.idleSeconds 7200 is outside the bounds of RerankClass {cls}: scaleToZero allows 600-3600"),
+    Case("the default idle time outside the class's bounds", "long-idle", AT_ZERO,
+         "autoscaling.idleSeconds 900 is outside the bounds of RerankClass {cls}: scaleToZero allows 1800-86400"),
+    Case("idle time is not bounded without scale to zero", "scale-to-zero", {"autoscaling": {"idleSeconds": 60}}),
+    Case("only the gpu pool at zero is not scale to zero", "defaults",
+         {"pools": {"cpu": {"minReplicas": 1}, "gpu": {**GPU_POOL, "minReplicas": 0}}}),
+    Case("a class default of minReplicas 0 scales to zero too", "zero-default", {"routing": ROUTED},
+         "scale to zero (minReplicas 0 on every enabled pool) is not allowed by RerankClass {cls}: "
+         "scaleToZero.allowed is false"),
 ]

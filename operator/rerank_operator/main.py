@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 import kopf
 from prometheus_client import start_http_server
 
+from rerank_activator import contract
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.builders.activator import Activator
 from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import DEFAULT_LEASE_NAME, LeaderElectionSettings
 from rerank_operator.core.settings import DEFAULT_RESYNC_SECONDS, Settings
@@ -53,6 +55,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     workloads.add_argument("--image-pull-secret", action="append", default=[], dest="image_pull_secrets",
                            metavar="NAME", help="an image pull Secret for the models' pods (repeatable); the platform "
                                                 "keeps a Secret of that name in each model namespace")
+    zero = parser.add_argument_group(
+        "scale to zero", "the activator that holds a sleeping model's requests and wakes it (all three, or none: "
+                         "without them no model goes to zero)")
+    zero.add_argument("--activator-url", default="", help="base URL the operator polls for waiting requests "
+                                                          "(GET /pending), e.g. http://rerank-activator.ns.svc:8080")
+    zero.add_argument("--activator-service", default="",
+                      help="<namespace>/<name>:<port> of the activator's Service: a sleeping model's HTTPRoute backend")
+    zero.add_argument("--activator-key-file", default="",
+                      help="the key shared with the activator (a mounted Secret): the routes' tokens are made with it")
     prom = parser.add_argument_group("metrics sources", "the Prometheus server the autoscaler queries for models "
                                      "with autoscaling.metrics.source prometheus whose RerankClass names none")
     prom.add_argument("--prometheus-url", default="", help="base URL of the Prometheus HTTP API")
@@ -92,9 +103,24 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
                                  watch_server_timeout=args.watch_server_timeout, leader_election=election,
                                  hub_retry=RetryBackoff(args.hub_retry_seconds, args.hub_retry_max_seconds),
                                  quantizer_image=args.quantizer_image or None,
-                                 image_pull_secrets=tuple(args.image_pull_secrets))
+                                 image_pull_secrets=tuple(args.image_pull_secrets),
+                                 activator=activator_from(args))
     except ValueError as exc:  # inconsistent flags: refuse to start, saying which, as argparse would
         raise SystemExit(f"rerank-operator: error: {exc}") from exc
+
+
+def activator_from(args: argparse.Namespace) -> Activator | None:
+    """The activator from its three flags (ValueError when only some are given, or one is wrong)."""
+    given = [args.activator_url, args.activator_service, args.activator_key_file]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--activator-url, --activator-service and --activator-key-file go together")
+    try:
+        key = contract.read_key(args.activator_key_file)
+    except OSError as exc:
+        raise ValueError(f"--activator-key-file {args.activator_key_file}: {exc.strerror or exc}") from exc
+    return Activator.parse_service(args.activator_url, args.activator_service, key)
 
 
 def peer_identity(env: Mapping[str, str], hostname: str, pid: int) -> str:

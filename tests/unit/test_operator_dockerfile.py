@@ -61,6 +61,10 @@ def test_installs_only_the_operator_extra() -> None:
 
 def test_entrypoint_is_a_console_script_of_the_package() -> None:
     assert PYPROJECT["project"]["scripts"]["rerank-operator"] == "rerank_operator.main:main"
+    # The activator ships in the same image (the chart's templates/activator.yaml runs `rerank-activator`).
+    assert PYPROJECT["project"]["scripts"]["rerank-activator"] == "rerank_activator.main:main"
+    runs = " ".join(a for k, a in stages()[0] if k == "RUN")
+    assert "/opt/rerank/bin/rerank-activator --help" in runs, "the build stage runs the activator's entry point"
 
 
 def _copied_sources() -> list[Path]:
@@ -82,6 +86,8 @@ def test_wheel_from_the_build_context_runs_the_entry_point(tmp_path: Path) -> No
     assert "rerank_operator/main.py" in names
     assert not any(n.startswith("rerank_devcluster/") for n in names), "the dev-cluster harness stays out"
     assert "rerank-operator = rerank_operator.main:main" in entry_points
+    assert "rerank_activator/main.py" in names and "rerank_activator/contract.py" in names
+    assert "rerank-activator = rerank_activator.main:main" in entry_points
     # Run the entry point from the unpacked wheel (dependencies from this venv stand in for the `operator` extra)
     # and check it pulls in none of the quantizer's ML stack.
     probe = (
@@ -100,3 +106,11 @@ def test_wheel_from_the_build_context_runs_the_entry_point(tmp_path: Path) -> No
     assert result["heavy"] == []
     assert result["file"].startswith(str(wheel.site))
     assert "--all-namespaces" in out.stdout and "--namespace" in out.stdout
+    # The activator's entry point from the same wheel: its flags, and its package is the wheel's.
+    probe = ("import sys\nimport rerank_activator\nfrom rerank_activator.main import main\n"
+             "print(rerank_activator.__file__)\nmain(['--help'])\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(wheel.site), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(wheel.site))
+    assert "--hold-seconds" in out.stdout and "--key-file" in out.stdout

@@ -98,7 +98,7 @@ def test_crd_defaults_are_the_defaults_spec_py_assumes() -> None:
     ("autoscaling.scaleDown.cooldownSeconds", 120), ("autoscaling.spillover.stepPercent", 25),
     ("autoscaling.spillover.recoverStepPercent", 10), ("autoscaling.spillover.maxCpuPercent", 100),
     ("autoscaling.spillover.surgeMaxStep", 32),
-    ("autoscaling.replicaManagement", "operator"), ("quantization.enabled", True),
+    ("autoscaling.replicaManagement", "operator"), ("autoscaling.idleSeconds", 900), ("quantization.enabled", True),
     ("storage.reclaimPolicy", "Retain"), ("routing.policy", "gpu-first"),
 ])
 def test_agreed_defaults(path: str, expected: Any) -> None:
@@ -189,3 +189,79 @@ def test_an_unset_time_budget_fits_the_deadline(quantization: dict[str, Any], bu
     parsed = spec_parse.parse(body)
     assert parsed.quantization.time_budget_seconds == budget
     assert parsed.quantization.time_budget_seconds < parsed.quantization.active_deadline_seconds
+
+
+# -- scale to zero: every enabled pool at minReplicas 0 ------------------------------------------------------------
+
+ROUTE = {"gateway": {"parentRefs": [{"name": "edge"}]}}
+GPU_LIMITS = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+
+
+def scale_to_zero_rule() -> dict[str, Any]:
+    (rule,) = [r for r in SCHEMA["properties"]["spec"]["x-kubernetes-validations"] if "minReplicas" in r["rule"]]
+    return dict(rule)
+
+
+def test_the_crd_and_the_parser_refuse_an_unwakeable_zero_model_in_the_same_words() -> None:
+    rule = scale_to_zero_rule()
+    assert " ".join(rule["message"].split()) == spec_parse.SCALE_TO_ZERO_NEEDS
+    for field in ("self.autoscaling.enabled", "self.autoscaling.replicaManagement == 'operator'",
+                  "has(self.routing.gateway)"):
+        assert field in " ".join(rule["rule"].split()), field
+    idle = SCHEMA["properties"]["spec"]["properties"]["autoscaling"]["properties"]["idleSeconds"]
+    assert (idle["default"], idle["minimum"], idle["maximum"]) == (specs.Autoscaling.idle_seconds, 30, 604800)
+
+
+@pytest.mark.parametrize("cpu,gpu,zero", [
+    ({"minReplicas": 0}, None, True),
+    ({"minReplicas": 0}, {"minReplicas": 0, **GPU_LIMITS}, True),
+    ({"enabled": False}, {"minReplicas": 0, **GPU_LIMITS}, True),
+    ({"minReplicas": 0}, {"enabled": False, "minReplicas": 1, **GPU_LIMITS}, True),
+    ({"minReplicas": 1}, {"minReplicas": 0, **GPU_LIMITS}, False),   # the CPU pool keeps serving
+    ({"minReplicas": 0}, {"minReplicas": 1, **GPU_LIMITS}, False),
+    ({}, None, False),                                               # unset: the built-in 1
+    ({"minReplicas": 0}, {**GPU_LIMITS}, False),
+])
+def test_scales_to_zero_is_every_enabled_pool_at_min_zero(cpu: dict[str, Any], gpu: dict[str, Any] | None,
+                                                           zero: bool) -> None:
+    pools = {"cpu": cpu} if gpu is None else {"cpu": cpu, "gpu": gpu}
+    parsed = spec_parse.parse({"model": {"id": "org/m"}, "pools": pools, "routing": ROUTE})
+    assert parsed.scales_to_zero is zero
+
+
+@pytest.mark.parametrize("change", [
+    {"routing": {}},
+    {"autoscaling": {"enabled": False}},
+    {"autoscaling": {"replicaManagement": "external"}},
+])
+def test_a_model_at_zero_must_be_wakeable(change: dict[str, Any]) -> None:
+    body = {"model": {"id": "org/m"}, "pools": {"cpu": {"minReplicas": 0}}, "routing": ROUTE, **change}
+    with pytest.raises(specs.SpecError) as refused:
+        spec_parse.parse(body)
+    assert str(refused.value) == (
+        "every enabled pool at minReplicas 0 (scale to zero) needs autoscaling.enabled, autoscaling.replicaManagement "
+        "operator and routing.gateway: the activator that wakes the model is reached through its HTTPRoute")
+    spec_parse.parse({**body, "pools": {"cpu": {"minReplicas": 1}}})  # with a pod kept, nothing needs waking
+
+
+def test_a_class_default_of_min_zero_is_checked_on_the_effective_spec() -> None:
+    """The CRD sees only the tenant's spec (no minReplicas: not 0); the class's defaultMinReplicas 0 makes the
+    effective spec scale to zero, and the operator's parse refuses it without a route."""
+    from rerank_operator.core import tenancy
+    class_spec = {"pools": {"cpu": {"defaultMinReplicas": 0}}, "scaleToZero": {"allowed": True}}
+    tenant = apply_defaults({"model": {"id": "org/m"}}, SCHEMA["properties"]["spec"])
+    with pytest.raises(specs.SpecError, match="scale to zero"):
+        spec_parse.parse(tenancy.resolve(tenant, class_spec))
+    routed = spec_parse.parse(tenancy.resolve({**tenant, "routing": {**tenant["routing"], **ROUTE}}, class_spec))
+    assert routed.scales_to_zero and routed.autoscaling.idle_seconds == 900
+
+
+@pytest.mark.parametrize("idle,ok", [(30, True), (604800, True), (3600, True), (29, False), (604801, False),
+                                     ("60", False), (True, False)])
+def test_idle_seconds_is_parsed_within_the_crds_bounds(idle: Any, ok: bool) -> None:
+    body = {"model": {"id": "org/m"}, "autoscaling": {"idleSeconds": idle}}
+    if not ok:
+        with pytest.raises(specs.SpecError, match=r"autoscaling\.idleSeconds"):
+            spec_parse.parse(body)
+        return
+    assert spec_parse.parse(body).autoscaling.idle_seconds == idle

@@ -31,7 +31,7 @@ VALID: dict[str, Any] = {
               "gpu": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
     "routing": {"policy": "fixed", "weights": {"gpu": 50, "cpu": 50},
                 "gateway": {"parentRefs": [{"name": "edge", "namespace": "gw"}], "hostnames": ["a.example.com"]}},
-    "autoscaling": {"enabled": True, "intervalSeconds": 15, "replicaManagement": "operator"},
+    "autoscaling": {"enabled": True, "intervalSeconds": 15, "replicaManagement": "operator", "idleSeconds": 900},
 }
 
 
@@ -75,3 +75,35 @@ def test_a_valid_spec_with_one_part_replaced_by_arbitrary_json(path: tuple[Any, 
 def test_the_valid_base_parses() -> None:
     parsed = spec_parse.parse(VALID)
     assert parsed.cpu.tei.extra_args == ("--tokenization-workers=2",) and parsed.gpu.enabled
+    assert parsed.autoscaling.idle_seconds == 900 and not parsed.scales_to_zero
+
+
+# Every enabled pool at minReplicas 0 is served only where the model can be woken (spec_parse.SCALE_TO_ZERO_NEEDS).
+MIN_REPLICAS = st.sampled_from([None, 0, 1, 3])
+
+
+@settings(max_examples=200, deadline=None)
+@given(MIN_REPLICAS, MIN_REPLICAS, st.booleans(), st.booleans(), st.booleans(), st.booleans(),
+       st.sampled_from(["operator", "external"]), st.integers(min_value=30, max_value=604800))
+def test_scale_to_zero_is_refused_exactly_where_the_model_cannot_be_woken(
+        cpu_min: int | None, gpu_min: int | None, cpu_on: bool, gpu_on: bool, autoscaling: bool, gateway: bool,
+        management: str, idle: int) -> None:
+    spec = copy.deepcopy(VALID)
+    spec["routing"] = {"policy": "gpu-first"} | ({"gateway": VALID["routing"]["gateway"]} if gateway else {})
+    spec["autoscaling"] = {"enabled": autoscaling, "replicaManagement": management, "idleSeconds": idle}
+    for pool, low, on in (("cpu", cpu_min, cpu_on), ("gpu", gpu_min, gpu_on)):
+        section = spec["pools"][pool]
+        section["enabled"] = on
+        section.pop("minReplicas", None)
+        if low is not None:
+            section["minReplicas"] = low
+    enabled = [low for low, on in ((cpu_min, cpu_on), (gpu_min, gpu_on)) if on]
+    zero = bool(enabled) and all(low == 0 for low in enabled)
+    wakeable = autoscaling and management == "operator" and gateway
+    try:
+        parsed = spec_parse.parse(spec)
+    except specs.SpecError as refused:
+        assert not enabled or (zero and not wakeable and str(refused) == spec_parse.SCALE_TO_ZERO_NEEDS), refused
+        return
+    assert enabled and (not zero or wakeable)
+    assert parsed.scales_to_zero is zero and parsed.autoscaling.idle_seconds == idle

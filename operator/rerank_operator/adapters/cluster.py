@@ -138,6 +138,7 @@ class Cluster:
         self._clock = clock
         self._failed_creates: dict[str, tuple[float, list[Obj]]] = {}  # namespace -> (read at, FailedCreate Events)
         self._failed_creates_lock = threading.Lock()
+        self._granted: set[tuple[str, str]] = set()  # ReferenceGrants applied by this process (``_grant``)
 
     def post_events_in_background(self, capacity: int = 2000) -> EventSender:
         """From now on ``post_event`` queues the Event for a background thread (event_sender.py); the caller stops
@@ -239,6 +240,7 @@ class Cluster:
             self._apply(claims, claims_done, refused)
             self._create(plan.create, done, refused)
         done[:0] = claims_done
+        self._grant(plan.grants, done, refused)
         self._apply([o for o in plan.apply if o["kind"] != "PersistentVolumeClaim"], done, refused)
         self._scale([s for s in plan.scale if not s.exists], done, refused)
         for ref in plan.delete:
@@ -250,6 +252,18 @@ class Cluster:
                 if exc.status != 404:
                     refused.append(_refused(ref, "delete", exc, f"delete {ref}: {exc.status} {exc.message}"))
         return Executed(tuple(done), tuple(refused))
+
+    def _grant(self, grants: Iterable[Obj], done: list[ObjectRef], refused: list[Refused]) -> None:
+        """Apply each ReferenceGrant this process has not applied yet (one per model namespace: the first model
+        there that may go to zero writes it, the others find it done), before the route that needs it."""
+        for grant in grants:
+            key = (grant["metadata"]["namespace"], grant["metadata"]["name"])
+            if key in self._granted:
+                continue
+            failed = len(refused)
+            self._apply([grant], done, refused)
+            if len(refused) == failed:
+                self._granted.add(key)
 
     def _create(self, objs: Iterable[Obj], done: list[ObjectRef], refused: list[Refused]) -> None:
         """Create each object (Jobs: their template is immutable); one that exists already is left as it is."""

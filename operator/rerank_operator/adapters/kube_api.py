@@ -39,6 +39,7 @@ _PLURALS = {
     "Deployment": "deployments",
     "Job": "jobs",
     "HTTPRoute": "httproutes",
+    "ReferenceGrant": "referencegrants",
     "NetworkPolicy": "networkpolicies",
     "ReplicaSet": "replicasets",
     "Lease": "leases",

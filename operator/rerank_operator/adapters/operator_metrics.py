@@ -159,6 +159,14 @@ GPU_ONLY_COST = Counter(
     "What the same load would have cost on the GPU pool alone (the CPU INT8 pool's saving is the difference).",
     ["namespace", "rerankmodel", "class"],
 )
+# Scale to zero: series only for models that went to zero (a thousand awake models' /metrics stay as they were).
+ZERO_SECONDS = Counter("rerank_operator_scaled_to_zero_seconds",
+                       "Seconds a RerankModel spent at zero pods (scale to zero).", ["namespace", "rerankmodel"])
+ZERO_SAVED_COST = Counter(
+    "rerank_operator_scaled_to_zero_saved_cost",
+    "What one replica of the pool a request wakes would have cost while the model was at zero (the RerankClass's "
+    "price): the least it would have kept without scale to zero.", ["namespace", "rerankmodel", "class"],
+)
 CONDITION_VALUES = {"True": 1.0, "False": 0.0}
 
 _LOCK = threading.Lock()
@@ -217,3 +225,9 @@ def count_cost(namespace: str, model: str, class_name: str, pools: Mapping[str, 
         _series(POOL_COST, namespace, model, class_name, pool).inc(max(amount, 0.0))
     if gpu_only is not None:
         _series(GPU_ONLY_COST, namespace, model, class_name).inc(max(gpu_only, 0.0))
+
+
+def count_zero(namespace: str, model: str, class_name: str, seconds: float, saved: float) -> None:
+    """Time a model spent at zero, and what it saved (``ModelAutoscaler._count_zero``)."""
+    _series(ZERO_SECONDS, namespace, model).inc(max(seconds, 0.0))
+    _series(ZERO_SAVED_COST, namespace, model, class_name).inc(max(saved, 0.0))

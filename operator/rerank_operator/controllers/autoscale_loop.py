@@ -5,6 +5,11 @@ Each round (``FleetAutoscaler.round``) takes the models that are due; models wit
 at once on one bounded pool with per-pod timeouts, or one PromQL query per signal for all of them), then each model
 decides and records (``model_autoscaler.ModelAutoscaler``). A slow or dead pod costs at most the scrape deadline of
 one round, never another model's decision.
+
+Scale to zero: while some model's route points at the activator, each round (at least every ``WAKE_POLL_SECONDS``)
+reads the activator's ``/pending`` once for the whole fleet; a sleeping model with requests waiting is due at once,
+so a wake costs at most that second before its pool is scaled, not an interval, and every model's tick sees what
+the activator says of it (``Signals.activator``).
 """
 
 from __future__ import annotations
@@ -14,18 +19,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
+from rerank_operator.adapters import activator_pending
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.adapters.signal_sources import ModelKey, Sources
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
 from rerank_operator.controllers.model_autoscaler import IDLE_POLL_SECONDS, ModelAutoscaler, Prepared
+from rerank_operator.core.autoscale.signals import ActivatorDemand
 from rerank_operator.core.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: How often the activator's /pending is read while a model sleeps: the most a wake waits before its pool is scaled.
+WAKE_POLL_SECONDS = 1.0
 
 
 class FleetAutoscaler:
@@ -35,7 +45,8 @@ class FleetAutoscaler:
 
     def __init__(self, cluster: ClusterAccess, *, registry: class_index.Registry, settings: Settings,
                  handoff: Handoff, models: Any, after_decision: Callable[[ModelKey], Any],
-                 sources: Sources | None = None, clock: Callable[[], float] = time.time) -> None:
+                 sources: Sources | None = None, clock: Callable[[], float] = time.time,
+                 pending: activator_pending.Fetch = activator_pending.fetch) -> None:
         self.cluster = cluster
         self.registry = registry
         self.settings = settings
@@ -46,6 +57,9 @@ class FleetAutoscaler:
         self.clock = clock
         self.states: dict[ModelKey, ModelAutoscaler] = {}
         self._thread: threading.Thread | None = None
+        self.pending_source = pending
+        self.pending: dict[ModelKey, ActivatorDemand] = {}  # the activator's last answer
+        self.polled_at: float | None = None
 
     def start(self, stop: threading.Event) -> None:
         if self._thread is None:
@@ -77,6 +91,8 @@ class FleetAutoscaler:
                     self.cluster, key[0], key[1], registry=self.registry, settings=self.settings,
                     handoff=self.handoff, after_decision=functools.partial(self.after_decision, key),
                     sources=self.sources, clock=self.clock)
+        self._poll_activator(now)
+        for state in self.states.values():
             if state.next_due <= now:
                 due.append(state)
         batch: dict[ModelKey, Prepared] = {}
@@ -89,13 +105,37 @@ class FleetAutoscaler:
         if batch:
             verdicts = self.sources.verdicts({k: p.guard for k, p in batch.items() if self.states[k].guarded})
             signals = self.sources.collect({k: p.wanted for k, p in batch.items()})
+            for key in batch:
+                if key in self.pending:
+                    signals[key] = replace(signals[key], activator=self.pending[key])
             for key, prepared in batch.items():
                 state = self.states[key]
                 step = functools.partial(state.finish, prepared, signals[key], verdicts.get(key))
                 state.schedule(now, self._safely(state, step))
             metrics.AUTOSCALER_ROUND.observe(self.clock() - now)
         upcoming = min((s.next_due for s in self.states.values()), default=now + IDLE_POLL_SECONDS)
+        if self._watching_activator():
+            upcoming = min(upcoming, (self.polled_at or now) + WAKE_POLL_SECONDS)
         return min(max(upcoming - self.clock(), 0.05), IDLE_POLL_SECONDS)
+
+    def _watching_activator(self) -> bool:
+        return self.settings.activator is not None and any(s.sleeping for s in self.states.values())
+
+    def _poll_activator(self, now: float) -> None:
+        """Read the activator's /pending while a model sleeps (at most every WAKE_POLL_SECONDS), and make each
+        sleeping model with requests waiting due now."""
+        activator = self.settings.activator
+        if activator is None or not self._watching_activator():
+            self.pending = {}
+            return
+        if self.polled_at is not None and now - self.polled_at < WAKE_POLL_SECONDS:
+            return
+        self.polled_at = now
+        self.pending = dict(self.pending_source(activator) or {})
+        for key, demand in self.pending.items():
+            state = self.states.get(key)
+            if state is not None and state.sleeping and demand.waiting > 0:
+                state.next_due = min(state.next_due, now)
 
     @staticmethod
     def _safely(state: ModelAutoscaler, step: Callable[[], T]) -> T | float:

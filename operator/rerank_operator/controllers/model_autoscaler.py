@@ -36,6 +36,7 @@ from rerank_operator.core import conditions, cost, events, leadership, names
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, record
+from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
@@ -126,6 +127,7 @@ class ModelAutoscaler:
         self.requantize_policy = specs.RequantizeOnDrift()  # the model's consent to re-quantize on drift
         self.class_name = ""
         self.metered_at: float | None = None
+        self.metered_span = 0.0  # the seconds the last metering covered
         self.primed_at: float | None = None  # when the direct source's first scrape was taken (rates need a second)
         self.foreign: tuple[str, ...] = ()  # look-alike pods last seen (observed.owned_pods), warned of once each
 
@@ -153,6 +155,17 @@ class ModelAutoscaler:
     @property
     def guarded(self) -> bool:
         return self.guard is not None
+
+    @property
+    def may_sleep(self) -> bool:
+        """Whether this model may go to zero (its last parsed spec, with an activator to wake it)."""
+        return self._memo is not None and zeros.may_sleep(self._memo[1])
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether its route points at the activator (going to, at or waking from zero): a request the activator
+        holds for it is worth a tick now (``FleetAutoscaler``)."""
+        return self.history is not None and self.history.zero.phase in zeros.ROUTED_TO_ACTIVATOR
 
     def prepare(self) -> Prepared | float:
         """Read the model and its pools (from the caches) and settle everything that needs no metrics; returns what
@@ -203,6 +216,8 @@ class ModelAutoscaler:
             self.requantize_policy = parsed.quantization.requantize_on_drift
             server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)
             auto = config.AutoscalingSpec.from_model(parsed, prometheus=server)
+            if self.settings.activator is None and auto.idle_seconds is not None:
+                auto = replace(auto, idle_seconds=None)  # nothing could wake it: kept awake (zero.awake_bounds)
         except (specs.SpecError, config.InvalidAutoscalingSpec) as exc:
             self._reset()
             self._write(owner, {}, [Condition(conditions.METRICS_AVAILABLE, "False", conditions.REASON_INVALID_SPEC,
@@ -270,6 +285,8 @@ class ModelAutoscaler:
             log.info("autoscaler %s/%s: %s", self.namespace, self.name, decision.reason)
         # A miss meters nothing: the next measured tick accrues the whole span (up to METER_GAP_TICKS).
         gpu_only = None if decision.missed else self._meter(p.auto, p.view, signals)
+        if decision.zero == "asleep" and not decision.missed:
+            self._count_zero(p.auto)
         written: dict[str, Any] = {"signals": signals.to_status(), "fresh": not decision.held,
                                    "lastDecision": record.decision_status(p.auto, decision, self.now_iso())}
         if self.pricing is not None:
@@ -299,6 +316,13 @@ class ModelAutoscaler:
         self.after_decision()
         return interval
 
+    def _count_zero(self, auto: config.AutoscalingSpec) -> None:
+        """Time at zero, and what one replica of the wake pool would have cost meanwhile at the class's price: the
+        least the model would have kept without scale to zero (its minReplicas 0 were 1 before)."""
+        seconds = self.metered_span
+        hourly = self.pricing.per_replica_hour(zeros.wake_pool(auto)) if self.pricing is not None else 0.0
+        metrics.count_zero(self.namespace, self.name, self.class_name, seconds, seconds / 3600 * hourly)
+
     def _meter(self, auto: config.AutoscalingSpec, view: PoolsView, signals: Signals | None) -> int | None:
         """Meter this interval (``cost.meter``: pool gauges, SLO events, cost) and export it; returns the GPU replicas
         the whole load would need alone (None: unknown). Intervals are measured between this process's own looks."""
@@ -306,8 +330,9 @@ class ModelAutoscaler:
         last, self.metered_at = self.metered_at, now
         interval = max(float(auto.interval_seconds), IDLE_POLL_SECONDS if not auto.enabled else 0.0)
         gpu = self.history.gpu if self.history is not None else None
+        self.metered_span = cost.metered_seconds(last, now, interval)
         metered = cost.meter(auto, {pool: view.billable(pool) for pool in config.POOLS}, signals,
-                             cost.metered_seconds(last, now, interval), self.pricing,
+                             self.metered_span, self.pricing,
                              gpu.capacity if gpu else None, saturated=bool(gpu and gpu.capacity_from_saturation))
         export(self.namespace, self.name, self.class_name, metered)
         return metered.gpu_only

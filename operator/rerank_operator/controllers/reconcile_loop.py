@@ -119,7 +119,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=tenant.network_policy(body, tenancy, settings),
                          guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
-                         pull_secrets=settings.image_pull_secrets)
+                         pull_secrets=settings.image_pull_secrets, activator=settings.activator)
     executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)

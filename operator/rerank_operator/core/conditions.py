@@ -32,6 +32,8 @@ AUTOSCALER_OWNED = (METRICS_AVAILABLE, TRAFFIC_ENFORCED, QUALITY_VERIFIED)
 # Job's or a container's own reason (BackoffLimitExceeded, OOMKilled, ...) is passed through as Kubernetes set it.
 # Ready (its False reasons are also those of the first failing check, readiness.py)
 REASON_SERVING = "Serving"
+# Ready while the model is going to, at or waking from zero: the activator holds its requests (autoscale/zero.py).
+REASON_SCALED_TO_ZERO = "ScaledToZero"
 REASON_APPLY_FAILED = "ApplyFailed"
 REASON_CLAIM_NOT_FOUND = "ClaimNotFound"
 REASON_CLAIM_LOST = "ClaimLost"

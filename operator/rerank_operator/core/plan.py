@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from quantizer_job import contract
 from rerank_operator.core import artifact, conditions, drift, names
+from rerank_operator.core.builders import activator as activators
 from rerank_operator.core.builders import deployment, guard, job, pods, routing, service, storage
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.quality import assessment as quality
@@ -89,6 +90,10 @@ class Plan:
     traffic: routing.Traffic = field(default_factory=lambda: routing.Traffic(0, 0, ""))
     claim: str = ""
     scale: tuple[Scale, ...] = ()  # replicas that differ from the live Deployments' (operator-managed only)
+    zero: str | None = None  # the scale-to-zero phase the route follows (``builders/activator.py``); None: none
+    # Written once per process and namespace, not compared with the cluster: the ReferenceGrant in the activator's
+    # namespace that lets this namespace's routes name its Service (``activator.build_reference_grant``).
+    grants: tuple[Obj, ...] = ()
 
     @property
     def writes(self) -> int:
@@ -252,7 +257,8 @@ def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: Mapping[str
     decided = (decision or {}).get(f"{pool}Replicas")
     if isinstance(decided, int) and not isinstance(decided, bool):
         return max(p.min_replicas, min(p.max_replicas, decided))
-    return p.min_replicas
+    # A model that may go to zero starts awake, on one replica of the pool a request wakes (``zero.awake_bounds``).
+    return max(p.min_replicas, int(spec.scales_to_zero and pool == activators.wake_pool(spec)))
 
 
 def _scale(owner: names.Owner, pool: names.PoolName, replicas: int | None, live: Obj | None) -> Scale | None:
@@ -288,11 +294,13 @@ def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
     network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
     backoff: job.RetryBackoff = DEFAULT_BACKOFF, pull_secrets: tuple[str, ...] = (),
+    activator: activators.Activator | None = None,
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
     ``guard_settings``: the class's quality guard, when it turns it on (``builders/guard.py``); with it, new
     artifacts go through a canary. ``backoff``: the retry of a Job that failed transiently. ``pull_secrets``: the
-    platform's image pull Secrets, on every pod the plan makes (``pods.with_pull_secrets``)."""
+    platform's image pull Secrets, on every pod the plan makes (``pods.with_pull_secrets``). ``activator``: the
+    platform's (``--activator-*``), where the route of a model going to or at zero points."""
     canary = canaries.policy(spec, guard_settings)
     # After a re-quantization round on drift, the artifact is planned on the live sample (quality/requantize.py).
     decision, new_job = decide_artifact(owner, requantize.effective(spec, status, owner.name), observed, status, now,
@@ -327,14 +335,22 @@ def compute(
     token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
     filters = guard.route_filters(owner, guarding, token) if guarding is not None and not guard.replays(spec) else []
     canary_share = canary.percent if canary_id and canary else 0
-    route = routing.build_httproute(owner, spec, traffic, filters, canary_share) if pools_deployed else None
+    sleeping = activators.routing_to(spec, autoscaler, activator)
+    if sleeping is not None:  # the activator holds the requests; the guard gets no copy of what the pools never see
+        filters = activators.route_filters(owner, spec, sleeping)
+    route = (routing.build_httproute(owner, spec, traffic, filters, canary_share,
+                                     *((activators.backends(sleeping), activators.ROUTE_TIMEOUT) if sleeping else ()))
+             if pools_deployed else None)
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
         desired.extend(o for o in (route, network_policy) if o is not None)
     if guarding is not None:
-        desired.append(guard.build_guard_deployment(owner, spec, guarding, below_floor, canary=bool(canary_id),
-                                                    claim=claim, artifact_id=serving,
-                                                    max_input_tokens=max_input_tokens(decision.served), token=token))
+        guard_deployment = guard.build_guard_deployment(owner, spec, guarding, below_floor, canary=bool(canary_id),
+                                                        claim=claim, artifact_id=serving,
+                                                        max_input_tokens=max_input_tokens(decision.served), token=token)
+        if sleeping is not None and activators.phase(autoscaler) == "asleep":
+            guard_deployment["spec"]["replicas"] = 0  # nothing to check at zero: the guard sleeps with the pools
+        desired.append(guard_deployment)
         desired.append(guard.build_guard_service(owner))
     if canary_id and pools_deployed:
         desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True,
@@ -376,4 +392,7 @@ def compute(
         traffic=traffic,
         claim=claim,
         scale=tuple(scales),
+        zero=activators.phase(autoscaler) if sleeping is not None else None,
+        grants=((activators.build_reference_grant(activator, owner.namespace),)
+                if activator is not None and spec.scales_to_zero and spec.routing.gateway is not None else ()),
     )

@@ -96,6 +96,9 @@ def pools_rolled_out(f: Facts) -> Verdict | None:
 def pools_available(f: Facts) -> Verdict | None:
     # A pool this very reconcile scales wants its new count: the observed Deployment still shows the old one, and
     # Ready must not be True for the new generation before its replicas are (the next reconcile sees the rest).
+    # A model routed to the activator (going to, at or waking from zero) serves through it, whatever its pools have.
+    if f.plan.zero is not None:
+        return None
     scaled = {s.name: s.replicas for s in f.plan.scale}
     short = []
     for pool in f.spec.enabled_pools:
@@ -127,5 +130,8 @@ def evaluate(facts: Facts, chain: Sequence[tuple[str, Check]] = CHAIN) -> tuple[
     pools = ", ".join(f"{p.name} {facts.observed.ready(p.name)}" for p in facts.spec.enabled_pools)
     what = f"artifact {served}" if served else facts.spec.model.display
     t = facts.plan.traffic
+    if facts.plan.zero is not None:
+        return True, Verdict(conditions.REASON_SCALED_TO_ZERO, f"{facts.plan.zero}: the activator holds requests and "
+                             f"wakes the model; serving {what}; ready replicas: {pools}")
     return True, Verdict(conditions.REASON_SERVING, f"serving {what}; ready replicas: {pools}; "
                                     f"traffic gpu {t.gpu_percent}% / cpu {t.cpu_percent}%")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from rerank_operator.core import shapes
 from rerank_operator.core.autoscale.config import PrometheusSettings
+from rerank_operator.core.builders.activator import Activator
 from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import LeaderElectionSettings
 
@@ -34,7 +35,8 @@ class Settings:
     when a quantization Job that failed transiently is tried again (``--hub-retry-seconds``,
     ``--hub-retry-max-seconds``), and what the platform gives every model's workloads: the quantizer image when
     neither the model nor its class names one (``--quantizer-image``; else the built-in one) and the image pull
-    Secrets of their pods (``--image-pull-secret``: Secrets the platform keeps in each model namespace)."""
+    Secrets of their pods (``--image-pull-secret``: Secrets the platform keeps in each model namespace), and the
+    activator that holds a sleeping model's requests (``--activator-*``; without one no model goes to zero)."""
 
     operator_namespace: str | None = None
     operator_pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_OPERATOR_POD_LABELS))
@@ -45,13 +47,14 @@ class Settings:
     hub_retry: RetryBackoff = field(default_factory=RetryBackoff)
     quantizer_image: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
+    activator: Activator | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None,
                  leader_election: LeaderElectionSettings | None = None,
                  hub_retry: RetryBackoff | None = None, quantizer_image: str | None = None,
-                 image_pull_secrets: tuple[str, ...] = ()) -> Settings:
+                 image_pull_secrets: tuple[str, ...] = (), activator: Activator | None = None) -> Settings:
         """The pod's own identity from ``env``; the rest as main.py parsed it from the flags. An enabled election
         without a namespace of its own takes the pod's; with neither (not in a pod, no flag) it cannot name its
         Lease, which is refused here, at start-up, rather than at the first election."""
@@ -72,7 +75,8 @@ class Settings:
                    prometheus=prometheus or PrometheusSettings(),
                    resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout,
                    leader_election=election, hub_retry=hub_retry or RetryBackoff(),
-                   quantizer_image=quantizer_image or None, image_pull_secrets=tuple(image_pull_secrets))
+                   quantizer_image=quantizer_image or None, image_pull_secrets=tuple(image_pull_secrets),
+                   activator=activator)
 
 
 def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:

@@ -247,6 +247,9 @@ class Autoscaling:
     scale_up: StepBehavior = SCALE_UP
     scale_down: StepBehavior = SCALE_DOWN
     spillover: Spillover = field(default_factory=Spillover)
+    #: ``autoscaling.idleSeconds``: with every enabled pool at minReplicas 0 (``RerankModelSpec.scales_to_zero``)
+    #: the pools go to zero after this long without a request; ignored otherwise.
+    idle_seconds: int = 900
 
 
 @dataclass(frozen=True)
@@ -265,3 +268,10 @@ class RerankModelSpec:
     @property
     def enabled_pools(self) -> tuple[Pool, ...]:
         return tuple(p for p in (self.cpu, self.gpu) if p.enabled)
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """Every enabled pool (at least one) has minReplicas 0: the model goes to zero pods after
+        ``autoscaling.idle_seconds`` without a request and is woken through its HTTPRoute."""
+        pools = self.enabled_pools
+        return bool(pools) and all(p.min_replicas == 0 for p in pools)

@@ -51,6 +51,7 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
     pools = fields.obj(spec, "pools", "pools")
     gpu_section = pools.get("gpu")
     quantization = _quantization(fields.obj(spec, "quantization", "quantization"))
+    autoscaling = fields.obj(spec, "autoscaling", "autoscaling")
     parsed = RerankModelSpec(
         model=model,
         quantization=quantization,
@@ -58,10 +59,12 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
         cpu=parse_pool("cpu", fields.obj(pools, "cpu", "pools.cpu"), present=True),
         gpu=parse_pool("gpu", fields.obj(pools, "gpu", "pools.gpu"), present=gpu_section is not None),
         routing=parse_routing(fields.obj(spec, "routing", "routing")),
-        autoscaling=parse_autoscaling(fields.obj(spec, "autoscaling", "autoscaling")),
+        autoscaling=parse_autoscaling(autoscaling),
     )
     if not parsed.enabled_pools:
         raise SpecError("no pool is enabled")
+    if parsed.scales_to_zero and not _can_wake(parsed):
+        raise SpecError(SCALE_TO_ZERO_NEEDS)
     if parsed.model.path is not None and parsed.storage.existing_claim is None:
         raise SpecError(f"model.path {parsed.model.path!r} needs storage.existingClaim (the volume holding it)")
     q = parsed.quantization
@@ -74,9 +77,21 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
     return parsed
 
 
+#: The CRD's message for the same rule (crds/rerankmodel.yaml, the spec's rule on minReplicas 0). The effective spec
+#: can scale to zero where the tenant's did not (a class's defaultMinReplicas 0), so the operator checks it again.
+SCALE_TO_ZERO_NEEDS = ("every enabled pool at minReplicas 0 (scale to zero) needs autoscaling.enabled, "
+                       "autoscaling.replicaManagement operator and routing.gateway: the activator that wakes the "
+                       "model is reached through its HTTPRoute")
+
+
+def _can_wake(parsed: RerankModelSpec) -> bool:
+    """Whether a model at zero pods can be woken: the operator scales it (autoscaling on, replicas its own) and its
+    HTTPRoute, which the activator is reached through, exists."""
+    auto = parsed.autoscaling
+    return auto.enabled and auto.replica_management == "operator" and parsed.routing.gateway is not None
+
+
 # -- typed getters: each names the field and shows the offending value -------------------------------------------
-
-
 
 
 def _data(section: Mapping[str, Any], path: str) -> DataSource | None:

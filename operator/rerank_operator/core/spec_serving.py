@@ -142,6 +142,7 @@ def parse_autoscaling(section: Mapping[str, Any]) -> Autoscaling:
                                         1),
         replica_management=fields.choice(section, "replicaManagement", "autoscaling.replicaManagement",
                                          d.replica_management, ("operator", "external")),
+        idle_seconds=fields.integer(section, "idleSeconds", "autoscaling.idleSeconds", d.idle_seconds, 30, 604800),
         source=fields.choice(metrics, "source", "autoscaling.metrics.source", d.source, ("direct", "prometheus")),
         stale_after_seconds=fields.number(metrics, "staleAfterSeconds", "autoscaling.metrics.staleAfterSeconds",
                                           d.stale_after_seconds, 1),

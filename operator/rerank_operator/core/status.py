@@ -315,7 +315,8 @@ def _autoscaler_material(status: Mapping[str, Any]) -> tuple[Any, ...]:
             conds.append((kind, cond.get("status"), cond.get("reason"), cond.get("observedGeneration"), message))
     quality = status.get("quality") or {}
     return (auto.get("fresh"),
-            tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held")),
+            tuple(last.get(k) for k in ("gpuReplicas", "cpuReplicas", "gpuPercent", "cpuPercent", "held",
+                                        "scaleToZero")),
             tuple(sorted(conds, key=lambda c: str(c[0]))),
             quality.get("guard"), tuple(quality.get("belowFloor") or ()),
             tuple((quality.get("canary") or {}).get(k) for k in ("id", "verdict")),

@@ -122,3 +122,17 @@ def test_a_metrics_source_the_class_does_not_allow_is_reported() -> None:
     assert found == ["autoscaling.metrics.source prometheus is not allowed by RerankClass standard: "
                      "metrics.allowedSources is [direct]"]
     assert tenancy.violations(effective(at("autoscaling.metrics.source", "prometheus")), CLASS, "standard") == []
+
+
+def test_scale_to_zero_defaults_for_objects_that_predate_the_fields() -> None:
+    """A stored class without ``scaleToZero`` forbids it (the CRD's default); a model without ``idleSeconds`` is
+    held to the class's bounds with the CRD's 900."""
+    zero = {"model": {"id": "BAAI/m"}, "pools": {"cpu": {"enabled": True, "minReplicas": 0}}}
+    assert tenancy.violations(zero, {}, "old") == [
+        "scale to zero (minReplicas 0 on every enabled pool) is not allowed by RerankClass old: "
+        "scaleToZero.allowed is false"]
+    assert tenancy.violations(zero, {"scaleToZero": {"allowed": True}}, "c") == []
+    assert tenancy.violations(zero, {"scaleToZero": {"allowed": True, "maxIdleSeconds": 600}}, "c") == [
+        "autoscaling.idleSeconds 900 is outside the bounds of RerankClass c: scaleToZero allows 300-600"]
+    kept = {**zero, "pools": {"cpu": {"enabled": True, "minReplicas": 0}, "gpu": {"enabled": True}}}
+    assert tenancy.violations(kept, {}, "old") == []  # an unset minReplicas is the built-in 1: not at zero

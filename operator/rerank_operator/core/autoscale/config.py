@@ -74,6 +74,9 @@ class AutoscalingSpec:
     gpu: PoolBounds = field(default_factory=lambda: PoolBounds(False, 0, 0))
     cpu: PoolBounds = field(default_factory=lambda: PoolBounds(True, DEFAULT_MIN_REPLICAS,
                                                                DEFAULT_MAX_REPLICAS["cpu"]))
+    #: Scale to zero (``zero.py``): seconds without a request before the pools go to zero, for a model whose enabled
+    #: pools are all at minReplicas 0; None for any other model, or when the operator has no activator to wake it.
+    idle_seconds: float | None = None
 
     def bounds(self, pool: Pool) -> PoolBounds:
         return self.gpu if pool == "gpu" else self.cpu
@@ -126,6 +129,9 @@ class AutoscalingSpec:
             fixed_gpu_percent=_fixed_gpu_percent(routing.weights),
             gpu=_bounds(gpu),
             cpu=_bounds(cpu),
+            idle_seconds=(float(auto.idle_seconds)
+                          if any(p.enabled for p in (gpu, cpu)) and all(p.min_replicas == 0 for p in (gpu, cpu)
+                                                                        if p.enabled) else None),
         )
         if not result.gpu.enabled and not result.cpu.enabled:
             raise InvalidAutoscalingSpec("both pools are disabled: nothing to scale or route")

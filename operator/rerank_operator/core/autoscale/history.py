@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 # Per pool, a safety cap only: `record` keeps just the recommendations that can still be some window's highest or
 # lowest, at most two per distinct replica count, so any window (up to the CRD's 3600 s) at any interval fits.
@@ -86,6 +86,30 @@ class PoolHistory:
             return cls()
 
 
+ZeroPhase = Literal["awake", "draining", "asleep", "waking"]
+ZERO_PHASES: tuple[ZeroPhase, ...] = ("awake", "draining", "asleep", "waking")
+
+
+@dataclass(frozen=True)
+class ZeroState:
+    """Where a model that may scale to zero stands (``zero.step``): the phase, since when, and the last time a
+    request was seen (by a pool or by the activator). Saved, so a restarted operator keeps a sleeping model asleep
+    instead of waking it by forgetting."""
+
+    phase: ZeroPhase = "awake"
+    since: float | None = None
+    last_request: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "since": self.since, "last": self.last_request}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ZeroState:
+        if not isinstance(data, Mapping) or data.get("phase") not in ZERO_PHASES:
+            return cls()
+        return cls(data["phase"], _optional_float(data.get("since")), _optional_float(data.get("last")))
+
+
 @dataclass(frozen=True)
 class History:
     gpu: PoolHistory = field(default_factory=PoolHistory)
@@ -98,6 +122,7 @@ class History:
     # Recent surges of the arrival rate, (time, rise in requests/s), oldest first: what `surge.reserve` sizes the
     # GPU pool's standing headroom from. Saved, so a restart keeps the headroom the traffic has taught.
     surges: tuple[tuple[float, float], ...] = ()
+    zero: ZeroState = field(default_factory=ZeroState)  # scale to zero (`zero.step`); awake for other models
 
     def pool(self, name: str) -> PoolHistory:
         return self.gpu if name == "gpu" else self.cpu
@@ -111,7 +136,8 @@ class History:
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": 1, "gpu": self.gpu.to_dict(), "cpu": self.cpu.to_dict(), "spill": self.last_spill,
-                "recover": self.last_recover, "surges": [[round(t, 3), round(s, 2)] for t, s in self.surges]}
+                "recover": self.last_recover, "surges": [[round(t, 3), round(s, 2)] for t, s in self.surges],
+                **({"zero": self.zero.to_dict()} if self.zero != ZeroState() else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> History:
@@ -120,7 +146,8 @@ class History:
         try:
             return cls(PoolHistory.from_dict(data.get("gpu")), PoolHistory.from_dict(data.get("cpu")),
                        _optional_float(data.get("spill")), _optional_float(data.get("recover")),
-                       surges=tuple((float(t), float(s)) for t, s in data.get("surges") or ())[-MAX_SURGES:])
+                       surges=tuple((float(t), float(s)) for t, s in data.get("surges") or ())[-MAX_SURGES:],
+                       zero=ZeroState.from_dict(data.get("zero")))
         except (TypeError, ValueError):
             return cls()
 

@@ -20,7 +20,7 @@ No I/O and no clock: `now` is an argument, so every behaviour is reproducible in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,8 +28,9 @@ from rerank_operator.core.autoscale import load as loads
 from rerank_operator.core.autoscale import scaling
 from rerank_operator.core.autoscale import split as routing
 from rerank_operator.core.autoscale import surge as surges
+from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool
-from rerank_operator.core.autoscale.history import History, PoolHistory
+from rerank_operator.core.autoscale.history import History, PoolHistory, ZeroPhase, ZeroState
 from rerank_operator.core.autoscale.signals import Signals
 
 
@@ -61,6 +62,13 @@ class Decision:
     missed: bool = False          # True when a measurement failed within staleAfterSeconds (kept, not held)
     events: tuple[Event, ...] = ()
     history: History = field(default_factory=History)
+    #: Scale to zero (``zero``): the phase, for a model that may go to zero; None for any other model.
+    zero: ZeroPhase | None = None
+
+    @property
+    def to_activator(self) -> bool:
+        """The model's HTTPRoute sends every request to the activator (the pools are going to, or at, zero)."""
+        return self.zero in zeros.ROUTED_TO_ACTIVATOR
 
     @property
     def gpu_percent(self) -> int:
@@ -71,7 +79,10 @@ class Decision:
 
     def to_status(self, now_iso: str) -> dict[str, Any]:
         """`status.autoscaling.lastDecision` (signals and traffic are written by the caller)."""
-        return {"time": now_iso, "reason": self.reason, "held": self.held}
+        record: dict[str, Any] = {"time": now_iso, "reason": self.reason, "held": self.held}
+        if self.zero is not None:
+            record["scaleToZero"] = self.zero
+        return record
 
 
 def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
@@ -84,6 +95,17 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     stale = {pool: why for pool in ("gpu", "cpu")
              if spec.bounds(pool).enabled
              and (why := signals.pool(pool).staleness(now, spec.stale_after_seconds)) is not None}
+    # Scale to zero first: a model at zero has no pod to measure, and one going there keeps its replicas.
+    sleeping = _scale_to_zero(spec, signals, current, history, now, measured=not stale)
+    if isinstance(sleeping, Decision):
+        return sleeping
+    decision = _decide_awake(sleeping.spec, signals, current, sleeping.history, now, tuning, stale)
+    return replace(decision, zero=sleeping.zero, events=decision.events + sleeping.events)
+
+
+def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
+                  tuning: routing.Tuning, stale: Mapping[str, str]) -> Decision:
+    """``decide`` for a model whose pools serve (every model but one going to, or at, zero)."""
     if stale:
         # The pools measured this tick keep their sample time, so two pools missing in turn are not stale.
         history = _sampled(history, signals, [p for p in ("gpu", "cpu") if p not in stale])
@@ -138,6 +160,44 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
     decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)
     return replace(decision, events=_events(current, decision))
+
+
+#: Events of the scale-to-zero phases, by the phase entered (from another one).
+ZERO_EVENTS: dict[ZeroPhase, str] = {"draining": "ScalingToZero", "asleep": "ScaledToZero", "waking": "Waking",
+                                     "awake": "Woken"}
+
+
+@dataclass(frozen=True)
+class Awake:
+    """What ``_scale_to_zero`` hands the rest of the policy for a model whose pools serve."""
+
+    spec: AutoscalingSpec          # with the wake pool kept at one replica (``zero.awake_bounds``)
+    history: History
+    events: tuple[Event, ...]      # "Woken", when the model just came back from the activator
+    zero: ZeroPhase | None         # "awake" for a model that may go to zero, None otherwise
+
+
+def _scale_to_zero(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
+                   measured: bool) -> Decision | Awake:
+    """A model that may go to zero (``zero``): its decision while the route points at the activator, else the spec
+    the rest of the policy sizes an awake model with (the wake pool kept at one replica) and the updated memory.
+    A model whose pools are all at minReplicas 0 but that cannot sleep (no activator) is kept awake the same way."""
+    before = history.zero
+    state = zeros.step(before, spec, signals, measured, now)
+    history = replace(history, zero=state)
+    phase_event: tuple[Event, ...] = ()
+    if state.phase != before.phase and (before.phase != "awake" or state.phase != "awake"):
+        phase_event = (Event(ZERO_EVENTS[state.phase], zeros.why(state.phase, spec, state, now)
+                             if state.phase in zeros.ROUTED_TO_ACTIVATOR
+                             else f"the {zeros.wake_pool(spec)} pool serves again"),)
+    if state.phase in zeros.ROUTED_TO_ACTIVATOR:
+        gpu, cpu = zeros.replicas(spec, state.phase, current.gpu_replicas, current.cpu_replicas)
+        decision = Decision(gpu, cpu, current.cpu_percent, zeros.why(state.phase, spec, state, now),
+                            history=history, zero=state.phase)
+        return replace(decision, events=_events(current, decision) + phase_event)
+    if zeros.may_sleep(spec):
+        return Awake(zeros.awake_bounds(spec), history, phase_event, "awake")
+    return Awake(zeros.awake_bounds(spec), replace(history, zero=ZeroState()), phase_event, None)
 
 
 def _size(spec: AutoscalingSpec, signals: Signals, pool: Pool, load: loads.Load, demand: float,

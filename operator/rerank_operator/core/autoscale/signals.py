@@ -75,12 +75,23 @@ class PoolSignals:
 
 
 @dataclass(frozen=True)
+class ActivatorDemand:
+    """What the activator says of one model (``GET /pending``): requests it holds now, and when the last one came
+    (unix seconds). Only models at or going to zero have any (``zero.py``)."""
+
+    waiting: int = 0
+    last: float | None = None
+
+
+@dataclass(frozen=True)
 class Signals:
     gpu: PoolSignals = field(default_factory=lambda: PoolSignals(ready_replicas=0))
     cpu: PoolSignals = field(default_factory=lambda: PoolSignals(ready_replicas=0))
     # Pools the quality guard finds below the model's quality floor (core/quality/assessment.py): routing keeps traffic
     # away from them while the other pool can serve (split.effective_policy).
     below_floor: frozenset[str] = frozenset()
+    # The activator's view of the model (scale to zero); None when it says nothing of it or there is none.
+    activator: ActivatorDemand | None = None
 
     def pool(self, pool: str) -> PoolSignals:
         """One pool's signals; a name that is not a pool is a KeyError, never the other pool's numbers."""

@@ -85,28 +85,27 @@ def ready_pools_only(gpu_ready: int, cpu_ready: int, *, gpu_enabled: bool = True
 
 
 def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
-                    filters: Sequence[Mapping[str, Any]] = (), canary_percent: int = 0) -> dict[str, Any] | None:
+                    filters: Sequence[Mapping[str, Any]] = (), canary_percent: int = 0,
+                    backends: Sequence[Mapping[str, Any]] | None = None,
+                    request_timeout: str | None = None) -> dict[str, Any] | None:
     """The HTTPRoute ``<name>`` with one weighted backend per enabled pool, or None without gateway.parentRefs.
     ``filters``: the rule's filters, in order (the quality guard's token header and mirror, ``guard.route_filters``).
     ``canary_percent``: a new artifact's canary (``<name>-canary``) takes that share of all requests; the pools share
     the rest in the split's proportions (weights are relative: the pools' are scaled by 100 - canary_percent, so their
-    ratio, which the autoscaler reads back as the split, is unchanged)."""
+    ratio, which the autoscaler reads back as the split, is unchanged). ``backends``: instead of the pools, these
+    (a model at zero is routed to the activator: ``builders/activator.py``). ``request_timeout``: the rule's
+    ``timeouts.request`` (a held request outlasts a Gateway's default: Envoy's is 15 s)."""
     gateway = spec.routing.gateway
     if gateway is None:
         return None
-    shares = {"gpu": traffic.gpu_percent, "cpu": traffic.cpu_percent}
-    scale = 100 - canary_percent if canary_percent > 0 else 1
-    backends = [
-        {"name": names.pool_service_name(owner.name, pool.name), "port": names.SERVICE_PORT,
-         "weight": shares[pool.name] * scale}
-        for pool in spec.enabled_pools
-    ]
-    if canary_percent > 0:
-        backends.append({"name": names.canary_name(owner.name), "port": names.SERVICE_PORT,
-                         "weight": canary_percent * 100})
-    rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}
+    if backends is None:
+        backends = _pool_backends(owner, spec, traffic, canary_percent)
+    rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                            "backendRefs": [dict(b) for b in backends]}
     if filters:
         rule["filters"] = [dict(f) for f in filters]
+    if request_timeout:
+        rule["timeouts"] = {"request": request_timeout}
     route_spec: dict[str, Any] = {
         "parentRefs": [dict(ref) for ref in gateway.parent_refs],
         "rules": [rule],
@@ -119,3 +118,18 @@ def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
         "metadata": names.child_metadata(owner, names.route_name(owner.name), "route"),
         "spec": route_spec,
     }
+
+
+def _pool_backends(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,
+                   canary_percent: int) -> list[dict[str, Any]]:
+    shares = {"gpu": traffic.gpu_percent, "cpu": traffic.cpu_percent}
+    scale = 100 - canary_percent if canary_percent > 0 else 1
+    backends = [
+        {"name": names.pool_service_name(owner.name, pool.name), "port": names.SERVICE_PORT,
+         "weight": shares[pool.name] * scale}
+        for pool in spec.enabled_pools
+    ]
+    if canary_percent > 0:
+        backends.append({"name": names.canary_name(owner.name), "port": names.SERVICE_PORT,
+                         "weight": canary_percent * 100})
+    return backends

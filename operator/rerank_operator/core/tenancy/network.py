@@ -21,6 +21,7 @@ def build_network_policy(
     *,
     operator_namespace: str | None = None,
     operator_pod_labels: Mapping[str, str] | None = None,
+    activator: tuple[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any] | None:
     """The NetworkPolicy isolating a model's TEI pods and its quality guard, or None when its class turns it off (or
     there is no class).
@@ -31,7 +32,8 @@ def build_network_policy(
     one and the namespace is not already allowed. Ingress to the guard's port only from the routing layer (whose
     mirror sends it copies) and the operator (which reads its verdicts): no tenant pod, not even the model's own
     namespace, may post to it (``quality_guard/intake.py`` checks the mirror's token as well). Egress is left alone
-    (TEI downloads models).
+    (TEI downloads models). ``activator``: (namespace, pod labels) of the platform's activator, which forwards the
+    requests it held while the model was at zero to its pools: given for models that may go to zero.
     """
     network = fields.get(rclass or {}, "spec", "network")
     if rclass is None or not network.get("enabled", True):
@@ -51,6 +53,8 @@ def build_network_policy(
         # The model's quality guard asks both pools the requests it checks (builders/guard.py).
         peers.append({"podSelector": {"matchLabels": names.selector_labels(name, names.COMPONENT_GUARD)}})
     peers.extend(operator)
+    if activator is not None:
+        peers.append(_namespace_peer([activator[0]], activator[1]))
     ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": names.TEI_PORT}]}] if peers else []
     guard_peers = routing + operator
     if guard_peers:

@@ -14,15 +14,26 @@ from rerank_operator.core.tenancy import fields
 
 Obj = Mapping[str, Any]
 
+# The CRDs' defaults (crds/rerankmodel.yaml autoscaling.idleSeconds, crds/rerankclass.yaml scaleToZero), for objects
+# that predate the fields; the admission policy spells the same defaults.
+IDLE_SECONDS = 900
+MIN_IDLE_SECONDS = 300
+MAX_IDLE_SECONDS = 86400
+
 
 def violations(effective_spec: Obj, class_spec: Obj, class_name: str = "of this model") -> list[str]:
     """Everything in ``effective_spec`` its class does not allow, one message each, worded like the admission policy."""
     found: list[str] = []
     where = f"RerankClass {class_name}"
+    enabled: list[Obj] = []
     for pool in names.POOLS:
         spec = fields.get(effective_spec, "pools", pool)
         if spec and spec.get("enabled", pool == "cpu"):
+            enabled.append(spec)
             found += _pool_violations(pool, spec, fields.get(class_spec, "pools", pool), class_spec, where)
+    if enabled and all(_int(spec, "minReplicas", 1) == 0 for spec in enabled):  # unset: the built-in 1
+        found += _scale_to_zero_violations(fields.get(effective_spec, "autoscaling"),
+                                           class_spec.get("scaleToZero") or {}, where)
     found += _source_violations(effective_spec.get("model") or {}, class_spec.get("modelSources") or {}, where)
     found += _storage_violations(effective_spec.get("storage") or {}, class_spec.get("storage") or {}, where)
     quant = effective_spec.get("quantization") or {}
@@ -31,6 +42,24 @@ def violations(effective_spec: Obj, class_spec: Obj, class_name: str = "of this 
     metrics = fields.get(effective_spec, "autoscaling", "metrics")
     found += _metrics_violations(metrics, class_spec.get("metrics") or {}, where)
     return found
+
+
+def _int(obj: Obj, key: str, default: int) -> int:
+    value = obj.get(key)
+    return default if value is None else int(value)
+
+
+def _scale_to_zero_violations(autoscaling: Obj, cls: Obj, where: str) -> list[str]:
+    """A model with every enabled pool at minReplicas 0 goes to zero pods when idle: only where its class allows it,
+    after an idle time within the class's bounds (checked only where it is allowed: otherwise it is moot)."""
+    if not cls.get("allowed", False):
+        return [f"scale to zero (minReplicas 0 on every enabled pool) is not allowed by {where}: "
+                "scaleToZero.allowed is false"]
+    idle = _int(autoscaling, "idleSeconds", IDLE_SECONDS)
+    low, high = _int(cls, "minIdleSeconds", MIN_IDLE_SECONDS), _int(cls, "maxIdleSeconds", MAX_IDLE_SECONDS)
+    if low <= idle <= high:
+        return []
+    return [f"autoscaling.idleSeconds {idle} is outside the bounds of {where}: scaleToZero allows {low}-{high}"]
 
 
 def _metrics_violations(metrics: Obj, cls: Obj, where: str) -> list[str]:

@@ -1,0 +1,149 @@
+"""The holding core: who is waiting for which model (what ``GET /pending`` shows), and one request's hold.
+
+A held request waits for a connection, not for a signal: the operator scales the pool up when ``/pending`` lists the
+model, the pool's Service gets a ready endpoint, and from then on a connection to it succeeds. So each held request
+tries to connect (:data:`CONNECT_TIMEOUT_SECONDS` a try, :data:`PAUSE_SECONDS` asleep between tries: refused or
+unreachable while the Service has no endpoint) until its hold runs out, and the first connection it makes carries it.
+Nothing is forwarded twice: once connected and sent, whatever the pool answers (or fails to) is the answer
+(:mod:`.relay`); a request that never connects is answered 503 with ``Retry-After`` and was never sent.
+
+The :class:`Board` remembers a model for ``remember_seconds`` after its last request even when none waits any more:
+the operator polls every few seconds, and a burst shorter than its period must still wake the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import contract, logs
+from .metrics import Metrics
+from .relay import READ_TIMEOUT_SECONDS, Answer, Held, UpstreamError, exchange
+
+CONNECT_TIMEOUT_SECONDS = 1.0
+PAUSE_SECONDS = 0.25
+#: What a client is told to wait before it tries again after a 503.
+RETRY_AFTER_SECONDS = 5
+
+
+@dataclass
+class _Model:
+    held: dict[int, float] = field(default_factory=dict)  # ticket -> arrival (epoch seconds)
+    last: float = 0.0
+
+
+class Board:
+    """The models with requests held now or lately. Thread-safe; ``clock`` is wall time (epoch seconds, what
+    ``/pending`` reports), injected for tests."""
+
+    def __init__(self, remember_seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self.remember_seconds = remember_seconds
+        self.clock = clock
+        self._models: dict[str, _Model] = {}
+        self._lock = threading.Lock()
+        self._tickets = itertools.count()
+
+    def arrive(self, model: str) -> int:
+        """A request for ``model`` is held from now: its ticket, for :meth:`leave`."""
+        now = self.clock()
+        with self._lock:
+            ticket = next(self._tickets)
+            entry = self._models.setdefault(model, _Model())
+            entry.held[ticket] = now
+            entry.last = now
+            self._forget(now)
+            return ticket
+
+    def leave(self, model: str, ticket: int) -> None:
+        """The request of ``ticket`` is held no more (connected to its pool, or timed out)."""
+        with self._lock:
+            entry = self._models.get(model)
+            if entry is not None:
+                entry.held.pop(ticket, None)
+
+    def waiting(self) -> int:
+        """Requests held now, all models."""
+        with self._lock:
+            return sum(len(e.held) for e in self._models.values())
+
+    def pending(self) -> dict[str, dict[str, float | int]]:
+        """``{model: {"waiting", "first", "last"}}`` for the models waiting now or within ``remember_seconds``:
+        ``first`` is the oldest held request's arrival (the last request's when none is held)."""
+        now = self.clock()
+        with self._lock:
+            self._forget(now)
+            return {model: {"waiting": len(e.held), "first": round(min(e.held.values(), default=e.last), 3),
+                            "last": round(e.last, 3)}
+                    for model, e in sorted(self._models.items())}
+
+    def _forget(self, now: float) -> None:
+        for model in [m for m, e in self._models.items() if not e.held and now - e.last > self.remember_seconds]:
+            del self._models[model]
+
+
+def refusal(status: int, outcome: str, error: str, headers: list[tuple[str, str]] | None = None) -> Answer:
+    """An answer the activator gives itself: a short JSON error."""
+    body = json.dumps({"error": error}).encode()
+    return Answer(status, [("Content-Type", "application/json"), *(headers or [])], body, outcome)
+
+
+class Holder:
+    """Holds requests on ``board`` for up to ``hold_seconds`` each, forwarding each once its pool accepts."""
+
+    def __init__(self, board: Board, metrics: Metrics, hold_seconds: float, *,
+                 connect_timeout: float = CONNECT_TIMEOUT_SECONDS, pause: float = PAUSE_SECONDS,
+                 read_timeout: float = READ_TIMEOUT_SECONDS,
+                 resolve: Callable[[str, int], tuple[str, int]] = lambda host, port: (host, port)) -> None:
+        self.board, self.metrics, self.hold_seconds = board, metrics, hold_seconds
+        self.connect_timeout, self.pause = connect_timeout, pause
+        self.read_timeout = read_timeout
+        #: Where to connect for an upstream's (host, port): the cluster's DNS answers for the names themselves;
+        #: tests, which have no cluster DNS, send every Service name to a local listener.
+        self.resolve = resolve
+
+    def handle(self, request: Held, arrived: float) -> Answer:
+        """Hold ``request`` (arrived at ``arrived``, monotonic seconds) until its pool accepts a connection, then
+        forward it once; the one answer for its client, counted and logged."""
+        deadline = arrived + self.hold_seconds
+        ticket = self.board.arrive(request.model)
+        try:
+            sock = self._connect(request.upstream, deadline)
+        finally:
+            self.board.leave(request.model, ticket)
+        held = time.monotonic() - arrived
+        if sock is None:
+            answer = refusal(503, "timeout", f"the model did not wake within {self.hold_seconds:g} s",
+                             [("Retry-After", str(RETRY_AFTER_SECONDS))])
+        else:
+            self.metrics.held(held)
+            answer = self._forward(sock, request)
+        self.metrics.count(answer.outcome)
+        logs.event("held request answered", model=request.model, outcome=answer.outcome, status=answer.status,
+                   held_seconds=round(held, 3))
+        return answer
+
+    def _connect(self, upstream: str, deadline: float) -> socket.socket | None:
+        """A connection to ``upstream`` made before ``deadline`` (monotonic), or None."""
+        address = self.resolve(*contract.upstream_address(upstream))
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return socket.create_connection(address, timeout=min(self.connect_timeout, left))
+            except OSError:  # refused, unreachable, no such name yet, or the try timed out
+                pass
+            time.sleep(max(0.0, min(self.pause, deadline - time.monotonic())))
+        return None
+
+    def _forward(self, sock: socket.socket, request: Held) -> Answer:
+        try:
+            return exchange(sock, request, self.read_timeout)
+        except UpstreamError as exc:
+            return refusal(exc.status, "upstream_error", f"the model's pool gave no usable answer: {exc}")
+        except Exception:  # a bug of ours: still one answer for the client, and the trace in the log
+            logging.getLogger(logs.LOGGER).exception("forwarding failed")
+            return refusal(502, "upstream_error", "the request could not be forwarded")

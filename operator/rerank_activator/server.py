@@ -1,0 +1,269 @@
+"""The activator's HTTP front: what it lets in, and its own routes.
+
+``GET`` on ``/healthz``, ``/readyz``, ``/metrics`` and ``/pending`` (the latter with the operator's token) are the
+activator's own; every other request is one to hold for a sleeping model and must carry the three activate headers
+its route sets (:mod:`.contract`). A request is checked in this order, and refused without being held or forwarded:
+
+- the model or the upstream header missing (or given twice): 400 ``invalid``;
+- the token missing or not :func:`.contract.token` of that model and upstream: 401 ``unauthenticated``;
+- the upstream not a Service of the model's own namespace (:func:`.contract.upstream_allowed`): 400 ``invalid``;
+- the body's framing: a chunked body, or none stated on a method that carries one (POST, PUT, PATCH), is 411; a
+  ``Content-Length`` that is not plain decimal digits is 400; one over ``max_body_bytes`` is 413; each is answered
+  without reading the body, and the connection closed (what was not read must not be taken as a next request).
+
+What one connection may cost is bounded: a client that sends nothing for :data:`CLIENT_TIMEOUT_SECONDS` (headers or
+body) is cut, and beyond ``max_connections`` open connections a new one is closed as soon as it is accepted. A held
+request is one thread, sleeping between its connection tries (:mod:`.hold`).
+
+On SIGTERM (:meth:`Running.drain`) ``/readyz`` fails first, so the Service stops sending new requests, then the
+listener closes and the requests still held are given until their hold and the pool's answer run out.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import contract
+from .hold import Board, Holder, refusal
+from .metrics import Metrics
+from .relay import Answer, Held
+
+CLIENT_TIMEOUT_SECONDS = 10.0
+#: Methods whose requests carry a body: without a stated length they are refused (411), never read to the end.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+HOLD_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_DECIMAL = re.compile(r"[0-9]{1,15}")
+#: After /readyz starts failing, how long new requests are still taken while the endpoints catch up.
+DRAIN_DELAY_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    key: bytes
+    hold_seconds: float = 30.0
+    remember_seconds: float = 60.0
+    max_connections: int = 256
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+class Front(ThreadingHTTPServer):
+    """A threading HTTP server with at most ``max_connections`` connections open; more are closed at accept."""
+
+    daemon_threads = True
+    #: The listen backlog: a gateway opens many connections at once when a burst arrives (socketserver's 5 overflow,
+    #: and the kernel answers the surplus with resets). The kernel caps it at net.core.somaxconn.
+    request_queue_size = 1024
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self.closed_at_accept = 0
+        self.draining = False
+        self._count = threading.Condition()
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        with self._count:
+            if self.open_connections >= self.max_connections:
+                self.closed_at_accept += 1
+                return False  # socketserver closes it unanswered
+            self.open_connections += 1
+            return True
+
+    def _closed(self) -> None:
+        with self._count:
+            self.open_connections -= 1
+            self._count.notify_all()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._closed()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed()
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for every connection to close; whether they did."""
+        with self._count:
+            return self._count.wait_for(lambda: self.open_connections == 0, timeout)
+
+
+class _Refused(Exception):
+    """The request has been answered with a refusal; nothing more is to be done with it."""
+
+
+def _single(handler: BaseHTTPRequestHandler, name: str) -> str | None:
+    """The header's one value (None when it is missing or given more than once)."""
+    values = handler.headers.get_all(name) or []
+    return values[0] if len(values) == 1 else None
+
+
+def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+    """The request handler class of one activator."""
+    pending_token = contract.pending_token(settings.key).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive for the gateway's connection pool
+        timeout = CLIENT_TIMEOUT_SECONDS
+        server: Front
+
+        def log_message(self, format: str, *args: Any) -> None:  # one structured line per outcome instead
+            return
+
+        def _answer(self, answer: Answer) -> None:
+            if self.server.draining:
+                self.close_connection = True
+            try:
+                self.send_response_only(answer.status)
+                for name, value in answer.headers:
+                    self.send_header(name, value)
+                stated = any(n.lower() == "content-length" for n, _ in answer.headers)  # a HEAD's, relayed
+                if answer.status != 204 and not (self.command == "HEAD" and stated):
+                    self.send_header("Content-Length", str(len(answer.body)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                if self.command != "HEAD" and answer.status not in (204, 304):
+                    self.wfile.write(answer.body)
+            except OSError:  # the client left; the outcome is counted already
+                self.close_connection = True
+
+        def _own(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self._answer(Answer(status, [("Content-Type", content_type)], body, ""))
+
+        def _refuse(self, status: int, outcome: str, error: str) -> _Refused:
+            """Refuse a request without reading its body, and close the connection; what to raise."""
+            metrics.count(outcome)
+            self.close_connection = True
+            self._answer(refusal(status, outcome, error))
+            return _Refused()
+
+        def do_GET(self) -> None:
+            path = urlsplit(self.path).path
+            if path in ("/healthz", "/readyz"):
+                ready = path == "/healthz" or not self.server.draining
+                self._own(200 if ready else 503, b"ok\n" if ready else b"draining\n")
+            elif path == "/metrics":
+                self._own(200, metrics.page(), CONTENT_TYPE_LATEST)
+            elif path == contract.PENDING_PATH:
+                presented = (_single(self, contract.TOKEN_HEADER) or "").encode()
+                if not hmac.compare_digest(presented, pending_token):
+                    self._refuse(401, "unauthenticated", "the pending token is missing or wrong")
+                    return
+                body = json.dumps({"models": holder.board.pending()}, separators=(",", ":")).encode()
+                self._own(200, body, "application/json")
+            else:
+                self._hold()
+
+        def _hold(self) -> None:
+            arrived = time.monotonic()
+            try:
+                request = self._admit()
+            except _Refused:
+                return
+            self._answer(holder.handle(request, arrived))
+
+        def _admit(self) -> Held:
+            """The request as it is to be held; raises :class:`_Refused` once it has been refused."""
+            model, upstream = _single(self, contract.MODEL_HEADER), _single(self, contract.UPSTREAM_HEADER)
+            if model is None or upstream is None:
+                raise self._refuse(400, "invalid", "not a request for a sleeping model")
+            presented = (_single(self, contract.TOKEN_HEADER) or "").encode()
+            if not hmac.compare_digest(presented, contract.token(settings.key, model, upstream).encode()):
+                raise self._refuse(401, "unauthenticated", "the activation token is missing or wrong")
+            if not contract.upstream_allowed(model, upstream):
+                raise self._refuse(400, "invalid", "the upstream is not a Service of the model's namespace")
+            if not self.path.startswith("/"):
+                raise self._refuse(400, "invalid", "the request target must be a path")
+            return Held(self.command, self.path, list(self.headers.items()), self._body(), model, upstream)
+
+        def _body(self) -> bytes | None:
+            """The whole body (None: the request states none); raises :class:`_Refused` once refused."""
+            if self.headers.get("Transfer-Encoding") is not None:
+                raise self._refuse(411, "invalid", "a chunked body is not taken: send Content-Length")
+            stated = self.headers.get_all("Content-Length") or []
+            if not stated:
+                if self.command in BODY_METHODS:
+                    raise self._refuse(411, "invalid", "Content-Length is required")
+                return None
+            if len(stated) > 1 or not _DECIMAL.fullmatch(stated[0]):
+                raise self._refuse(400, "invalid", "Content-Length must be one decimal number")
+            length = int(stated[0])
+            if length > settings.max_body_bytes:
+                raise self._refuse(413, "invalid", f"the body is larger than {settings.max_body_bytes} bytes")
+            try:
+                body = self.rfile.read(length)
+            except OSError:  # stalled past the client timeout, or reset
+                body = b""
+            if len(body) < length:  # the client is gone or stalled: no answer it would read
+                metrics.count("invalid")
+                self.close_connection = True
+                raise _Refused()
+            return body
+
+        do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _hold
+
+    return Handler
+
+
+@dataclass
+class Running:
+    """A started activator: its server, the thread serving it, and what it holds."""
+
+    server: Front
+    thread: threading.Thread
+    holder: Holder
+    metrics: Metrics
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def drain(self, delay: float = DRAIN_DELAY_SECONDS, grace: float | None = None) -> bool:
+        """Fail /readyz, keep taking requests for ``delay`` s, stop listening, then wait up to ``grace`` s (default:
+        a whole hold and a whole answer) for the held requests; whether every connection closed."""
+        self.server.draining = True
+        time.sleep(delay)
+        self.server.shutdown()
+        if grace is None:
+            grace = self.holder.hold_seconds + self.holder.read_timeout + CLIENT_TIMEOUT_SECONDS
+        done = self.server.wait_closed(grace)
+        self.server.server_close()
+        return done
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def start(settings: Settings, host: str = "127.0.0.1", port: int = 0, *,
+          holder_options: Mapping[str, Any] | None = None) -> Running:
+    """Serve in a background thread. ``holder_options``: :class:`.hold.Holder`'s keyword arguments (tests shorten
+    its timings and resolve Service names to local listeners)."""
+    board = Board(settings.remember_seconds)
+    metrics = Metrics(board.waiting)
+    holder = Holder(board, metrics, settings.hold_seconds, **(holder_options or {}))
+    front = Front((host, port), handler(settings, holder, metrics), settings.max_connections)
+    thread = threading.Thread(target=front.serve_forever, name="activator-http", daemon=True)
+    thread.start()
+    return Running(front, thread, holder, metrics)
+

@@ -1,0 +1,131 @@
+"""Scale to zero: an idle model's pools go to zero pods, and the first request wakes the CPU INT8 pool. Pure.
+
+A model may go to zero when every enabled pool has minReplicas 0 (the class allows it) and the operator knows an
+activator (``--activator-url``): a shared proxy that holds requests while the model has no pod, tells the operator
+(``GET /pending``), and forwards each held request as soon as the woken pool accepts it. Waking is spillover from
+nothing: the CPU pool starts in seconds, so it is the one woken; the GPU pool follows only if load persists, as the
+policy decides for any awake model.
+
+The phases (``History.zero``), and why each step is ordered so that no request meets a backend with no pod:
+
+- ``awake``: the pools serve, and the pool that wakes (CPU, else GPU: ``wake_pool``) keeps at least one replica
+  (``awake_bounds``), so the policy's own scale-down never empties the model behind the activator's back.
+- ``draining``: no request for ``idleSeconds``. The HTTPRoute points at the activator *first*, and the replicas stay
+  as they were for ``DRAIN_SECONDS``, so the Gateway has switched before a pod goes: a request that still reaches a
+  pool is served, one that reaches the activator is forwarded to the same pool (which is still up). Any request
+  seen (a pool's rate, or the activator's) makes the model ``awake`` again.
+- ``asleep``: every pool at zero; the route stays on the activator, which holds what arrives.
+- ``waking``: the activator holds requests for the model: the wake pool gets one replica. The route stays on the
+  activator until that replica is ready (the activator forwards to it meanwhile), then points at the pools again
+  (``awake``), so a request never meets a pool that has no ready pod.
+
+Idle time is counted from the last request a pool or the activator saw; with stale metrics it is not counted at all
+(no rate is not no traffic), and counting starts when the operator first looks at the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool, PoolBounds
+from rerank_operator.core.autoscale.history import ZeroPhase, ZeroState
+from rerank_operator.core.autoscale.signals import Signals
+
+#: How long the route points at the activator before the pools go: one tick to apply the route plus the time a
+#: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.
+DRAIN_SECONDS = 15.0
+#: The phases in which the model's HTTPRoute sends every request to the activator.
+ROUTED_TO_ACTIVATOR: tuple[ZeroPhase, ...] = ("draining", "asleep", "waking")
+
+
+def may_sleep(spec: AutoscalingSpec) -> bool:
+    """Whether the policy may take this model to zero: every enabled pool at minReplicas 0, an idle period set
+    (``AutoscalingSpec.idle_seconds``: None when the spec or the operator rules it out), replicas the operator's."""
+    pools = [spec.bounds(p) for p in ("gpu", "cpu") if spec.bounds(p).enabled]
+    return (spec.idle_seconds is not None and spec.replica_management == "operator" and bool(pools)
+            and all(b.min_replicas == 0 for b in pools))
+
+
+def wake_pool(spec: AutoscalingSpec) -> Pool:
+    """The pool a request wakes: the CPU INT8 pool (it starts in seconds), the GPU pool for a model without one."""
+    return "cpu" if spec.cpu.enabled else "gpu"
+
+
+def awake_bounds(spec: AutoscalingSpec) -> AutoscalingSpec:
+    """``spec`` with the wake pool kept at one replica or more: an awake model goes to zero only through the
+    phases above (the activator first), never by the policy's scale-down of an idle pool."""
+    pool = wake_pool(spec)
+    bounds = spec.bounds(pool)
+    if bounds.min_replicas >= 1:
+        return spec
+    kept = PoolBounds(bounds.enabled, 1, max(1, bounds.max_replicas))
+    return replace(spec, cpu=kept) if pool == "cpu" else replace(spec, gpu=kept)
+
+
+def requested_since(state: ZeroState, signals: Signals, measured: bool, now: float) -> float | None:
+    """The last time a request was seen: now when a pool served some this interval or when metrics could not be
+    read (unknown is not idle), else the activator's last request for the model, else what was known."""
+    last = state.last_request
+    demand = signals.activator
+    if demand is not None and demand.last is not None:
+        last = demand.last if last is None else max(last, demand.last)
+    if demand is not None and demand.waiting > 0:
+        last = now
+    if not measured or signals.total_request_rate > 0:
+        last = now
+    return last
+
+
+def step(state: ZeroState, spec: AutoscalingSpec, signals: Signals, measured: bool, now: float) -> ZeroState:
+    """The phase after this tick (module docstring). ``measured``: every pool with ready replicas had fresh metrics."""
+    if not may_sleep(spec):
+        return ZeroState() if state.phase == "awake" else ZeroState("awake", now, now)
+    last = requested_since(state, signals, measured, now)
+    if last is None:  # the first look: idle time counts from here
+        last = now
+    waiting = signals.activator is not None and signals.activator.waiting > 0
+    fresh_request = last != state.last_request and state.last_request is not None
+    phase = state.phase
+    if phase == "awake":
+        idle_seconds = spec.idle_seconds if spec.idle_seconds is not None else float("inf")
+        if now - last >= idle_seconds:
+            return ZeroState("draining", now, last)
+        return ZeroState("awake", state.since, last)
+    if phase == "draining":
+        if waiting or fresh_request or signals.total_request_rate > 0:
+            return ZeroState("awake", now, last)
+        if state.since is None or now - state.since >= DRAIN_SECONDS:
+            return ZeroState("asleep", now, last)
+        return ZeroState("draining", state.since, last)
+    if phase == "asleep":
+        if waiting or fresh_request:
+            return ZeroState("waking", now, now)
+        return ZeroState("asleep", state.since, last)
+    # waking: until the wake pool has a ready replica
+    if signals.pool(wake_pool(spec)).ready_replicas > 0:
+        return ZeroState("awake", now, last)
+    return ZeroState("waking", state.since, last)
+
+
+def replicas(spec: AutoscalingSpec, phase: ZeroPhase, gpu: int, cpu: int) -> tuple[int, int]:
+    """(gpu, cpu) replicas a phase routed to the activator asks for: draining keeps them, asleep none, waking one
+    replica of the wake pool (and whatever is still up of the other, which the next awake ticks size)."""
+    if phase == "draining":
+        return gpu, cpu
+    if phase == "asleep":
+        return 0, 0
+    if wake_pool(spec) == "cpu":
+        return gpu, max(cpu, 1)
+    return max(gpu, 1), cpu
+
+
+def why(phase: ZeroPhase, spec: AutoscalingSpec, state: ZeroState, now: float) -> str:
+    """The decision's reason in a phase routed to the activator."""
+    pool = wake_pool(spec)
+    if phase == "draining":
+        idle = now - state.last_request if state.last_request is not None else 0.0
+        return (f"scale to zero: no request for {idle:.0f}s (idleSeconds {spec.idle_seconds:.0f}): traffic to the "
+                f"activator, the pools go to zero in {DRAIN_SECONDS:.0f}s")
+    if phase == "asleep":
+        return f"scaled to zero: the activator holds requests and wakes the {pool} pool"
+    return f"waking: requests wait at the activator until the {pool} pool has a ready replica"

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.fleet --models 1000 [--namespaces 100] [--metrics-source direct|prometheus]
                                          [--replicas 1|2] [--steady-window 60] [--operator-ref HEAD]
+                                         [--idle [--idle-seconds 30] [--activator-hold 5]]
 
 What it measures (progress on stderr, one JSON object on stdout):
 
@@ -23,6 +24,16 @@ What it measures (progress on stderr, one JSON object on stdout):
   until its counters move, and until the change reaches the model's Deployment is measured; then every model must be
   Ready with one Job per model and artifact.
 
+- idle (``--idle``): every model may go to zero (CPU pool minReplicas 0, no GPU pool, ``idleSeconds``
+  ``--idle-seconds``, an HTTPRoute to a Gateway that does not exist) and gets no request at all (the fake TEI serves
+  zero counters); the cluster has the Gateway API CRDs, the operator the activator flags and rbac_activator.yaml's
+  Role, and the activator runs in this process (``rerank_activator.server.start``). After the bring-up, the time
+  until every CPU Deployment is at 0 replicas and no pool pod is left (``idle_after_s``, from the last model Ready),
+  then the steady window above with zero pods, then ``idle_pods`` and ``models_at_zero`` (lastDecision.scaleToZero
+  "asleep"); last, one model is woken by a request sent as the Gateway would (the headers of its HTTPRoute, to the
+  activator): ``wake_scale_s`` from the request to its CPU Deployment at 1 replica (the operator's part of a wake).
+  kwok pods serve nothing, so the held request is answered 503 once its hold (``--activator-hold``) runs out.
+
 Direct metrics: kwok pods have no network, so every pool pod's /metrics is served by one local fake TEI endpoint
 (``rerank_devcluster.fake_tei.SteadyTei``: constant light load) through ``rerank_devcluster.scrape_redirect``.
 """
@@ -35,6 +46,7 @@ import json
 import math
 import os
 import shutil
+import secrets
 import signal
 import ssl
 import subprocess
@@ -53,10 +65,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from rerank_activator import server as activator_server
+from rerank_devcluster import binaries
 from rerank_devcluster import operator_process as op
 from rerank_devcluster.cluster import Cluster, free_port
 from rerank_devcluster.fake_tei import MetricsServer, SteadyTei
 from rerank_devcluster.scrape_redirect import ANY_POD
+from rerank_operator.core.autoscale.zero import DRAIN_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
 STORAGE_CLASS = "fleet-bench"
@@ -64,6 +81,11 @@ NS_PREFIX = "fleet-"
 LEASE_NS, LEASE_NAME = op.OPERATOR_NS, "rerank-operator"
 POOL_LABEL, INSTANCE_LABEL = "rerank.io/pool", "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+GATEWAY_API = "/apis/gateway.networking.k8s.io/v1"
+#: --idle: the activator's Service as the operator names it in the routes (``--activator-service``), and the Role of
+#: rbac_activator.yaml (the chart's) in the operator's namespace.
+ACTIVATOR_SERVICE = "rerank-activator"
+RBAC_ACTIVATOR = REPO / "operator" / "rerank_operator" / "rbac_activator.yaml"
 #: The autoscaler's per-pool signals read from Prometheus (rerank_operator.adapters.prometheus_api.queries).
 PROMQL_SIGNALS = 9
 TARGETS = {
@@ -75,6 +97,7 @@ TARGETS = {
     "rss_mb": 300.0,
     "cpu_cores": 0.5,
     "failover_s": 15.0,
+    "idle_pods": 0.0,
 }
 
 _T0 = time.monotonic()
@@ -202,6 +225,14 @@ class Fleet:
     pool_pods: dict[Key, str] = field(default_factory=dict)  # (ns, pod) -> pool
     pods_changed: float = 0.0
     finish_errors: int = 0
+    # --idle: pool pods until DELETED (terminating ones included), the CPU Deployments' spec.replicas, the models'
+    # lastDecision.scaleToZero.
+    pool_pods_present: dict[tuple[str, str], Key] = field(default_factory=dict)
+    pool_pod_deleted: float = 0.0
+    pool_pod_added: dict[Key, float] = field(default_factory=dict)
+    cpu_replicas: dict[Key, int] = field(default_factory=dict)
+    cpu_replicas_changed: dict[Key, float] = field(default_factory=dict)
+    zero_phase: dict[Key, str | None] = field(default_factory=dict)
 
     def ready_count(self) -> int:
         with self.lock:
@@ -215,6 +246,26 @@ def owner_key(obj: dict[str, Any]) -> Key | None:
     return (ns, name) if ns.startswith(NS_PREFIX) and name else None
 
 
+def zero_phase(model: dict[str, Any]) -> str | None:
+    """The model's scale-to-zero phase (status.autoscaling.lastDecision.scaleToZero): awake, draining, asleep, ..."""
+    decision = ((model.get("status") or {}).get("autoscaling") or {}).get("lastDecision") or {}
+    phase = decision.get("scaleToZero")
+    return str(phase) if phase is not None else None
+
+
+def route_backends(route: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """(namespace, name) of each backendRef of the route's first rule."""
+    rules = (route.get("spec") or {}).get("rules") or [{}]
+    return [(r.get("namespace"), r["name"]) for r in rules[0].get("backendRefs") or ()]
+
+
+def route_headers(route: dict[str, Any]) -> dict[str, str]:
+    """The headers the route's first rule sets (RequestHeaderModifier): what the Gateway adds to each request."""
+    rules = (route.get("spec") or {}).get("rules") or [{}]
+    return {h["name"]: h["value"] for f in rules[0].get("filters") or ()
+            for h in (f.get("requestHeaderModifier") or {}).get("set") or ()}
+
+
 def is_ready(model: dict[str, Any]) -> bool:
     status = model.get("status") or {}
     if status.get("observedGeneration") != model.get("metadata", {}).get("generation"):
@@ -223,8 +274,8 @@ def is_ready(model: dict[str, Any]) -> bool:
 
 
 class Watches:
-    def __init__(self, api: Api, fleet: Fleet, finish: Callable[[dict[str, Any]], None]) -> None:
-        self.api, self.fleet, self.finish = api, fleet, finish
+    def __init__(self, api: Api, fleet: Fleet, finish: Callable[[dict[str, Any]], None], idle: bool = False) -> None:
+        self.api, self.fleet, self.finish, self.idle = api, fleet, finish, idle
         self.stop = threading.Event()
 
     def start(self) -> None:
@@ -232,6 +283,19 @@ class Watches:
                        {"labelSelector": f"{COMPONENT_LABEL}=quantizer"})
         self.api.watch("/api/v1/pods", self.on_pod, self.stop)
         self.api.watch(f"/apis/{op.GROUP}/{op.VERSION}/{op.PLURAL}", self.on_model, self.stop)
+        if self.idle:
+            self.api.watch("/apis/apps/v1/deployments", self.on_deployment, self.stop,
+                           {"labelSelector": f"{POOL_LABEL}=cpu"})
+
+    def on_deployment(self, kind: str, dep: dict[str, Any], now: float) -> None:
+        key = owner_key(dep)
+        if key is None:
+            return
+        replicas = -1 if kind == "DELETED" else int((dep.get("spec") or {}).get("replicas", 1))
+        with self.fleet.lock:
+            if self.fleet.cpu_replicas.get(key) != replicas:
+                self.fleet.cpu_replicas[key] = replicas
+                self.fleet.cpu_replicas_changed[key] = now
 
     def on_job(self, kind: str, job: dict[str, Any], now: float) -> None:
         key = owner_key(job)
@@ -251,6 +315,12 @@ class Watches:
         if labels.get(POOL_LABEL):
             pod_key = (meta["namespace"], meta["name"])
             with self.fleet.lock:
+                if kind == "DELETED":
+                    if self.fleet.pool_pods_present.pop(pod_key, None) is not None:
+                        self.fleet.pool_pod_deleted = now
+                elif pod_key not in self.fleet.pool_pods_present:
+                    self.fleet.pool_pods_present[pod_key] = key
+                    self.fleet.pool_pod_added[key] = now
                 gone = kind == "DELETED" or bool(meta.get("deletionTimestamp"))
                 if gone and pod_key in self.fleet.pool_pods:
                     del self.fleet.pool_pods[pod_key]
@@ -277,6 +347,7 @@ class Watches:
         autoscaling = json.dumps((model.get("status") or {}).get("autoscaling"), sort_keys=True)
         with self.fleet.lock:
             self.fleet.ready_now[key] = ready
+            self.fleet.zero_phase[key] = zero_phase(model) if kind != "DELETED" else None
             if ready:
                 self.fleet.first_ready.setdefault(key, now)
             if self.fleet.autoscaling.get(key, autoscaling) != autoscaling:
@@ -499,7 +570,14 @@ class Prometheus:
 # --- the benchmark ----------------------------------------------------------------------------------------------------
 
 def model_manifest(name: str, ns: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The cluster tests' model (rerank_devcluster.operator_process.rerank_model), autoscaled."""
+    """The cluster tests' model (rerank_devcluster.operator_process.rerank_model), autoscaled; with ``--idle``, one
+    that may go to zero (test_scale_to_zero.py's: a CPU pool from 0, no GPU pool, idleSeconds, a Gateway route)."""
+    if args.idle:
+        return op.rerank_model(
+            name, ns, STORAGE_CLASS, pools={"cpu": {"minReplicas": 0, "maxReplicas": 4}, "gpu": {"enabled": False}},
+            autoscaling={"enabled": True, "intervalSeconds": args.interval, "idleSeconds": args.idle_seconds,
+                         "metrics": {"source": args.metrics_source, "staleAfterSeconds": max(60, 4 * args.interval)}},
+            routing={"gateway": {"parentRefs": [{"name": "shared", "namespace": "gateway-system"}]}})
     return op.rerank_model(name, ns, STORAGE_CLASS, pools={"cpu": {"minReplicas": 1, "maxReplicas": 4}},
                            autoscaling={"enabled": True, "intervalSeconds": args.interval,
                                         "metrics": {"source": args.metrics_source,
@@ -571,6 +649,7 @@ class Benchmark:
         self.replicas: list[Replica] = []
         self.prometheus: Prometheus | None = None
         self.tei_server: MetricsServer | None = None
+        self.activator: activator_server.Running | None = None
         self.notes: list[str] = []
         self.keys: list[Key] = []
         self._last_progress = 0.0
@@ -592,6 +671,8 @@ class Benchmark:
                 self.prometheus.stop()
             if self.tei_server:
                 self.tei_server.stop()
+            if self.activator:
+                self.activator.stop()
             if args.keep_workdir:
                 log(f"kept {cluster.workdir} (logs: {cluster.logs_dir})")
             cluster.stop()
@@ -611,7 +692,8 @@ class Benchmark:
         self._wait(lambda: self._default_service_accounts() >= len(namespaces), 120,
                    "every namespace's default ServiceAccount")
 
-        tei = SteadyTei(rate=1.0, latency=0.03)
+        # --idle: no request at all, so the models go to zero (counters that never move read as a rate of 0).
+        tei = SteadyTei(rate=0.0 if args.idle else 1.0, latency=0.03)
         self.tei_server = MetricsServer(tei.render)
         redirect = cluster.workdir / "scrape-addresses.json"
         redirect.write_text(json.dumps({ANY_POD: self.tei_server.address}))
@@ -624,17 +706,24 @@ class Benchmark:
         if args.metrics_source == "prometheus":
             self.prometheus = Prometheus(cluster.workdir, self.fleet, self.tei_server.address, args.interval)
             prom_args = ["--prometheus-url", self.prometheus.url]
+        if args.idle:
+            prom_args += self._start_activator(cluster)
         self._start_operators(cluster, identity, redirect, extra_env, prom_args)
 
         finisher = ThreadPoolExecutor(max_workers=args.finish_concurrency, thread_name_prefix="finish")
         def finish(pod: dict[str, Any]) -> None:
             finisher.submit(self._finish, pod)
 
-        watches = Watches(api, self.fleet, finish)
+        watches = Watches(api, self.fleet, finish, idle=args.idle)
         watches.start()
         try:
             self._bring_up(namespaces)
+            if args.idle:
+                self._to_zero()
             self._steady_state()
+            if args.idle:
+                self._idle_end()
+                self._wake()
             if args.replicas == 2 and self.result.get("failover") is None:
                 self._failover()
         finally:
@@ -642,6 +731,36 @@ class Benchmark:
             finisher.shutdown(wait=False, cancel_futures=True)
         self.result["checks"] = self._checks()
         return self.result
+
+    def _start_activator(self, cluster: Cluster) -> list[str]:
+        """--idle: the Gateway API CRDs, rbac_activator.yaml's Role bound in the operator's namespace (as
+        tests/cluster/test_scale_to_zero.py does), and the activator in this process with a fresh key; returns the
+        operator's activator flags. kwok pods have no network: every held request's connection goes to a closed local
+        port (refused, tried again until its hold runs out: answered 503)."""
+        apply_and_wait = op.apply_and_wait_established
+        apply_and_wait(cluster, binaries.gateway_api_crds())
+        name = "rerank-operator-activator"
+        op.kubectl_apply(cluster, [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": name, "namespace": op.OPERATOR_NS},
+             "rules": yaml.safe_load(RBAC_ACTIVATOR.read_text())},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": name, "namespace": op.OPERATOR_NS},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": op.OPERATOR_SA, "namespace": op.OPERATOR_NS}]},
+        ])
+        key = secrets.token_hex(24).encode()
+        key_file = cluster.workdir / "activator-key"
+        key_file.write_bytes(key + b"\n")
+        os.chmod(key_file, 0o600)
+        closed = ("127.0.0.1", free_port())
+        self.activator = activator_server.start(
+            activator_server.Settings(key=key, hold_seconds=self.args.activator_hold), "127.0.0.1", 0,
+            holder_options={"resolve": lambda host, port: closed})
+        log(f"Gateway API CRDs installed; activator at {self.activator.url} (hold {self.args.activator_hold:g}s)")
+        return ["--activator-url", self.activator.url,
+                "--activator-service", f"{op.OPERATOR_NS}/{ACTIVATOR_SERVICE}:8080",
+                "--activator-key-file", str(key_file)]
 
     def _start_operators(self, cluster: Cluster, identity: op.Identity, redirect: Path, extra_env: dict[str, str],
                          prom_args: list[str]) -> None:

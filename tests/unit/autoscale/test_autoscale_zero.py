@@ -126,3 +126,18 @@ def test_waking_a_model_without_cpu_pool_wakes_the_gpu_pool() -> None:
     ready = Signals(gpu=PoolSignals(ready_replicas=1, scraped_replicas=1, request_rate=1.0, success_rate=1.0,
                                     latency_p95_ms=50.0, sampled_at=NOW + 5))
     assert decide(gpu_only, ready, Current(1, 0, 0), d.history, NOW + 5).zero == "awake"
+
+
+def test_a_woken_model_starts_its_gpu_pool_only_when_the_load_persists_or_the_cpu_pool_is_over_target() -> None:
+    both = replace(spec(gpu=(0, 2), cpu=(0, 4), idleSeconds=IDLE), idle_seconds=float(IDLE))
+    woken = History(zero=ZeroState("awake", NOW, NOW))  # the CPU replica just took the route back
+
+    def at(t: float, cpu: PoolSignals) -> Decision:
+        return decide(both, Signals(cpu=cpu), Current(0, 1, 100), woken, NOW + t)
+
+    calm = at(10, pool(1, rate=3.0, p95=100, at=NOW + 10))
+    assert (calm.gpu_replicas, calm.cpu_replicas) == (0, 1)       # one query after a night: the CPU pool serves it
+    over = at(10, pool(1, rate=30.0, p95=2000, queue=40, at=NOW + 10))
+    assert over.gpu_replicas >= 1                                  # the CPU pool cannot: spillover from nothing
+    later = at(zero.GPU_WAKE_AFTER_SECONDS + 1, pool(1, rate=3.0, p95=100, at=NOW + zero.GPU_WAKE_AFTER_SECONDS + 1))
+    assert later.gpu_replicas >= 1                                 # the load persisted: gpu-first as for any model

@@ -99,13 +99,15 @@ def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: H
     sleeping = _scale_to_zero(spec, signals, current, history, now, measured=not stale)
     if isinstance(sleeping, Decision):
         return sleeping
-    decision = _decide_awake(sleeping.spec, signals, current, sleeping.history, now, tuning, stale)
+    decision = _decide_awake(sleeping.spec, signals, current, sleeping.history, now, tuning, stale,
+                             gpu_waits=zeros.gpu_waits(sleeping.history.zero, spec, current.gpu_replicas, now))
     return replace(decision, zero=sleeping.zero, events=decision.events + sleeping.events)
 
 
 def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,
-                  tuning: routing.Tuning, stale: Mapping[str, str]) -> Decision:
-    """``decide`` for a model whose pools serve (every model but one going to, or at, zero)."""
+                  tuning: routing.Tuning, stale: Mapping[str, str], gpu_waits: bool = False) -> Decision:
+    """``decide`` for a model whose pools serve (every model but one going to, or at, zero). ``gpu_waits``: a model
+    just woken on its CPU pool starts no GPU replica unless the CPU pool is over target (``zero.gpu_waits``)."""
     if stale:
         # The pools measured this tick keep their sample time, so two pools missing in turn are not stale.
         history = _sampled(history, signals, [p for p in ("gpu", "cpu") if p not in stale])
@@ -130,7 +132,7 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     # gpu-only: the spec's (the CPU pool gets nothing anyway) or the quality guard's (the GPU takes it all).
     gpu_demand = (signals.total_request_rate if policy in ("gpu-first", "gpu-only")
                   else (signals.gpu.request_rate or 0.0))
-    if policy == "cpu-only":
+    if policy == "cpu-only" or (gpu_waits and not cpu_load.overloaded):
         gpu_demand = 0.0
     # Standing headroom for the next surge, learned from the surges seen (`surge`): the GPU pool is sized for it
     # whenever it is sized for all demand.

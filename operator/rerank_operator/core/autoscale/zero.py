@@ -17,7 +17,8 @@ The phases (``History.zero``), and why each step is ordered so that no request m
 - ``asleep``: every pool at zero; the route stays on the activator, which holds what arrives.
 - ``waking``: the activator holds requests for the model: the wake pool gets one replica. The route stays on the
   activator until that replica is ready (the activator forwards to it meanwhile), then points at the pools again
-  (``awake``), so a request never meets a pool that has no ready pod.
+  (``awake``), so a request never meets a pool that has no ready pod. The GPU pool stays at zero for
+  GPU_WAKE_AFTER_SECONDS after the wake unless the CPU pool is over target (``gpu_waits``).
 
 Idle time is counted from the last request a pool or the activator saw; with stale metrics it is not counted at all
 (no rate is not no traffic), and counting starts when the operator first looks at the model.
@@ -34,6 +35,10 @@ from rerank_operator.core.autoscale.signals import Signals
 #: How long the route points at the activator before the pools go: one tick to apply the route plus the time a
 #: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.
 DRAIN_SECONDS = 15.0
+#: After a wake, how long the load must persist before the GPU pool is started (unless the CPU pool is over target):
+#: one query after a night asleep is served by the CPU pool alone, not by a GPU replica that takes minutes to start
+#: and then idles for the scale-down window.
+GPU_WAKE_AFTER_SECONDS = 60.0
 #: The phases in which the model's HTTPRoute sends every request to the activator.
 ROUTED_TO_ACTIVATOR: tuple[ZeroPhase, ...] = ("draining", "asleep", "waking")
 
@@ -105,6 +110,13 @@ def step(state: ZeroState, spec: AutoscalingSpec, signals: Signals, measured: bo
     if signals.pool(wake_pool(spec)).ready_replicas > 0:
         return ZeroState("awake", now, last)
     return ZeroState("waking", state.since, last)
+
+
+def gpu_waits(state: ZeroState, spec: AutoscalingSpec, gpu_replicas: int, now: float) -> bool:
+    """Whether a model woken on its CPU pool less than GPU_WAKE_AFTER_SECONDS ago keeps its GPU pool at zero
+    (the policy still starts it when the CPU pool is over target): waking is spillover from nothing."""
+    woken = state.phase == "awake" and state.since is not None and now - state.since < GPU_WAKE_AFTER_SECONDS
+    return woken and may_sleep(spec) and wake_pool(spec) == "cpu" and spec.gpu.enabled and gpu_replicas == 0
 
 
 def replicas(spec: AutoscalingSpec, phase: ZeroPhase, gpu: int, cpu: int) -> tuple[int, int]:

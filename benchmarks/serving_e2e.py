@@ -479,6 +479,68 @@ def load_groups(eval_jsonl: Path) -> list[tuple[str, list[str]]]:
     return groups
 
 
+@dataclass
+class Stack:
+    """The dev cluster with its real node, the TEI image in its registry, the chart released, and the MiniLM
+    fixture's model Ready on a CPU pool of that image (``serve``): what this benchmark and ``serving_wake`` run on."""
+
+    router: Path
+    ort: Path
+    archive: Path
+    tei: str
+    workdir: Path
+    groups: list[tuple[str, list[str]]]
+    result: dict[str, Any]
+    started: float = 0.0
+
+    @classmethod
+    def prepare(cls, router: Path, ort_library: Path | None, workdir: Path) -> Stack:
+        from benchmarks import trained_fixture  # untyped: not followed by mypy (pyproject.toml), so Any here
+
+        fixture = trained_fixture.make_fixture("minilm-ce")
+        ort = (ort_library or default_ort_library()).resolve()
+        archive, tei = nodeimage.tei_image(router.resolve(), ort)
+        log(f"TEI image {tei} ({archive.stat().st_size >> 20} MiB archive; router {router}, {ort.name})")
+        workdir = workdir.resolve()
+        shutil.rmtree(workdir, ignore_errors=True)
+        volume = workdir / "volume"
+        shutil.copytree(fixture["model_dir"], volume / "sources" / "minilm-ce")
+        (volume / "data").mkdir(parents=True)
+        shutil.copy(fixture["eval_jsonl"], volume / "data" / "eval.jsonl")
+        result: dict[str, Any] = {"tei_image": tei, "router": str(router), "ort_library": ort.name,
+                                  "model": "trained_fixture minilm-ce", "texts_per_request": TEXTS_PER_REQUEST}
+        return cls(router, ort, archive, tei, workdir, load_groups(volume / "data" / "eval.jsonl"), result)
+
+    def start(self) -> Cluster:
+        self.started = time.monotonic()
+        cluster = Cluster.start(self.workdir / "cluster", real_node=True, timeout=900)
+        cluster.keep_workdir = True
+        return cluster
+
+    def serve(self, cluster: Cluster, model: Callable[[str, str], dict[str, Any]],
+              release_values: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Push the TEI image, release the chart (``release_values`` on top), apply ``model(quantizer image, TEI
+        image)`` and wait until it is Ready; returns the model."""
+        assert cluster.real_node is not None
+        repository, _, tag = self.tei.rpartition(":")
+        self.tei = cluster.real_node.push_image(self.archive,
+                                                f"{nodeimage.REGISTRY_PREFIX}/{repository.rsplit('/', 1)[-1]}",
+                                                tag)  # the node pulls it from the registry, as it pulls the others
+        self.result["tei_image"] = self.tei
+        self.result["cluster_start_s"] = round(time.monotonic() - self.started, 1)
+        cluster.apply(realnode.quantizer_placement_policy(REAL_NODE_LABEL))
+        cluster.apply(volume_objects(self.workdir / "volume"))  # the namespace first: the chart's Roles go into it
+        release = OperatorRelease(cluster, OPERATOR_NS, RELEASE, cluster.real_node.images.operator.name,
+                                  watch_namespaces=[NS], extra_values=release_values or {})
+        release.install(self.workdir, timeout=240)
+        applied = time.monotonic()
+        cluster.apply([model(cluster.real_node.images.quantizer_image, self.tei)])
+        obj = wait_ready(cluster, 1200)
+        self.result["apply_to_ready_s"] = round(time.monotonic() - applied, 1)
+        self.result["artifact"] = {k: obj["status"]["artifact"].get(k) for k in ("id", "recipe", "quality", "speed")}
+        return obj
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--router", type=Path, required=True, help="a text-embeddings-router built with the ORT backend")
@@ -490,42 +552,12 @@ def main() -> int:
     ap.add_argument("--scale-down-seconds", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    from benchmarks import trained_fixture  # untyped: not followed by mypy (pyproject.toml), so Any here
-
-    fixture = trained_fixture.make_fixture("minilm-ce")
-    ort = (args.ort_library or default_ort_library()).resolve()
-    archive, tei = nodeimage.tei_image(args.router.resolve(), ort)
-    log(f"TEI image {tei} ({archive.stat().st_size >> 20} MiB archive; router {args.router}, {ort.name})")
-    workdir = args.workdir.resolve()
-    shutil.rmtree(workdir, ignore_errors=True)
-    volume = workdir / "volume"
-    shutil.copytree(fixture["model_dir"], volume / "sources" / "minilm-ce")
-    (volume / "data").mkdir(parents=True)
-    shutil.copy(fixture["eval_jsonl"], volume / "data" / "eval.jsonl")
-    groups = load_groups(volume / "data" / "eval.jsonl")
-    result: dict[str, Any] = {"tei_image": tei, "router": str(args.router), "ort_library": ort.name,
-                              "model": "trained_fixture minilm-ce", "texts_per_request": TEXTS_PER_REQUEST}
-    started = time.monotonic()
-    cluster = Cluster.start(workdir / "cluster", real_node=True, timeout=900)
-    cluster.keep_workdir = True
+    stack = Stack.prepare(args.router, args.ort_library, args.workdir)
+    groups, result = stack.groups, stack.result
+    cluster = stack.start()
     client = Client(groups)
     try:
-        assert cluster.real_node is not None
-        repository, _, tag = tei.rpartition(":")
-        tei = cluster.real_node.push_image(archive, f"{nodeimage.REGISTRY_PREFIX}/{repository.rsplit('/', 1)[-1]}",
-                                           tag)  # the node pulls it from the registry, as it pulls the others
-        result["tei_image"] = tei
-        result["cluster_start_s"] = round(time.monotonic() - started, 1)
-        cluster.apply(realnode.quantizer_placement_policy(REAL_NODE_LABEL))
-        cluster.apply(volume_objects(volume))  # the namespace first: the chart's Roles go into it
-        release = OperatorRelease(cluster, OPERATOR_NS, RELEASE, cluster.real_node.images.operator.name,
-                                  watch_namespaces=[NS])
-        release.install(workdir, timeout=240)
-        applied = time.monotonic()
-        cluster.apply([rerank_model(cluster.real_node.images.quantizer_image, tei, args.scale_down_seconds)])
-        obj = wait_ready(cluster, 1200)
-        result["apply_to_ready_s"] = round(time.monotonic() - applied, 1)
-        result["artifact"] = {k: obj["status"]["artifact"].get(k) for k in ("id", "recipe", "quality", "speed")}
+        stack.serve(cluster, lambda quantizer, tei: rerank_model(quantizer, tei, args.scale_down_seconds))
         pods = [p for p in cpu_pods(cluster) if ready(p)]
         result["readiness"] = readiness_check(cluster, pods[0])
         result["threads"] = threads_check(cluster, pods[0], 1)

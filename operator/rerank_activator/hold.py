@@ -130,10 +130,10 @@ class Holder:
 
     def _connect(self, upstream: str, deadline: float) -> socket.socket | None:
         """A connection to ``upstream`` made before ``deadline`` (monotonic), or None."""
-        address = self.resolve(*contract.upstream_address(upstream))
+        host, port = contract.upstream_address(upstream)
         while (left := deadline - time.monotonic()) > 0:
-            try:
-                return socket.create_connection(address, timeout=min(self.connect_timeout, left))
+            try:  # resolved at each try: where the name leads may change while the pool wakes
+                return socket.create_connection(self.resolve(host, port), timeout=min(self.connect_timeout, left))
             except OSError:  # refused, unreachable, no such name yet, or the try timed out
                 pass
             time.sleep(max(0.0, min(self.pause, deadline - time.monotonic())))

@@ -67,6 +67,10 @@ def traffic_enforced(auto: config.AutoscalingSpec, routing: Routing, view: Pools
     if view.route is None:
         return Condition(enforced, "False", conditions.REASON_ROUTE_PENDING,
                          f"HTTPRoute {names.route_name(model)} does not exist yet")
+    if decision.to_activator:
+        return Condition(enforced, "True", conditions.REASON_HTTP_ROUTE,
+                         f"HTTPRoute {names.route_name(model)} sends every request to the activator (scale to zero: "
+                         f"{decision.zero})")
     return Condition(enforced, "True", conditions.REASON_HTTP_ROUTE,
                      f"HTTPRoute {names.route_name(model)} carries the split as backend weights ({shares})")
 

@@ -596,9 +596,14 @@ def main() -> int:
     finally:
         client.close()
         cluster.stop()
+    return emit(result, args.out)
+
+
+def emit(result: dict[str, Any], out: Path | None) -> int:
+    """Print the result as JSON (and write it to ``out``)."""
     text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
     print(text)
     return 0
 

@@ -45,6 +45,7 @@ from benchmarks.serving_e2e import (
     TEI_PORT,
     Stack,
     cpu_pods,
+    emit,
     kget,
     log,
     percentile,
@@ -271,11 +272,7 @@ def main() -> int:
         if running is not None:
             running.server.shutdown()
         cluster.stop()
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -141,3 +141,21 @@ def test_a_woken_model_starts_its_gpu_pool_only_when_the_load_persists_or_the_cp
     assert over.gpu_replicas >= 1                                  # the CPU pool cannot: spillover from nothing
     later = at(zero.GPU_WAKE_AFTER_SECONDS + 1, pool(1, rate=3.0, p95=100, at=NOW + zero.GPU_WAKE_AFTER_SECONDS + 1))
     assert later.gpu_replicas >= 1                                 # the load persisted: gpu-first as for any model
+
+
+def test_a_terminating_pods_failed_scrape_never_wakes_a_sleeping_model_nor_ends_a_drain() -> None:
+    # Seen with a thousand models going to zero at once: the pod of a model just put to sleep was still listed
+    # Ready and its scrape failed; that read as a request and woke it.
+    failed = Signals(cpu=replace(pool(1, rate=0.0), error="connection refused", sampled_at=None))
+    asleep = History(zero=ZeroState("asleep", NOW, NOW - 100))
+    d = decide(SLEEPY, failed, Current(0, 0, 100), asleep, NOW + 5)
+    assert (d.zero, d.cpu_replicas) == ("asleep", 0)
+    # A drain with unreadable metrics neither wakes nor goes to zero until the pool is measured again.
+    draining = History(zero=ZeroState("draining", NOW - 2 * zero.DRAIN_SECONDS, NOW - 100))
+    d = decide(SLEEPY, failed, Current(0, 1, 100), draining, NOW)
+    assert (d.zero, d.cpu_replicas) == ("draining", 1)
+    d = decide(SLEEPY, idle_cpu(1, NOW + 5), Current(0, 1, 100), d.history, NOW + 5)
+    assert (d.zero, d.cpu_replicas) == ("asleep", 0)
+    # The activator's last request, older than what was already known, is no new request either.
+    old = Signals(activator=ActivatorDemand(waiting=0, last=NOW - 200))
+    assert decide(SLEEPY, old, Current(0, 0, 100), asleep, NOW + 5).zero == "asleep"

@@ -21,7 +21,8 @@ The phases (``History.zero``), and why each step is ordered so that no request m
   GPU_WAKE_AFTER_SECONDS after the wake unless the CPU pool is over target (``gpu_waits``).
 
 Idle time is counted from the last request a pool or the activator saw; with stale metrics it is not counted at all
-(no rate is not no traffic), and counting starts when the operator first looks at the model.
+(no rate is not no traffic), and counting starts when the operator first looks at the model. Only a request wakes a
+sleeping model: stale metrics of its terminating pods do not (``step``).
 """
 
 from __future__ import annotations
@@ -67,43 +68,50 @@ def awake_bounds(spec: AutoscalingSpec) -> AutoscalingSpec:
     return replace(spec, cpu=kept) if pool == "cpu" else replace(spec, gpu=kept)
 
 
-def requested_since(state: ZeroState, signals: Signals, measured: bool, now: float) -> float | None:
-    """The last time a request was seen: now when a pool served some this interval or when metrics could not be
-    read (unknown is not idle), else the activator's last request for the model, else what was known."""
-    last = state.last_request
+def requested(state: ZeroState, signals: Signals) -> float | None:
+    """The time of the newest request this tick shows (None: none): held at the activator now, or newer at the
+    activator than any seen (its ``last``), or served by a pool this interval (a measured rate above zero). Metrics
+    that could not be read are no request: that is for the awake model's idle count alone (``step``)."""
     demand = signals.activator
-    if demand is not None and demand.last is not None:
-        last = demand.last if last is None else max(last, demand.last)
     if demand is not None and demand.waiting > 0:
-        last = now
-    if not measured or signals.total_request_rate > 0:
-        last = now
-    return last
+        return float("inf")
+    newest = None
+    if demand is not None and demand.last is not None and (state.last_request is None
+                                                          or demand.last > state.last_request):
+        newest = demand.last
+    if signals.total_request_rate > 0:
+        newest = float("inf")
+    return newest
 
 
 def step(state: ZeroState, spec: AutoscalingSpec, signals: Signals, measured: bool, now: float) -> ZeroState:
-    """The phase after this tick (module docstring). ``measured``: every pool with ready replicas had fresh metrics."""
+    """The phase after this tick (module docstring). ``measured``: every pool with ready replicas had fresh metrics.
+
+    Unreadable metrics keep an awake model's idle count at zero (no rate is not no traffic) and hold a draining one
+    where it is, but never wake a sleeping one: its pods are going or gone, and a terminating pod's failed scrape is
+    no request (a thousand models going to zero at once showed nine such phantom wakes)."""
     if not may_sleep(spec):
         return ZeroState() if state.phase == "awake" else ZeroState("awake", now, now)
-    last = requested_since(state, signals, measured, now)
+    seen = requested(state, signals)
+    last = state.last_request if seen is None else min(seen, now)
     if last is None:  # the first look: idle time counts from here
         last = now
-    waiting = signals.activator is not None and signals.activator.waiting > 0
-    fresh_request = last != state.last_request and state.last_request is not None
     phase = state.phase
     if phase == "awake":
+        if not measured:
+            last = now
         idle_seconds = spec.idle_seconds if spec.idle_seconds is not None else float("inf")
         if now - last >= idle_seconds:
             return ZeroState("draining", now, last)
         return ZeroState("awake", state.since, last)
     if phase == "draining":
-        if waiting or fresh_request or signals.total_request_rate > 0:
+        if seen is not None:
             return ZeroState("awake", now, last)
-        if state.since is None or now - state.since >= DRAIN_SECONDS:
+        if measured and (state.since is None or now - state.since >= DRAIN_SECONDS):
             return ZeroState("asleep", now, last)
         return ZeroState("draining", state.since, last)
     if phase == "asleep":
-        if waiting or fresh_request:
+        if seen is not None:
             return ZeroState("waking", now, now)
         return ZeroState("asleep", state.since, last)
     # waking: until the wake pool has a ready replica

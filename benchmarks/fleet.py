@@ -45,8 +45,8 @@ import http.client
 import json
 import math
 import os
-import shutil
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
@@ -55,6 +55,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
@@ -233,6 +234,8 @@ class Fleet:
     cpu_replicas: dict[Key, int] = field(default_factory=dict)
     cpu_replicas_changed: dict[Key, float] = field(default_factory=dict)
     zero_phase: dict[Key, str | None] = field(default_factory=dict)
+    phase_transitions: Counter[str] = field(default_factory=Counter)  # "asleep->waking": n, as the watch saw them
+    woken: list[tuple[Key, float]] = field(default_factory=list)  # each model seen going to "waking", and when
 
     def ready_count(self) -> int:
         with self.lock:
@@ -347,7 +350,13 @@ class Watches:
         autoscaling = json.dumps((model.get("status") or {}).get("autoscaling"), sort_keys=True)
         with self.fleet.lock:
             self.fleet.ready_now[key] = ready
-            self.fleet.zero_phase[key] = zero_phase(model) if kind != "DELETED" else None
+            phase = zero_phase(model) if kind != "DELETED" else None
+            before = self.fleet.zero_phase.get(key)
+            if before is not None and phase is not None and phase != before:
+                self.fleet.phase_transitions[f"{before}->{phase}"] += 1
+                if phase == "waking":
+                    self.fleet.woken.append((key, now))
+            self.fleet.zero_phase[key] = phase
             if ready:
                 self.fleet.first_ready.setdefault(key, now)
             if self.fleet.autoscaling.get(key, autoscaling) != autoscaling:
@@ -633,6 +642,12 @@ class Replica:
         values = [v for k, v in m.items() if k.split("{")[0] == "rerank_operator_leader"]
         return max(values) if values else None
 
+    def rounds(self) -> tuple[float, float, float]:
+        """The autoscaler's rounds so far: (count, seconds in all, how many took 10 s or less)."""
+        m = self.metrics()
+        name = "rerank_operator_autoscaler_round_seconds"
+        return (m.get(f"{name}_count", 0.0), m.get(f"{name}_sum", 0.0), m.get(f'{name}_bucket{{le="10.0"}}', 0.0))
+
     def activity(self) -> float:
         """Sum of the counters that move when the operator decides something (reconciles, autoscaler ticks)."""
         return sum(v for k, v in self.metrics().items()
@@ -737,8 +752,7 @@ class Benchmark:
         tests/cluster/test_scale_to_zero.py does), and the activator in this process with a fresh key; returns the
         operator's activator flags. kwok pods have no network: every held request's connection goes to a closed local
         port (refused, tried again until its hold runs out: answered 503)."""
-        apply_and_wait = op.apply_and_wait_established
-        apply_and_wait(cluster, binaries.gateway_api_crds())
+        op.apply_and_wait_established(cluster, binaries.gateway_api_crds())
         name = "rerank-operator-activator"
         op.kubectl_apply(cluster, [
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -944,7 +958,7 @@ class Benchmark:
             "leader": leader_name,
             "fake_tei_scrapes_per_s": round(scrapes / seconds, 2),
             "scrapes_per_pool_pod_per_tick": round(scrapes / seconds * args.interval / (2 * args.models), 3)
-            if args.metrics_source == "direct" else None,
+            if args.metrics_source == "direct" and not args.idle else None,
             "promql": promql,
             "autoscaling_status_changed_during_window": self.fleet.autoscaling_changed != changed0,
         }
@@ -959,6 +973,193 @@ class Benchmark:
             return "rerank_operator_promql_queries_total", counter
         assert self.prometheus is not None
         return 'prometheus_engine_query_duration_seconds_count{slice="inner_eval"}', self.prometheus.queries_total()
+
+    # -- idle (--idle) -----------------------------------------------------------------------------------------------
+    def _fleet_pool_pods(self) -> int:
+        keys = set(self.keys)
+        with self.fleet.lock:
+            return sum(1 for k in self.fleet.pool_pods_present.values() if k in keys)
+
+    def _to_zero(self) -> None:
+        """Wait until every model's CPU Deployment is at 0 replicas and no pool pod of the fleet is left (DELETED on
+        this process's watch): idleSeconds, the drain, a tick or two, and the fleet's own pace (the bring-up's time)."""
+        args, fleet, keys = self.args, self.fleet, self.keys
+        bring_up_s = float(self.result.get("bring_up", {}).get("total_apply_to_all_ready_s") or 0.0)
+        timeout = args.idle_timeout or (args.idle_seconds + DRAIN_SECONDS + 2 * args.interval + 60 + bring_up_s)
+        with fleet.lock:
+            last_ready = max((fleet.first_ready[k] for k in keys if k in fleet.first_ready), default=time.monotonic())
+        log(f"idle: waiting up to {timeout:.0f}s for every CPU Deployment at 0 and no pool pod")
+        rounds0 = self.leader().rounds()
+        self._last_progress = 0.0
+
+        def at_zero() -> bool:
+            with fleet.lock:
+                zero = sum(1 for k in keys if fleet.cpu_replicas.get(k) == 0)
+                phases = Counter(fleet.zero_phase.get(k) or "none" for k in keys)
+            pods = self._fleet_pool_pods()
+            now = time.monotonic()
+            if now - self._last_progress >= 10:
+                self._last_progress = now
+                log(f"idle: CPU Deployments at 0: {zero}/{len(keys)}, pool pods {pods}, phases {dict(phases)}")
+            return zero == len(keys) and pods == 0
+
+        done = self._wait(at_zero, timeout, "every CPU Deployment at 0 replicas and no pool pod")
+        with fleet.lock:
+            zero_at = {k: fleet.cpu_replicas_changed[k] for k in keys if fleet.cpu_replicas.get(k) == 0
+                       and k in fleet.cpu_replicas_changed}
+            ready_to_zero = [zero_at[k] - fleet.first_ready[k] for k in zero_at if k in fleet.first_ready]
+            last_gone = fleet.pool_pod_deleted
+            phases = Counter(fleet.zero_phase.get(k) or "none" for k in keys)
+            transitions = dict(fleet.phase_transitions)
+            woken = sorted({f"{ns}/{name}" for (ns, name), _ in fleet.woken})
+        rounds1 = self.leader().rounds()
+        rounds = rounds1[0] - rounds0[0]
+        self.result["idle"] = {
+            "idle_seconds": args.idle_seconds,
+            "all_at_zero": done,
+            "deployments_at_zero": len(zero_at),
+            "pool_pods_left": self._fleet_pool_pods(),
+            "idle_after_s": round(last_gone - last_ready, 2) if done else None,
+            "idle_after_s_method": "last model first Ready -> last pool pod DELETED, both on this process's watches "
+                                   f"(idleSeconds {args.idle_seconds} + drain {DRAIN_SECONDS:g} s + ticks + the "
+                                   "fleet's pace)",
+            "ready_to_deployment_at_zero_s": quantiles(ready_to_zero),
+            "phases_when_at_zero": dict(phases),
+            "phase_transitions": transitions,
+            "woken_without_request": woken,
+            "woken_without_request_note": "models seen going to 'waking' before this process sent any request to "
+                                          "the activator (it sends one only in the wake step, after the window)",
+            "autoscaler_rounds": {"count": int(rounds),
+                                  "mean_s": round((rounds1[1] - rounds0[1]) / rounds, 2) if rounds else None,
+                                  "over_10s": int(rounds - (rounds1[2] - rounds0[2])),
+                                  "method": "rerank_operator_autoscaler_round_seconds over the wait for zero"},
+            "timeout_s": round(timeout, 1),
+        }
+        log(f"idle: {json.dumps(self.result['idle'])}")
+
+    def _idle_end(self) -> None:
+        """At the end of the steady window, from the API (not the watches): the fleet's pool pods, the models
+        asleep (lastDecision.scaleToZero), and the CPU Deployments' spec.replicas."""
+        keys = set(self.keys)
+        pods = self.api.ok("GET", f"/api/v1/pods?labelSelector={urllib.parse.quote(POOL_LABEL)}")["items"]
+        fleet_pods = [p for p in pods if owner_key(p) in keys]
+        models = self.api.ok("GET", f"/apis/{op.GROUP}/{op.VERSION}/{op.PLURAL}")["items"]
+        phases = Counter(zero_phase(m) or "none" for m in models if (m["metadata"]["namespace"],
+                                                                      m["metadata"]["name"]) in keys)
+        deps = self.api.ok("GET", f"/apis/apps/v1/deployments?labelSelector="
+                                  f"{urllib.parse.quote(f'{POOL_LABEL}=cpu')}")["items"]
+        replicas = Counter(int(d["spec"].get("replicas", 1)) for d in deps if owner_key(d) in keys)
+        ready = sum(1 for m in models if (m["metadata"]["namespace"], m["metadata"]["name"]) in keys
+                    and is_ready(m))
+        idle = self.result.setdefault("idle", {})
+        idle.update({
+            "idle_pods": len(fleet_pods),
+            "models_at_zero": phases.get("asleep", 0),
+            "scale_to_zero_phases": dict(phases),
+            "cpu_deployment_replicas": {str(k): n for k, n in sorted(replicas.items())},
+            "models_ready_at_zero": ready,
+        })
+        log(f"idle at the end of the window: pool pods {len(fleet_pods)}, phases {dict(phases)}, "
+            f"CPU replicas {dict(replicas)}, Ready {ready}")
+
+    def _route(self, key: Key) -> dict[str, Any]:
+        status, route = self.api.call("GET", f"{GATEWAY_API}/namespaces/{key[0]}/httproutes/{key[1]}")
+        return route if status == 200 and isinstance(route, dict) else {}
+
+    def _wake(self) -> None:
+        """One request to one sleeping model, as the Gateway sends it while the route points at the activator (the
+        route's own headers, to the in-process activator): the seconds until its CPU Deployment is at 1 replica
+        (this process's watch, and the operator's write on the API server's audit clock), until a pool pod exists,
+        until the route points at the pool again, and the held request's answer."""
+        assert self.activator is not None
+        key = self.keys[0]
+        ns, name = key
+        route = self._route(key)
+        activator_ref = (op.OPERATOR_NS, ACTIVATOR_SERVICE)
+        wake: dict[str, Any] = {"model": f"{ns}/{name}",
+                                "routed_to_activator": route_backends(route) == [activator_ref]}
+        self.result["wake"] = wake
+        if not wake["routed_to_activator"]:
+            wake["error"] = f"the route's backends are {route_backends(route)}, not the activator"
+            log(f"wake: {wake['error']}")
+            return
+        headers = route_headers(route)
+        audit = AuditTail(self.cluster.audit_log)
+        start = audit.position()
+        answer: dict[str, Any] = {}
+        url = f"{self.activator.url}/rerank"
+
+        def send() -> None:
+            body = json.dumps({"query": "wake", "texts": ["a", "b"]}).encode()
+            request = urllib.request.Request(url, data=body, method="POST",
+                                             headers={**headers, "Content-Type": "application/json"})
+            t = time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=self.args.activator_hold + 30) as resp:
+                    resp.read()
+                    answer["status"] = resp.status
+            except urllib.error.HTTPError as exc:
+                exc.read()
+                answer["status"] = exc.code
+            except OSError as exc:
+                answer["status"] = f"error: {exc}"
+            answer["seconds"] = time.monotonic() - t
+
+        held_before = sum(v for k, v in op.parse_exposition(self.activator.metrics.page().decode()).items()
+                          if k.startswith("rerank_activator_requests_total"))
+        with self.fleet.lock:
+            pod_before = self.fleet.pool_pod_added.get(key, 0.0)
+            wakes_before = len(self.fleet.woken)
+            transitions_before = dict(self.fleet.phase_transitions)
+        wake["activator_requests_before"] = int(held_before)
+        wake["waking_transitions_before"] = wakes_before
+        wake["phase_transitions_before"] = transitions_before
+        wall0, t0 = time.time(), time.monotonic()
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        log(f"wake: one request for {ns}/{name} to the activator")
+        times: dict[str, float | None] = {"scale": None, "pod": None, "route_back": None}
+        deadline = t0 + 90
+        next_route = 0.0
+        while time.monotonic() < deadline and (None in times.values() or sender.is_alive()):
+            now = time.monotonic()
+            with self.fleet.lock:
+                replicas = self.fleet.cpu_replicas.get(key, 0)
+                changed = self.fleet.cpu_replicas_changed.get(key, now)
+                pod_added = self.fleet.pool_pod_added.get(key, 0.0)
+            if times["scale"] is None and replicas >= 1:
+                times["scale"] = changed - t0
+            if times["pod"] is None and pod_added > pod_before:
+                times["pod"] = pod_added - t0
+            if times["route_back"] is None and times["scale"] is not None and now >= next_route:
+                next_route = now + 0.25
+                backends = route_backends(self._route(key))
+                if backends and backends != [activator_ref]:
+                    times["route_back"] = time.monotonic() - t0
+                    wake["route_backends_after"] = [b for _, b in backends]
+            time.sleep(0.05)
+        sender.join(timeout=5)
+        scale_write = next((audit_time(e["stageTimestamp"]) - wall0 for e in audit.events(start, audit.position())
+                            if e.get("user", {}).get("username") == op.OPERATOR_USER
+                            and e.get("verb") in op.WRITE_VERBS and e.get("stage") == "ResponseComplete"
+                            and (e.get("objectRef") or {}).get("resource") == "deployments"
+                            and (e.get("objectRef") or {}).get("name") == f"{name}-cpu"), None)
+        status = answer.get("status")
+        wake.update({
+            "wake_scale_s": round(times["scale"], 2) if times["scale"] is not None else None,
+            "wake_scale_method": "request sent -> the CPU Deployment's spec.replicas >= 1 on this process's watch "
+                                 "(the operator's /pending poll + decision + scale write, plus watch delivery)",
+            "wake_scale_write_s": round(scale_write, 3) if scale_write is not None else None,
+            "wake_scale_write_method": "request sent (wall clock) -> the operator's write of the CPU Deployment "
+                                       "answered (audit stageTimestamp)",
+            "wake_pool_pod_s": round(times["pod"], 2) if times["pod"] is not None else None,
+            "wake_route_back_s": round(times["route_back"], 2) if times["route_back"] is not None else None,
+            "returned_to_pool": times["route_back"] is not None,
+            "wake_answer": f"{status} (kwok pods serve nothing)" if status == 503 else f"{status}",
+            "wake_answer_after_s": round(answer["seconds"], 2) if "seconds" in answer else None,
+            "activator_hold_s": self.args.activator_hold,
+        })
+        log(f"wake: {json.dumps(wake)}")
 
     # -- failover ----------------------------------------------------------------------------------------------------
     def _failover(self) -> None:
@@ -1044,6 +1245,7 @@ def targets(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "rss_mb": steady.get("operator_rss_mb", {}).get(leader, {}).get("max"),
         "cpu_cores": steady.get("operator_cpu_cores", {}).get(leader),
         "failover_s": failover.get("failover_s"),
+        "idle_pods": result.get("idle", {}).get("idle_pods"),
     }
     notes = {
         "ready_after_jobs_finished_s": f"target for 1000 models; measured with {args.models}",
@@ -1055,6 +1257,7 @@ def targets(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "steady_requests_per_s": "completed non-watch requests plus watches opened, per second (leader election's "
                                  "Lease calls included)",
         "steady_writes": "writes in the window, leader election's Lease renewals excepted (lease_writes)",
+        "idle_pods": "the fleet's pool pods at the end of the steady window; only with --idle",
     }
     out: dict[str, Any] = {}
     for name, limit in TARGETS.items():
@@ -1069,6 +1272,10 @@ def targets(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         out["failover_s"]["pass"] = None
     elif measured["failover_s"] is None:
         out["failover_s"]["pass"] = False
+    if not args.idle:
+        out["idle_pods"]["pass"] = None
+    elif measured["idle_pods"] is None:
+        out["idle_pods"]["pass"] = False
     return out
 
 
@@ -1090,6 +1297,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--finish-concurrency", type=int, default=8)
     p.add_argument("--operator-ref", default="",
                    help="run operator/ as committed at this git ref (git archive) instead of the working tree's")
+    p.add_argument("--idle", action="store_true",
+                   help="models that may go to zero and get no request: measure the fleet asleep (module docstring)")
+    p.add_argument("--idle-seconds", type=int, default=30, help="--idle: autoscaling.idleSeconds (min 30)")
+    p.add_argument("--idle-timeout", type=float, default=0.0,
+                   help="--idle: for every model to be at zero (default: idleSeconds + drain + 2 intervals + 60 s + "
+                        "the bring-up's time)")
+    p.add_argument("--activator-hold", type=float, default=5.0,
+                   help="--idle: the in-process activator's hold (kwok pods never answer: the held request's 503)")
     p.add_argument("--workdir", default="")
     p.add_argument("--keep-workdir", action="store_true")
     args = p.parse_args(argv)
@@ -1119,6 +1334,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": args.models, "namespaces": args.namespaces, "metrics_source": args.metrics_source,
         "replicas": args.replicas, "autoscaling_interval_s": args.interval, "resync_seconds": args.resync_seconds,
         "steady_window_s": args.steady_window, "git_commit": commit,
+        "idle": args.idle, "idle_seconds": args.idle_seconds if args.idle else None,
         "operator_commit": git("rev-parse", args.operator_ref) if args.operator_ref else commit,
         "operator": f"git archive {args.operator_ref}" if args.operator_ref
         else ("working tree, operator/ modified" if dirty else "working tree (clean)"),

@@ -142,3 +142,32 @@ def test_apply_to_job_is_read_on_the_api_servers_clock() -> None:
     got = bench.apply_to_job_from_audit(events)
     assert got.keys() == {("fleet-0001", "m-00001")}
     assert abs(got[("fleet-0001", "m-00001")] - 1.5) < 1e-6
+
+
+def test_idle_models_may_go_to_zero_and_the_targets_count_their_pods() -> None:
+    """--idle: the model may sleep (CPU pool from 0, no GPU pool, idleSeconds, a Gateway route); idle_pods is a
+    target only then, and not measured there is a failure."""
+    args = bench.parse_args(["--models", "10", "--idle", "--idle-seconds", "45"])
+    spec = bench.model_manifest("m-00000", "fleet-0000", args)["spec"]
+    assert spec["pools"] == {"cpu": {"minReplicas": 0, "maxReplicas": 4}, "gpu": {"enabled": False}}
+    assert spec["autoscaling"]["enabled"] is True and spec["autoscaling"]["idleSeconds"] == 45
+    assert spec["routing"]["gateway"]["parentRefs"]
+    assert bench.targets({"idle": {"idle_pods": 0}}, args)["idle_pods"]["pass"] is True
+    assert bench.targets({"idle": {"idle_pods": 3}}, args)["idle_pods"]["pass"] is False
+    assert bench.targets({}, args)["idle_pods"]["pass"] is False
+    awake = bench.parse_args(["--models", "10"])
+    assert "idleSeconds" not in bench.model_manifest("m-00000", "fleet-0000", awake)["spec"]["autoscaling"]
+    assert bench.targets({}, awake)["idle_pods"]["pass"] is None
+
+
+def test_route_headers_backends_and_phase_are_read_as_the_gateway_and_the_status_say() -> None:
+    route = {"spec": {"rules": [{
+        "backendRefs": [{"group": "", "kind": "Service", "name": "rerank-activator", "namespace": "rerank-system"}],
+        "filters": [{"type": "RequestHeaderModifier",
+                     "requestHeaderModifier": {"set": [{"name": "X-A", "value": "1"}, {"name": "X-B", "value": "2"}]}}],
+    }]}}
+    assert bench.route_backends(route) == [("rerank-system", "rerank-activator")]
+    assert bench.route_headers(route) == {"X-A": "1", "X-B": "2"}
+    assert bench.route_backends({}) == [] and bench.route_headers({}) == {}
+    assert bench.zero_phase({"status": {"autoscaling": {"lastDecision": {"scaleToZero": "asleep"}}}}) == "asleep"
+    assert bench.zero_phase({"status": {}}) is None

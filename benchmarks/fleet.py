@@ -1289,7 +1289,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resync-seconds", type=float, default=None,
                    help="the operator's --resync-seconds (default: not passed, the operator's own default)")
     p.add_argument("--steady-window", type=float, default=60.0)
-    p.add_argument("--settle-quiet", type=float, default=15.0, help="seconds without an operator write = settled")
+    p.add_argument("--settle-quiet", type=float, default=0.0,
+                   help="seconds without an operator write = settled (default: two autoscaling intervals and 5 s, so "
+                        "the quiet between a model's priming scrape and its first decision is not taken for rest)")
     p.add_argument("--settle-timeout", type=float, default=180.0)
     p.add_argument("--timeout", type=float, default=1200.0, help="for every model to become Ready")
     p.add_argument("--failover-timeout", type=float, default=90.0)
@@ -1309,6 +1311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-workdir", action="store_true")
     args = p.parse_args(argv)
     args.namespaces = args.namespaces or max(1, args.models // 10)
+    args.settle_quiet = args.settle_quiet or 2 * args.interval + 5.0
     return args
 
 

@@ -102,6 +102,7 @@ def test_targets_pass_fail_and_not_measured() -> None:
     assert out["steady_writes"]["pass"] is True
     assert out["failover_s"]["pass"] is None and out["promql_queries_per_signal_per_tick"]["pass"] is None
     assert args.namespaces == 1
+    assert args.settle_quiet == 2 * 15 + 5  # past the quiet between a model's priming scrape and its first decision
     assert bench.quantiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
 
 

@@ -40,10 +40,13 @@ def test_an_idle_model_drains_to_the_activator_before_its_pods_go_and_a_request_
     d, cur, h = run(h, cur, NOW + IDLE + 1, idle_cpu(1, NOW + IDLE + 1))
     assert (d.zero, d.to_activator, d.cpu_replicas) == ("draining", True, 1)
     assert reasons(d) == ["ScalingToZero"]
-    d, cur, h = run(h, cur, NOW + IDLE + zero.DRAIN_SECONDS, idle_cpu(1, NOW + IDLE + zero.DRAIN_SECONDS))
+    t = NOW + IDLE + 1 + zero.DRAIN_SECONDS - zero.TICK_SLACK_SECONDS - 0.5
+    d, cur, h = run(h, cur, t, idle_cpu(1, t))
     assert (d.zero, d.cpu_replicas) == ("draining", 1)
     # The drain is over: zero pods, the route still on the activator.
-    d, cur, h = run(h, cur, NOW + IDLE + 1 + zero.DRAIN_SECONDS, idle_cpu(1, NOW + IDLE + 1 + zero.DRAIN_SECONDS))
+    # A tick a hair before the drain's end (ticks drift by their own duration) ends it, not the next one.
+    t = NOW + IDLE + 1 + zero.DRAIN_SECONDS - 0.01
+    d, cur, h = run(h, cur, t, idle_cpu(1, t))
     assert (d.zero, d.to_activator, d.cpu_replicas, d.held) == ("asleep", True, 0, False)
     assert set(reasons(d)) == {"ScaledDown", "ScaledToZero"}
     # Asleep: no pod, so nothing to measure: neither stale nor held, and it stays asleep.

@@ -36,6 +36,9 @@ from rerank_operator.core.autoscale.signals import Signals
 #: How long the route points at the activator before the pools go: one tick to apply the route plus the time a
 #: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.
 DRAIN_SECONDS = 15.0
+#: Ticks come every intervalSeconds, give or take their own duration: a drain that ends "at" a tick must not wait for
+#: the next one (at 15 s ticks a 15 s drain took 30 s in benchmarks/fleet.py).
+TICK_SLACK_SECONDS = 1.0
 #: After a wake, how long the load must persist before the GPU pool is started (unless the CPU pool is over target):
 #: one query after a night asleep is served by the CPU pool alone, not by a GPU replica that takes minutes to start
 #: and then idles for the scale-down window.
@@ -107,7 +110,7 @@ def step(state: ZeroState, spec: AutoscalingSpec, signals: Signals, measured: bo
     if phase == "draining":
         if seen is not None:
             return ZeroState("awake", now, last)
-        if measured and (state.since is None or now - state.since >= DRAIN_SECONDS):
+        if measured and (state.since is None or now - state.since >= DRAIN_SECONDS - TICK_SLACK_SECONDS):
             return ZeroState("asleep", now, last)
         return ZeroState("draining", state.since, last)
     if phase == "asleep":

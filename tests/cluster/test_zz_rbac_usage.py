@@ -1,5 +1,5 @@
-"""The operator's RBAC equals what it uses: its rules (operator/rerank_operator/rbac_rules.yaml and
-rbac_leader_election.yaml, the only lists, which the chart renders) against the requests the API server's audit log
+"""The operator's RBAC equals what it uses: its rules (operator/rerank_operator/rbac_rules.yaml,
+rbac_leader_election.yaml and rbac_activator.yaml, the only lists, which the chart renders) against the requests the API server's audit log
 shows its identity making over this run of the cluster tier.
 
 The file's name sorts last, so it runs after every other cluster test of the session, on one audit log (the
@@ -27,7 +27,8 @@ pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = [ROOT / "operator/rerank_operator/rbac_rules.yaml",
-              ROOT / "operator/rerank_operator/rbac_leader_election.yaml"]
+              ROOT / "operator/rerank_operator/rbac_leader_election.yaml",
+              ROOT / "operator/rerank_operator/rbac_activator.yaml"]
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 #: Granted, and needed, but never a request of the operator's own: why each shows in no audit event of its identity.
@@ -41,6 +42,7 @@ NOT_A_REQUEST: dict[Grant, str] = {
     ("", "services", "create"): _SSA_CREATE,
     ("", "persistentvolumeclaims", "create"): _SSA_CREATE,
     ("gateway.networking.k8s.io", "httproutes", "create"): _SSA_CREATE,
+    ("gateway.networking.k8s.io", "referencegrants", "create"): _SSA_CREATE,
     ("networking.k8s.io", "networkpolicies", "create"): _SSA_CREATE,
     ("", "persistentvolumeclaims", "get"):
         "a model's own spec.storage.existingClaim (it carries none of the operator's labels, so no watch sees it): "

@@ -275,11 +275,15 @@ def test_an_idle_model_goes_to_zero_and_its_held_requests_wake_the_cpu_pool(slee
     model_key = f"{env.namespace}/{NAME}"
     assert headers[contract.MODEL_HEADER] == model_key
     assert headers[contract.TOKEN_HEADER] == contract.token(sleepy.key, model_key, headers[contract.UPSTREAM_HEADER])
-    # Then zero pods, and Ready says why.
+    # Then zero pods (the drain's length is the policy's: tests/unit/autoscale/test_autoscale_zero.py; timing it here
+    # from a loaded test machine's polls was flaky), and Ready says why.
     eventually(lambda: replicas(env) == 0, 60, "the CPU pool at zero", every=0.5)
-    assert time.monotonic() - drained_at >= 10  # the drain (15 s, less a tick's jitter) came first
     eventually(lambda: not env.kube.pods(env.namespace, f"app.kubernetes.io/instance={NAME},rerank.io/pool=cpu"),
                60, "no CPU pod left")
+    # and the stand-in Service has no endpoint left (it closes within its next look, 0.5 s): a burst sent before
+    # that reached the last pod directly, and its listener then closed under one of them (a real pool's preStop
+    # keeps serving while endpoints are removed; this stand-in does not).
+    eventually(lambda: sleepy.upstream.httpd is None, 10, "the pool's Service without endpoints", every=0.1)
     cond = env.kube.wait_condition(env.namespace, NAME, "Ready", "True", "ScaledToZero", timeout=30)
     assert "asleep" in cond["message"]
     assert {"ScalingToZero", "ScaledToZero"} <= set(event_reasons(env))

@@ -1,6 +1,6 @@
 """The operator's RBAC equals what it uses: its rules (operator/rerank_operator/rbac_rules.yaml,
-rbac_leader_election.yaml and rbac_activator.yaml, the only lists, which the chart renders) against the requests the API server's audit log
-shows its identity making over this run of the cluster tier.
+rbac_leader_election.yaml and rbac_activator.yaml, the only lists, which the chart renders) against the requests
+the API server's audit log shows its identity making over this run of the cluster tier.
 
 The file's name sorts last, so it runs after every other cluster test of the session, on one audit log (the
 session's control plane logs every request of the operator's identity: rerank_devcluster.cluster.AUDIT_POLICY).

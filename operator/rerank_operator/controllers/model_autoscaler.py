@@ -40,6 +40,7 @@ from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
+from rerank_operator.core.names import ROUTED_TO_ACTIVATOR
 from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.settings import Settings
@@ -165,7 +166,7 @@ class ModelAutoscaler:
     def sleeping(self) -> bool:
         """Whether its route points at the activator (going to, at or waking from zero): a request the activator
         holds for it is worth a tick now (``FleetAutoscaler``)."""
-        return self.history is not None and self.history.zero.phase in zeros.ROUTED_TO_ACTIVATOR
+        return self.history is not None and self.history.zero.phase in ROUTED_TO_ACTIVATOR
 
     def prepare(self) -> Prepared | float:
         """Read the model and its pools (from the caches) and settle everything that needs no metrics; returns what

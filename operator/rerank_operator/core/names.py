@@ -58,6 +58,11 @@ CANARY = "canary"  # the canary's name among the pools the quality guard checks
 GUARD_PORT = 8081
 PoolName = Literal["cpu", "gpu"]
 POOLS: tuple[PoolName, PoolName] = ("cpu", "gpu")
+#: Scale to zero's phases (``status.autoscaling.lastDecision.scaleToZero``: core/autoscale/zero.py), and those in
+#: which the model's HTTPRoute sends every request to the activator (core/builders/activator.py follows them).
+ZeroPhase = Literal["awake", "draining", "asleep", "waking"]
+ZERO_PHASES: tuple[ZeroPhase, ...] = ("awake", "draining", "asleep", "waking")
+ROUTED_TO_ACTIVATOR: tuple[ZeroPhase, ...] = ("draining", "asleep", "waking")
 
 _DNS_LABEL_MAX = 63
 
@@ -82,6 +87,12 @@ def pvc_name(model: str) -> str:
 
 def deployment_name(model: str, pool: PoolName) -> str:
     return f"{model}-{pool}"
+
+
+def wake_pool(cpu_enabled: bool) -> PoolName:
+    """The pool a request wakes a model at zero on: the CPU INT8 pool (it starts in seconds), the GPU pool for a
+    model without one (scale to zero: core/autoscale/zero.py, core/builders/activator.py)."""
+    return "cpu" if cpu_enabled else "gpu"
 
 
 def pool_service_name(model: str, pool: PoolName) -> str:

@@ -273,5 +273,10 @@ class RerankModelSpec:
     def scales_to_zero(self) -> bool:
         """Every enabled pool (at least one) has minReplicas 0: the model goes to zero pods after
         ``autoscaling.idle_seconds`` without a request and is woken through its HTTPRoute."""
-        pools = self.enabled_pools
-        return bool(pools) and all(p.min_replicas == 0 for p in pools)
+        return all_at_zero(self.cpu, self.gpu)
+
+
+def all_at_zero(*pools: Pool) -> bool:
+    """Whether the enabled ones of ``pools`` (at least one) all have minReplicas 0 (``scales_to_zero``)."""
+    enabled = [p for p in pools if p.enabled]
+    return bool(enabled) and all(p.min_replicas == 0 for p in enabled)

@@ -129,9 +129,7 @@ class AutoscalingSpec:
             fixed_gpu_percent=_fixed_gpu_percent(routing.weights),
             gpu=_bounds(gpu),
             cpu=_bounds(cpu),
-            idle_seconds=(float(auto.idle_seconds)
-                          if any(p.enabled for p in (gpu, cpu)) and all(p.min_replicas == 0 for p in (gpu, cpu)
-                                                                        if p.enabled) else None),
+            idle_seconds=float(auto.idle_seconds) if specs.all_at_zero(cpu, gpu) else None,
         )
         if not result.gpu.enabled and not result.cpu.enabled:
             raise InvalidAutoscalingSpec("both pools are disabled: nothing to scale or route")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
+
+from rerank_operator.core.names import ZERO_PHASES, ZeroPhase
 
 # Per pool, a safety cap only: `record` keeps just the recommendations that can still be some window's highest or
 # lowest, at most two per distinct replica count, so any window (up to the CRD's 3600 s) at any interval fits.
@@ -86,8 +88,6 @@ class PoolHistory:
             return cls()
 
 
-ZeroPhase = Literal["awake", "draining", "asleep", "waking"]
-ZERO_PHASES: tuple[ZeroPhase, ...] = ("awake", "draining", "asleep", "waking")
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ from rerank_operator.core.autoscale import split as routing
 from rerank_operator.core.autoscale import surge as surges
 from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool
-from rerank_operator.core.autoscale.history import History, PoolHistory, ZeroPhase, ZeroState
+from rerank_operator.core.autoscale.history import History, PoolHistory, ZeroState
 from rerank_operator.core.autoscale.signals import Signals
+from rerank_operator.core.names import ROUTED_TO_ACTIVATOR, ZeroPhase
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Decision:
     @property
     def to_activator(self) -> bool:
         """The model's HTTPRoute sends every request to the activator (the pools are going to, or at, zero)."""
-        return self.zero in zeros.ROUTED_TO_ACTIVATOR
+        return self.zero in ROUTED_TO_ACTIVATOR
 
     @property
     def gpu_percent(self) -> int:
@@ -190,9 +191,9 @@ def _scale_to_zero(spec: AutoscalingSpec, signals: Signals, current: Current, hi
     phase_event: tuple[Event, ...] = ()
     if state.phase != before.phase and (before.phase != "awake" or state.phase != "awake"):
         phase_event = (Event(ZERO_EVENTS[state.phase], zeros.why(state.phase, spec, state, now)
-                             if state.phase in zeros.ROUTED_TO_ACTIVATOR
+                             if state.phase in ROUTED_TO_ACTIVATOR
                              else f"the {zeros.wake_pool(spec)} pool serves again"),)
-    if state.phase in zeros.ROUTED_TO_ACTIVATOR:
+    if state.phase in ROUTED_TO_ACTIVATOR:
         gpu, cpu = zeros.replicas(spec, state.phase, current.gpu_replicas, current.cpu_replicas)
         decision = Decision(gpu, cpu, current.cpu_percent, zeros.why(state.phase, spec, state, now),
                             history=history, zero=state.phase)

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rerank_operator.core import names
 from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool, PoolBounds
-from rerank_operator.core.autoscale.history import ZeroPhase, ZeroState
+from rerank_operator.core.autoscale.history import ZeroState
 from rerank_operator.core.autoscale.signals import Signals
+from rerank_operator.core.names import ZeroPhase
 
 #: How long the route points at the activator before the pools go: one tick to apply the route plus the time a
 #: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.
@@ -43,8 +45,6 @@ TICK_SLACK_SECONDS = 1.0
 #: one query after a night asleep is served by the CPU pool alone, not by a GPU replica that takes minutes to start
 #: and then idles for the scale-down window.
 GPU_WAKE_AFTER_SECONDS = 60.0
-#: The phases in which the model's HTTPRoute sends every request to the activator.
-ROUTED_TO_ACTIVATOR: tuple[ZeroPhase, ...] = ("draining", "asleep", "waking")
 
 
 def may_sleep(spec: AutoscalingSpec) -> bool:
@@ -57,7 +57,7 @@ def may_sleep(spec: AutoscalingSpec) -> bool:
 
 def wake_pool(spec: AutoscalingSpec) -> Pool:
     """The pool a request wakes: the CPU INT8 pool (it starts in seconds), the GPU pool for a model without one."""
-    return "cpu" if spec.cpu.enabled else "gpu"
+    return names.wake_pool(spec.cpu.enabled)
 
 
 def awake_bounds(spec: AutoscalingSpec) -> AutoscalingSpec:

@@ -53,8 +53,8 @@ class Activator:
 
 
 def wake_pool(spec: RerankModelSpec) -> names.PoolName:
-    """The pool a request wakes: the CPU INT8 pool, the GPU pool for a model without one (``zero.wake_pool``)."""
-    return "cpu" if spec.cpu.enabled else "gpu"
+    """The pool a request wakes (``names.wake_pool``)."""
+    return names.wake_pool(spec.cpu.enabled)
 
 
 def upstream(owner: names.Owner, spec: RerankModelSpec) -> str:
@@ -98,8 +98,6 @@ def build_reference_grant(activator: Activator, from_namespace: str) -> dict[str
     }
 
 
-#: The phases of ``lastDecision.scaleToZero`` in which the route points at the activator (``zero.ROUTED_TO_ACTIVATOR``).
-ROUTED_PHASES = ("draining", "asleep", "waking")
 
 
 def phase(decision: Mapping[str, Any] | None) -> str | None:
@@ -112,6 +110,6 @@ def routing_to(spec: RerankModelSpec, decision: Mapping[str, Any] | None,
                activator: Activator | None) -> Activator | None:
     """The activator the model's route must point at now, or None (it routes to its pools): the autoscaler took
     it towards zero, the operator knows an activator, and the model has a route to change."""
-    if activator is None or spec.routing.gateway is None or phase(decision) not in ROUTED_PHASES:
+    if activator is None or spec.routing.gateway is None or phase(decision) not in names.ROUTED_TO_ACTIVATOR:
         return None
     return activator

@@ -116,6 +116,11 @@ class JobRequest:
     #: model asks for it and its RerankClass allows it (``modelSources.allowRemoteCode``). Without it such a model is
     #: refused (UnsupportedModel) naming its architecture.
     trust_remote_code: bool = False
+    #: A shared artifact (the class's ``artifactStore``): once published, push it to this OCI repository
+    #: (``host/path``) under its id as tag, with the credentials of the Docker config in ``$DOCKER_CONFIG``.
+    push_repository: str = ""
+    #: The store's registry speaks plain HTTP (a registry inside the cluster).
+    push_insecure: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,6 +154,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(0: the model's maximum input length, the pool's default)")
     parser.add_argument("--trust-remote-code", action="store_true", default=False,
                         help="run the code a model repository ships (config.json auto_map) to export it")
+    parser.add_argument("--push-repository", default="",
+                        help="an OCI repository (host/path) to push the published artifact to, tagged with its id")
+    parser.add_argument("--push-insecure", action="store_true", default=False,
+                        help="the repository's registry speaks plain HTTP")
 
 
 def build_args(req: JobRequest) -> list[str]:
@@ -182,6 +191,10 @@ def build_args(req: JobRequest) -> list[str]:
         args += ["--serve-batch-tokens", str(req.serve_batch_tokens)]
     if req.trust_remote_code:
         args.append("--trust-remote-code")
+    if req.push_repository:
+        args += ["--push-repository", req.push_repository]
+        if req.push_insecure:
+            args.append("--push-insecure")
     return args
 
 
@@ -217,6 +230,8 @@ class JobResult:
     #: TEI's maximum input length for the CPU directory (tokens per pair): the CPU pool's default
     #: ``--max-batch-tokens`` (0: not reported, from a Job before it was).
     max_input_tokens: int = 0
+    #: Where a shared artifact was pushed: ``host/path@sha256:<digest>`` ("" when the Job pushes nothing).
+    ref: str = ""
     version: int = RESULT_VERSION
 
     def to_message(self) -> str:

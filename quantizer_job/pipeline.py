@@ -14,11 +14,15 @@ and the exit code the operator reads.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from . import isa, layout, publish
+from . import isa, layout, oci, publish, store
 from .artifact_assembly import lay_out
 from .contract import MANIFEST_FILE, JobRequest, JobResult
 from .errors import EXIT_CODES, JobError
@@ -67,6 +71,25 @@ def already_published(req: JobRequest, manifest: dict[str, Any]) -> JobResult:
                      max_input_tokens=int(manifest.get("max_input_tokens") or 0))
 
 
+def push_shared(req: JobRequest, result: JobResult, timings: dict[str, float]) -> JobResult:
+    """A shared artifact, once published on the Job's volume, goes to the class's store (``--push-repository``):
+    the tag is pushed last, so the store only ever names complete artifacts. A push that fails fails the Job
+    (PublishFailed): the operator serves nothing the store does not hold."""
+    host = req.push_repository.split("/", 1)[0]
+    config = Path(os.environ.get("DOCKER_CONFIG", "/nonexistent")) / "config.json"
+    credentials = oci.docker_credentials(config, host) if config.is_file() else None
+    registry = oci.Registry(host, insecure=req.push_insecure, credentials=credentials)
+    with stage("push", timings) as rec:
+        try:
+            ref = store.push(publish.final_path(req.output_root, req.artifact_id),
+                             req.push_repository.split("/", 1)[1], req.artifact_id, registry=registry,
+                             scratch=Path(tempfile.mkdtemp(prefix="push-")))
+        except (oci.RegistryError, store.StoreError, OSError) as exc:
+            raise JobError("PublishFailed", f"pushing to {req.push_repository}: {exc}") from exc
+        rec.update(ref=ref)
+    return replace(result, ref=ref)
+
+
 # -- the run --------------------------------------------------------------------------------------------------------
 def validate(req: JobRequest) -> None:
     """Flags the command line's types cannot check: refused before any work."""
@@ -91,6 +114,10 @@ class Job:
         return time.monotonic() - self.t0
 
     def run(self) -> JobResult:
+        result = self._run()
+        return push_shared(self.req, result, self.timings) if self.req.push_repository and result.ok else result
+
+    def _run(self) -> JobResult:
         req = self.req
         validate(req)
         done = publish.read_published(req.output_root, req.artifact_id)

@@ -36,9 +36,10 @@ class RegistryError(RuntimeError):
     """The registry did not start, or refused a push; the message has its answer."""
 
 
-def config(storage: Path, port: int) -> str:
+def config(storage: Path, port: int, delete: bool = False) -> str:
     """The registry's configuration: filesystem storage, plain HTTP on loopback, deletes refused (artifacts are
-    immutable), no auth (only this machine's processes reach it)."""
+    immutable) unless ``delete`` (a store whose old artifacts are cleaned up), no auth (only this machine's
+    processes reach it)."""
     return f"""version: 0.1
 log:
   level: warn
@@ -46,7 +47,7 @@ storage:
   filesystem:
     rootdirectory: {storage}
   delete:
-    enabled: false
+    enabled: {"true" if delete else "false"}
 http:
   addr: 127.0.0.1:{port}
   headers:
@@ -161,6 +162,7 @@ class LocalRegistry:
     processes: Processes
     root: Path
     port: int = 0
+    delete: bool = False  # allow manifest deletes (storage.delete.enabled)
 
     @property
     def host(self) -> str:
@@ -178,7 +180,7 @@ class LocalRegistry:
         storage = self.root / "storage"
         storage.mkdir(parents=True, exist_ok=True)
         path = self.root / "config.yml"
-        path.write_text(config(storage, self.port))
+        path.write_text(config(storage, self.port, self.delete))
         self.processes.spawn("registry", [binary, "serve", str(path)])
         self.processes.wait_for(self._answers, deadline, f"the registry on {self.host}")
         return self

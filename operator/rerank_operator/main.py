@@ -55,6 +55,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     workloads.add_argument("--image-pull-secret", action="append", default=[], dest="image_pull_secrets",
                            metavar="NAME", help="an image pull Secret for the models' pods (repeatable); the platform "
                                                 "keeps a Secret of that name in each model namespace")
+    stores = parser.add_argument_group(
+        "shared artifacts", "artifact stores named by RerankClasses (spec.artifactStore): one artifact per distinct "
+                            "model, quantized once, fetched by every tenant's pods")
+    stores.add_argument("--artifact-fetcher-image", default="",
+                        help="the image of the init container that fetches a shared artifact into a pod (the chart "
+                             "passes the operator's own; default: the model's quantizer image)")
+    stores.add_argument("--artifact-store-credentials", default="",
+                        help="a Docker config.json with credentials to read and delete in the stores' registries")
+    stores.add_argument("--artifact-gc-seconds", type=float, default=60.0,
+                        help="how often the leader deletes shared artifacts no model used for their class's grace")
     zero = parser.add_argument_group(
         "scale to zero", "the activator that holds a sleeping model's requests and wakes it (all three, or none: "
                          "without them no model goes to zero)")
@@ -104,7 +114,10 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
                                  hub_retry=RetryBackoff(args.hub_retry_seconds, args.hub_retry_max_seconds),
                                  quantizer_image=args.quantizer_image or None,
                                  image_pull_secrets=tuple(args.image_pull_secrets),
-                                 activator=activator_from(args))
+                                 activator=activator_from(args),
+                                 fetcher_image=args.artifact_fetcher_image or None,
+                                 artifact_store_credentials=args.artifact_store_credentials or None,
+                                 artifact_gc_seconds=args.artifact_gc_seconds)
     except ValueError as exc:  # inconsistent flags: refuse to start, saying which, as argparse would
         raise SystemExit(f"rerank-operator: error: {exc}") from exc
 

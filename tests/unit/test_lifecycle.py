@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 from rerank_operator.core import artifact, conditions, events, names, readiness
+from rerank_operator.core import artifact_decision as decisions
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import deployment
@@ -305,7 +306,7 @@ def test_a_result_lost_with_its_pod_is_recovered_by_the_next_attempt() -> None:
 def test_result_recovery_gives_up_after_a_few_attempts_in_a_row() -> None:
     life = Life(model())
     life.step()
-    for attempt in range(1, plans.MAX_RESULT_RECOVERIES + 2):
+    for attempt in range(1, decisions.MAX_RESULT_RECOVERIES + 2):
         [latest] = [j for j in life.jobs() if "conditions" not in j.get("status", {})]
         assert latest["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == str(attempt)
         life.world.objects[("Job", latest["metadata"]["name"])] = finish(latest, True)

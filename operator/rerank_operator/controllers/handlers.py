@@ -30,11 +30,12 @@ import kopf
 
 from rerank_operator import __version__
 from rerank_operator.adapters import operator_metrics as metrics
+from rerank_operator.adapters.artifact_store import SharedArtifacts
 from rerank_operator.adapters.caches import CHILD_KINDS, Caches
 from rerank_operator.adapters.cluster import Cluster
 from rerank_operator.adapters.event_sender import EventSender
 from rerank_operator.adapters.kube_api import Client
-from rerank_operator.controllers import autoscale_loop, class_index, leader
+from rerank_operator.controllers import artifact_gc, autoscale_loop, class_index, leader
 from rerank_operator.controllers.handoff import Handoff
 from rerank_operator.controllers.reconcile_loop import reconcile
 from rerank_operator.controllers.workqueue import RetryAfter, WorkQueue
@@ -79,6 +80,7 @@ class Process:
         self.autoscaler: autoscale_loop.FleetAutoscaler | None = None
         self.elector: leader.Elector | None = None
         self._electing: threading.Thread | None = None
+        self.shared: SharedArtifacts | None = None
 
     # --- starting and stopping ----------------------------------------------------------------------------------------
 
@@ -90,6 +92,7 @@ class Process:
         self.caches = Caches(self.client, self.namespaces, on_child=self.on_child_event,
                              on_model=self.on_model_event)
         self.cluster = Cluster(self.client, self.caches)
+        self.shared = SharedArtifacts(self.client, self.settings.artifact_store_credentials)
         self.events = self.cluster.post_events_in_background()
         self.autoscaler = autoscale_loop.FleetAutoscaler(
             self.cluster, registry=self.registry, settings=self.settings, handoff=self.handoff,
@@ -113,6 +116,12 @@ class Process:
         self.queue.start()
         if self.autoscaler is not None:
             self.autoscaler.start(self.stop)
+        if self.shared is not None and self.cluster is not None and self.caches is not None and not self.namespaces:
+            models = self.caches.models
+            threading.Thread(target=artifact_gc.run, daemon=True, name="artifact-gc", args=(
+                self.stop, self.shared, self.cluster.list_classes,
+                lambda: [(models.get(*k) or {}).get("status") or {} for k in models.all_keys()],
+                self.settings.artifact_gc_seconds)).start()
 
     def abdicate(self) -> None:
         """Lost the Lease: exit at once, so that only the new leader writes (the pod restarts as a standby)."""
@@ -151,7 +160,8 @@ class Process:
             with self.handoff.status_lock(namespace, name):
                 result = reconcile(self.cluster, namespace, name, trigger, registry=self.registry,
                                    settings=self.settings,
-                                   others_waiting=lambda: self.queue.urgent_pending(besides=key) > 0)
+                                   others_waiting=lambda: self.queue.urgent_pending(besides=key) > 0,
+                                   shared=self.shared)
         except kopf.TemporaryError as exc:
             raise RetryAfter(str(exc), exc.delay) from exc
         except kopf.PermanentError as exc:  # the status says why; a change of the model queues it again

@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
-from rerank_operator.core import events, names
+from rerank_operator.core import events, names, sharing
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import guard
@@ -26,6 +26,7 @@ from rerank_operator.core.builders import job as job_builder
 from rerank_operator.core.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from rerank_operator.core.observed import ObjectRef, ref_of
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.spec import RerankModelSpec
 from rerank_operator.core.tenancy import tenant
 from rerank_operator.core.writes import Executed
 
@@ -51,13 +52,15 @@ class Result:
 
 def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *, registry: class_index.Registry,
               settings: Settings, now: Callable[[], str] = utcnow,
-              others_waiting: Callable[[], bool] = lambda: False) -> Result | None:
+              others_waiting: Callable[[], bool] = lambda: False,
+              shared: SharedLookup | None = None) -> Result | None:
     """Converge one RerankModel; None when it is gone or being deleted (garbage collection does the rest).
     ``registry`` and ``settings`` are the process's, created once by handlers.py. ``others_waiting``: whether other
-    new models wait for a worker or are being reconciled now (a burst of applies; see ``status_can_wait``)."""
+    new models wait for a worker or are being reconciled now (a burst of applies; see ``status_can_wait``).
+    ``shared``: what the artifact stores hold (adapters/artifact_store.py); None: models never share."""
     started = time.monotonic()
     try:
-        result = _reconcile(cluster, namespace, name, now, registry, settings, others_waiting)
+        result = _reconcile(cluster, namespace, name, now, registry, settings, others_waiting, shared)
     except TransientApiError as exc:
         metrics.RECONCILES.labels(trigger, "error").inc()
         metrics.ERRORS.labels("transient").inc()
@@ -90,7 +93,7 @@ def status_can_wait(body: Mapping[str, Any], plan: plans.Plan, executed: Execute
 
 def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[[], str],
                registry: class_index.Registry, settings: Settings,
-               others_waiting: Callable[[], bool]) -> Result | None:
+               others_waiting: Callable[[], bool], shared: SharedLookup | None) -> Result | None:
     body = cluster.get_model(namespace, name)  # fresh: the watch's copy may predate our last status write
     finalizers = list((body or {}).get("metadata", {}).get("finalizers") or ())
     if names.LEGACY_FINALIZER in finalizers:  # an older version's: nothing needs it, and it would block deletion
@@ -116,10 +119,13 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     observed = cluster.observe(owner, spec)
     timestamp = now()
     class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
+    store = sharing.ArtifactStore.from_class(class_spec) if shared is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=tenant.network_policy(body, tenancy, settings),
                          guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
-                         pull_secrets=settings.image_pull_secrets, activator=settings.activator)
+                         pull_secrets=settings.image_pull_secrets, activator=settings.activator,
+                         store=store, shared=_look_up(shared, spec, store, previous),
+                         fetcher_image=settings.fetcher_image or "")
     executed = cluster.execute(plan)
     for kind in {o["kind"] for o in plan.apply}:
         log.info("applied %s for %s/%s", kind, namespace, name)
@@ -154,6 +160,22 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     recheck = [t for t in (JOB_WAIT_RECHECK_SECONDS if waiting else None, plan.artifact.recheck_after) if t is not None]
     return Result(writes, ready, requeue_after=max(1.0, min(recheck)) if recheck else None,
                   spec_changed=_spec_changed(cluster, owner))
+
+
+class SharedLookup(Protocol):
+    def view(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.SharedView: ...
+
+
+def _look_up(shared: SharedLookup | None, spec: RerankModelSpec, store: sharing.ArtifactStore | None,
+             previous: Mapping[str, Any]) -> sharing.SharedView | None:
+    """What the store holds of the model's shared id; no request when the model already serves it (at rest)."""
+    where = sharing.store_for(spec, store)
+    if shared is None or where is None:
+        return None
+    wanted = sharing.shared_id(spec, where)
+    if (previous.get("artifact") or {}).get("id") == wanted:
+        return None
+    return shared.view(where, wanted)
 
 
 def _spec_changed(cluster: ClusterAccess, owner: names.Owner) -> bool:

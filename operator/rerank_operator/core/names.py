@@ -46,6 +46,9 @@ ANNOTATION_SPEC_GENERATION = f"{GROUP}/spec-generation"  # on Jobs: the RerankMo
 ANNOTATION_RECOVERS = f"{GROUP}/recovers-result"  # on Jobs: how many attempts in a row lost a finished result
 ANNOTATION_TRANSIENT_RETRIES = f"{GROUP}/transient-retries"  # on Jobs: transient failures in a row before it
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
+#: On the Jobs that build a shared artifact in a store's namespace (core/sharing.py): "true". They belong to no model.
+LABEL_SHARED = f"{GROUP}/shared"
+ANNOTATION_SOURCE = f"{GROUP}/source"  # on a shared artifact's Job: the weights it builds from (for people)
 
 Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy",
                     "quality-guard", "cpu-canary"]
@@ -127,6 +130,18 @@ def job_name(model: str, artifact_id: str, attempt: int) -> str:
     suffix = f"-q-{artifact_id[:8]}-{attempt}"
     head = model[: _DNS_LABEL_MAX - len(suffix)].rstrip("-")
     return head + suffix
+
+
+def shared_job_name(artifact_id: str, attempt: int) -> str:
+    """``rerank-artifact-<id>-<attempt>``: one name per shared artifact and attempt, so models of any namespace that
+    ask for the same artifact at once create the same Job (the second create is answered AlreadyExists)."""
+    return f"rerank-artifact-{artifact_id}-{attempt}"
+
+
+def shared_labels(artifact_id: str) -> dict[str, str]:
+    """The labels of a shared artifact's Job and pods: what the operator finds them by in the store's namespace."""
+    return {LABEL_NAME: APP_NAME, LABEL_COMPONENT: COMPONENT_QUANTIZER, LABEL_MANAGED_BY: OPERATOR_NAME,
+            LABEL_PART_OF: PART_OF, LABEL_SHARED: "true", LABEL_ARTIFACT: artifact_id}
 
 
 def selector_labels(model: str, component: Component) -> dict[str, str]:

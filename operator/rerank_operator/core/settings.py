@@ -48,19 +48,32 @@ class Settings:
     quantizer_image: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     activator: Activator | None = None
+    #: The image of the init container that fetches a shared artifact into a pod (``--artifact-fetcher-image``; the
+    #: chart's: the operator's own); None: the model's quantizer image, which has the same command.
+    fetcher_image: str | None = None
+    #: A Docker config.json with the credentials the operator reads and deletes shared artifacts with
+    #: (``--artifact-store-credentials``); None: anonymous.
+    artifact_store_credentials: str | None = None
+    #: How often the leader deletes shared artifacts nobody used for their class's grace (``--artifact-gc-seconds``).
+    artifact_gc_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prometheus: PrometheusSettings | None = None,
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS, watch_server_timeout: int | None = None,
                  leader_election: LeaderElectionSettings | None = None,
                  hub_retry: RetryBackoff | None = None, quantizer_image: str | None = None,
-                 image_pull_secrets: tuple[str, ...] = (), activator: Activator | None = None) -> Settings:
+                 image_pull_secrets: tuple[str, ...] = (), activator: Activator | None = None,
+                 fetcher_image: str | None = None, artifact_store_credentials: str | None = None,
+                 artifact_gc_seconds: float = 60.0) -> Settings:
         """The pod's own identity from ``env``; the rest as main.py parsed it from the flags. An enabled election
         without a namespace of its own takes the pod's; with neither (not in a pod, no flag) it cannot name its
         Lease, which is refused here, at start-up, rather than at the first election."""
         namespace = env.get(POD_NAMESPACE_ENV) or None
-        if quantizer_image and not shapes.image(quantizer_image):
-            raise ValueError(f"--quantizer-image {quantizer_image!r} is not an image reference")
+        for flag, image in (("--quantizer-image", quantizer_image), ("--artifact-fetcher-image", fetcher_image)):
+            if image and not shapes.image(image):
+                raise ValueError(f"{flag} {image!r} is not an image reference")
+        if artifact_gc_seconds <= 0:
+            raise ValueError("--artifact-gc-seconds must be positive")
         for secret in image_pull_secrets:
             if not shapes.dns_subdomain(secret):
                 raise ValueError(f"--image-pull-secret {secret!r} is not a Secret name")
@@ -76,7 +89,9 @@ class Settings:
                    resync_seconds=resync_seconds, watch_server_timeout=watch_server_timeout,
                    leader_election=election, hub_retry=hub_retry or RetryBackoff(),
                    quantizer_image=quantizer_image or None, image_pull_secrets=tuple(image_pull_secrets),
-                   activator=activator)
+                   activator=activator, fetcher_image=fetcher_image or None,
+                   artifact_store_credentials=artifact_store_credentials or None,
+                   artifact_gc_seconds=artifact_gc_seconds)
 
 
 def operator_pod_labels(env: Mapping[str, str]) -> dict[str, str]:

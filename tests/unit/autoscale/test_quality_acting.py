@@ -17,6 +17,7 @@ from quality_guard.checks import Guard
 from quality_guard.config import Config
 from quantizer_job import contract
 from rerank_operator.core import artifact, conditions, names
+from rerank_operator.core import artifact_decision as decisions
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale.history import History
@@ -40,7 +41,7 @@ def guarded_model(*mods: Any) -> dict[str, Any]:
 
 def served(artifact_id: str) -> dict[str, Any]:
     result = contract.parse_result(published(artifact_id, max_input_tokens=510))
-    return {"artifact": plans.artifact_record(result, artifact_id, NOW)}
+    return {"artifact": decisions.artifact_record(result, artifact_id, NOW)}
 
 
 def plan_for(body: dict[str, Any], status: dict[str, Any], world: FakeWorld | None = None,

@@ -18,6 +18,7 @@ from typing import Any
 
 from quantizer_job import contract
 from rerank_operator.core import names
+from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import pods
 from rerank_operator.core.quantities import parse_quantity
 from rerank_operator.core.spec import TEI_MAX_BATCH_TOKENS, Pool, RerankModelSpec, TeiSettings
@@ -117,11 +118,13 @@ def build_deployment(
     *,
     canary: bool = False,
     max_input_tokens: int = 0,
+    fetch: fetching.Fetch | None = None,
 ) -> dict[str, Any]:
     """A pool's TEI Deployment; ``canary``: the CPU pool's twin ``<name>-canary`` serving a new artifact beside the
     stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's
     pool signals count its pods. ``max_input_tokens``: what the served artifact reports (status.artifact), the CPU
-    pool's default token budget (``batch_tokens``)."""
+    pool's default token budget (``batch_tokens``). ``fetch``: the artifact is a shared one, fetched into an
+    emptyDir by an init container (``fetch.py``) instead of read from the claim."""
     component = names.COMPONENT_CANARY if canary else names.pool_component(pool.name)
     env: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = [
@@ -132,7 +135,10 @@ def build_deployment(
     if artifact_id is not None or spec.model.path is not None:
         sub = artifact_subdir(pool, artifact_id) if artifact_id is not None else str(spec.model.path)
         mounts.append({"name": pods.MODEL_VOLUME, "mountPath": MODEL_MOUNT, "subPath": sub, "readOnly": True})
-        volumes.append(pods.model_volume(claim, read_only=True))
+        if fetch is not None and artifact_id is not None:
+            volumes += fetching.volumes(fetch)
+        else:
+            volumes.append(pods.model_volume(claim, read_only=True))
     else:
         env.append({"name": "HUGGINGFACE_HUB_CACHE", "value": DATA_MOUNT})
         if spec.model.token_secret:
@@ -171,6 +177,8 @@ def build_deployment(
         "containers": [container],
         "volumes": volumes,
     }
+    if fetch is not None and artifact_id is not None:
+        pod_spec["initContainers"] = [fetching.init_container(fetch, artifact_id, (fetching.part_of(pool.name),))]
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:

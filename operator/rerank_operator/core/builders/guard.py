@@ -30,6 +30,7 @@ from typing import Any
 from quantizer_job import contract
 from rerank_operator.core import names
 from rerank_operator.core.builders import deployment, pods
+from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.spec import RerankModelSpec
 
 #: The pool the guard checks and the one it checks against (the GPU pool serves the original weights in FP16).
@@ -214,11 +215,12 @@ def mirror_token(live: Mapping[str, Any] | None) -> str:
 def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
                            below_floor: Iterable[str], canary: bool = False, *, claim: str = "",
                            artifact_id: str | None = None, max_input_tokens: int = 0,
-                           token: str = "") -> dict[str, Any]:
+                           token: str = "", fetch: fetching.Fetch | None = None) -> dict[str, Any]:
     """``claim`` and ``artifact_id``: the volume and the served artifact, mounted read-only when the guard reads it
     (``mounts_artifact``); with the tenant's consent (``samples_live``) the model's ``samples/<model>`` read-write.
     ``max_input_tokens``: the served artifact's (``guard_config``). ``token``: the model's mirror token
-    (``mirror_token``; empty: the guard takes no POST at all)."""
+    (``mirror_token``; empty: the guard takes no POST at all). ``fetch``: the served artifact is a shared one, which
+    an init container fetches (the parts the guard reads) instead of a claim holding it."""
     config = guard_config(owner, spec, settings, below_floor, canary, max_input_tokens)
     env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
                                                                           separators=(",", ":"))},
@@ -247,15 +249,25 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
     }
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
-    reads = mounts_artifact(spec) and bool(claim and artifact_id)
-    writes = samples_live(spec) and bool(claim)
+    fetched = fetch is not None and artifact_id is not None and mounts_artifact(spec)
+    reads = mounts_artifact(spec) and bool((claim or fetched) and artifact_id)
+    writes = samples_live(spec) and bool(claim) and not fetched  # a shared artifact's model keeps no sample
     if reads:
         mounts.append({"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
                        "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"})
     if writes:  # its own directory only: the artifacts stay read-only to it
         mounts.append({"name": pods.MODEL_VOLUME, "mountPath": SAMPLE_MOUNT,
                        "subPath": f"{contract.SAMPLES_DIR}/{owner.name}"})
-    if reads or writes:
+    init: list[dict[str, Any]] = []
+    if fetched:
+        assert fetch is not None and artifact_id is not None
+        volumes += fetching.volumes(fetch)
+        parts = ((contract.EVALUATION_FILE,) if replays(spec) else ()) + (
+            (contract.ORIGINAL_SUBDIR,) if local_reference(spec) else ())
+        init.append(fetching.init_container(fetch, artifact_id, parts))
+        if not local:  # the init container writes under /tmp too
+            volumes.append(pods.scratch_volume())
+    elif reads or writes:
         volumes.append(pods.model_volume(claim, read_only=not writes))
     if local:  # the root filesystem is read-only; torch needs a writable temporary directory (os.makedirs at import)
         mounts.append({"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"})
@@ -271,6 +283,8 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
     }
     if volumes:
         pod_spec["volumes"] = volumes
+    if init:
+        pod_spec["initContainers"] = init
     # Where the CPU pool may run, the guard may too (a tenant's nodes, taints and all).
     if cpu.node_selector:
         pod_spec["nodeSelector"] = dict(cpu.node_selector)

@@ -121,36 +121,39 @@ def build_job(
         if cm_volume:
             volumes.append(cm_volume)
             mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": q.image,
-        "command": ["rerank-quantize"],
-        "args": contract.build_args(request(spec, artifact_id)),
-        "env": env,
+    metadata = names.child_metadata(
+        owner,
+        names.job_name(owner.name, artifact_id, attempt),
+        names.COMPONENT_QUANTIZER,
+        extra_labels={names.LABEL_ARTIFACT: artifact_id},
+        annotations={
+            names.ANNOTATION_ATTEMPT: str(attempt),
+            names.ANNOTATION_SPEC_GENERATION: str(owner.generation),
+            **({names.ANNOTATION_RECOVERS: str(recovers)} if recovers else {}),
+            **({names.ANNOTATION_TRANSIENT_RETRIES: str(transient_retries)} if transient_retries else {}),
+        },
+    )
+    pod_labels = {**names.labels(owner.name, names.COMPONENT_QUANTIZER), names.LABEL_ARTIFACT: artifact_id}
+    return manifest(spec, metadata, pod_labels, contract.build_args(request(spec, artifact_id)), env, mounts, volumes)
+
+
+def manifest(spec: RerankModelSpec, metadata: dict[str, Any], pod_labels: dict[str, str], args: list[str],
+             env: list[dict[str, Any]], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A quantization Job around ``rerank-quantize args`` (a model's own, or a shared artifact's: shared_job.py)."""
+    q = spec.quantization
+    quantizer: dict[str, Any] = {
+        "name": CONTAINER, "image": q.image, "command": ["rerank-quantize"], "args": args, "env": env,
         "volumeMounts": mounts,
         "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
         # A crash before the result is written still leaves the log tail in the message for status to show.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": pods.container_security_context(),
+        **({"resources": dict(q.resources)} if q.resources else {}),
     }
-    if q.resources:
-        container["resources"] = dict(q.resources)
-    artifact_labels = {names.LABEL_ARTIFACT: artifact_id}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": names.child_metadata(
-            owner,
-            names.job_name(owner.name, artifact_id, attempt),
-            names.COMPONENT_QUANTIZER,
-            extra_labels=artifact_labels,
-            annotations={
-                names.ANNOTATION_ATTEMPT: str(attempt),
-                names.ANNOTATION_SPEC_GENERATION: str(owner.generation),
-                **({names.ANNOTATION_RECOVERS: str(recovers)} if recovers else {}),
-                **({names.ANNOTATION_TRANSIENT_RETRIES: str(transient_retries)} if transient_retries else {}),
-            },
-        ),
+        "metadata": metadata,
         "spec": {
             "backoffLimit": q.backoff_limit,
             "activeDeadlineSeconds": q.active_deadline_seconds,
@@ -158,13 +161,13 @@ def build_job(
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": pod_failure_policy(),
             "template": {
-                "metadata": {"labels": {**names.labels(owner.name, names.COMPONENT_QUANTIZER), **artifact_labels}},
+                "metadata": {"labels": pod_labels},
                 "spec": {
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": pods.pod_security_context(),
-                    "containers": [container],
+                    "containers": [quantizer],
                     "volumes": volumes,
                 },
             },

@@ -31,7 +31,14 @@ def policy(spec: RerankModelSpec, settings: guard.GuardSettings | None) -> Canar
 def starts(record: Mapping[str, Any], served: Mapping[str, Any] | None) -> bool:
     """A new artifact goes through a canary (when there is a policy) if the guard can judge it: a stable artifact
     serves, and both come from the same weights (the GPU pool, the guard's reference, serves the stable one's)."""
-    return bool(served) and bool(record.get("source")) and (served or {}).get("source") == record.get("source")
+    return bool(served) and bool(weights(record)) and weights(served or {}) == weights(record)
+
+
+def weights(record: Mapping[str, Any]) -> str:
+    """The weights an artifact record was made from (``weights``; records older than shared artifacts kept them in
+    ``source``, which now says built or shared)."""
+    legacy = record.get("source")
+    return str(record.get("weights") or (legacy if legacy not in (None, "built", "shared") else "") or "")
 
 
 def message(desired: str, served: Mapping[str, Any], canary: CanaryPolicy,

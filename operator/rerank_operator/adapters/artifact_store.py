@@ -1,0 +1,152 @@
+"""What the operator sees of the artifact stores (``core/sharing.py``): the registry's tags and the Jobs that build
+them, and the deletion of artifacts nobody uses.
+
+A model waiting on a shared artifact looks again every ``plan.SHARED_RECHECK_SECONDS``; a thousand models share a
+few ids, so the answers are kept per (store, id) for ``ttl`` seconds (a published artifact for ``published_ttl``: it
+never changes, only the collector removes it, and it forgets it here when it does). A registry that does not answer
+is a transient error: the reconcile is retried, and nothing is served that the store was not seen to hold.
+
+The registry is read with the platform's credentials (``--artifact-store-credentials``: a Docker config.json, e.g.
+the chart's mounted ``dockerconfigjson`` Secret), the only ones the operator has; deleting needs them too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from quantizer_job import oci, store
+from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
+from rerank_operator.core import names, sharing
+
+log = logging.getLogger(__name__)
+Obj = Mapping[str, Any]
+RegistryFactory = Callable[[sharing.ArtifactStore], oci.Registry]
+
+
+class SharedArtifacts:
+    def __init__(self, client: Client, credentials_file: str | None = None, *, ttl: float = 2.0,
+                 published_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 registry: RegistryFactory | None = None) -> None:
+        self.client = client
+        self._credentials = Path(credentials_file) if credentials_file else None
+        self._ttl, self._published_ttl, self._clock = ttl, published_ttl, clock
+        self._registry = registry or self._connect
+        self._seen: dict[tuple[str, str], tuple[float, sharing.SharedView]] = {}
+        self._lock = threading.Lock()
+        self.unused_since: dict[tuple[str, str], float] = {}  # (repository, tag) -> unix time (the collector's)
+
+    def _connect(self, where: sharing.ArtifactStore) -> oci.Registry:
+        creds = None
+        if self._credentials is not None and self._credentials.is_file():
+            creds = oci.docker_credentials(self._credentials, where.host)
+        return oci.Registry(where.host, insecure=where.insecure, credentials=creds)
+
+    # --- looking up -------------------------------------------------------------------------------------------------
+
+    def view(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.SharedView:
+        """The store's artifact ``artifact_id`` if published, else the Jobs building it in the store's namespace."""
+        key = (where.repository, artifact_id)
+        now = self._clock()
+        with self._lock:
+            cached = self._seen.get(key)
+        if cached is not None:
+            at, seen = cached
+            if now - at < (self._published_ttl if seen.published is not None else self._ttl):
+                return seen
+        seen = sharing.SharedView(artifact_id, self._published(where, artifact_id))
+        if seen.published is None:
+            jobs, pods = self._jobs(where, artifact_id)
+            seen = sharing.SharedView(artifact_id, None, jobs, pods)
+        with self._lock:
+            self._seen[key] = (now, seen)
+        return seen
+
+    def forget(self, where: sharing.ArtifactStore, artifact_id: str) -> None:
+        with self._lock:
+            self._seen.pop((where.repository, artifact_id), None)
+
+    def _published(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.Published | None:
+        registry = self._registry(where)
+        try:
+            digest = registry.resolve(where.path, artifact_id)
+            if digest is None:
+                return None
+            body, digest, _ = registry.get_manifest(where.path, digest)
+            manifest = json.loads(body)
+            config = manifest.get("config") or {}
+            config_digest = str(config.get("digest") or "")
+            if config.get("mediaType") != store.CONFIG_MEDIA_TYPE or not config_digest.startswith("sha256:"):
+                log.warning("store %s: tag %s is not a rerank artifact; ignored", where.repository, artifact_id)
+                return None
+            content = json.loads(registry.get_blob_bytes(where.path, config_digest))
+        except oci.RegistryError as exc:
+            raise TransientApiError(f"artifact store {where.repository}: {exc}") from exc
+        except OSError as exc:
+            raise TransientApiError(f"artifact store {where.repository} unreachable: {exc}") from exc
+        parts = tuple(str((layer.get("annotations") or {}).get("org.opencontainers.image.title") or "")
+                      for layer in manifest.get("layers") or ())
+        return sharing.Published(ref=f"{where.repository}@{digest}", manifest_sha256=config_digest.split(":", 1)[1],
+                                 manifest=content, parts=tuple(p for p in parts if p))
+
+    def _jobs(self, where: sharing.ArtifactStore,
+              artifact_id: str) -> tuple[tuple[Obj, ...], dict[str, tuple[Obj, ...]]]:
+        selector = f"{names.LABEL_SHARED}=true,{names.LABEL_ARTIFACT}={artifact_id}"
+        jobs = self.client.list_objects("batch/v1", "Job", where.namespace, selector) or []
+        pods = self.client.list_objects("v1", "Pod", where.namespace, selector) if jobs else []
+        by_job: dict[str, list[Obj]] = {}
+        for pod in pods or ():
+            owner = (pod.get("metadata", {}).get("labels") or {}).get("job-name", "")
+            by_job.setdefault(str(owner), []).append(pod)
+        return tuple(jobs), {k: tuple(v) for k, v in by_job.items()}
+
+    # --- collecting -------------------------------------------------------------------------------------------------
+
+    def collect(self, stores: Iterable[sharing.ArtifactStore], statuses: Iterable[Mapping[str, Any]],
+                now: float) -> list[str]:
+        """Delete what no model has used for its store's grace period (``sharing.collect``): the manifest in the
+        registry (its blobs go with the registry's own garbage collection) and the Jobs that built it. Returns the
+        references deleted."""
+        used = sharing.in_use(statuses)
+        deleted: list[str] = []
+        for where in {s.repository: s for s in stores}.values():
+            registry = self._registry(where)
+            try:
+                tags = registry.tags(where.path)
+            except (oci.RegistryError, OSError) as exc:
+                log.warning("artifact store %s: listing its artifacts: %s", where.repository, exc)
+                continue
+            since = {tag: at for (repo, tag), at in self.unused_since.items() if repo == where.repository}
+            result = sharing.collect(tags, used, since, now, where.unused_grace_seconds)
+            for key in [k for k in self.unused_since if k[0] == where.repository]:
+                del self.unused_since[key]
+            self.unused_since.update({(where.repository, tag): at for tag, at in result.unused_since.items()})
+            for tag in result.delete:
+                try:
+                    digest = registry.resolve(where.path, tag)
+                    if digest is not None:
+                        registry.delete_manifest(where.path, digest)
+                    self._delete_jobs(where, tag)
+                except (oci.RegistryError, OSError, ApiError) as exc:
+                    log.warning("artifact store %s: deleting %s: %s", where.repository, tag, exc)
+                    continue
+                self.forget(where, tag)
+                deleted.append(f"{where.repository}:{tag}")
+                log.info("deleted shared artifact %s:%s (no model used it for %d s)", where.repository, tag,
+                         where.unused_grace_seconds)
+        return deleted
+
+    def _delete_jobs(self, where: sharing.ArtifactStore, artifact_id: str) -> None:
+        selector = f"{names.LABEL_SHARED}=true,{names.LABEL_ARTIFACT}={artifact_id}"
+        for job in self.client.list_objects("batch/v1", "Job", where.namespace, selector) or ():
+            try:
+                self.client.request("DELETE", api_path("batch/v1", "Job", where.namespace, job["metadata"]["name"]),
+                                    verb="delete", kind="Job", propagation_policy="Background")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise

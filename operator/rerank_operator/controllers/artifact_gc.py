@@ -1,0 +1,45 @@
+"""The collector of shared artifacts: every ``--artifact-gc-seconds`` the leader deletes, from each store a
+RerankClass names, the artifacts no model has used for the class's ``unusedGraceSeconds`` (``sharing.collect``).
+
+It counts the users from the statuses of every model the operator watches, so it runs only when the operator
+watches every namespace: an operator confined to some namespaces cannot tell that nobody else uses an artifact.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rerank_operator.adapters.artifact_store import SharedArtifacts
+from rerank_operator.core import sharing
+
+log = logging.getLogger(__name__)
+
+
+def stores_of(classes: Iterable[Mapping[str, Any]]) -> list[sharing.ArtifactStore]:
+    """The distinct stores the classes name (the first class's grace wins for a store two classes share)."""
+    found: dict[str, sharing.ArtifactStore] = {}
+    for rclass in classes:
+        where = sharing.ArtifactStore.from_class(rclass.get("spec"))
+        if where is not None:
+            found.setdefault(where.repository, where)
+    return list(found.values())
+
+
+def collect_once(shared: SharedArtifacts, classes: Iterable[Mapping[str, Any]],
+                 statuses: Iterable[Mapping[str, Any]], now: float) -> list[str]:
+    return shared.collect(stores_of(classes), statuses, now)
+
+
+def run(stop: threading.Event, shared: SharedArtifacts, list_classes: Callable[[], list[Mapping[str, Any]]],
+        statuses: Callable[[], list[Mapping[str, Any]]], period: float,
+        clock: Callable[[], float] = time.time) -> None:
+    """The collector's thread (started when leading); an error is logged and tried again next period."""
+    while not stop.wait(period):
+        try:
+            collect_once(shared, list_classes(), statuses(), clock())
+        except Exception:  # the next pass tries again; the collector must not die with one bad answer
+            log.exception("collecting unused shared artifacts")

@@ -1,0 +1,53 @@
+"""The Job that builds a shared artifact (``core/sharing.py``) in its store's namespace, and pushes it there.
+
+It is the model's quantization Job (``job.py``) with nothing of a tenant's: no claim (an emptyDir holds the build and
+its download), no hub token and no data ConfigMaps (a model with them is never shared), no owner (it serves every
+namespace that asks for the same id); the store's push Secret is its only credential. Its name is the same for
+every model that asks (``names.shared_job_name``), so concurrent first requests start one Job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from quantizer_job import contract
+from rerank_operator.core import names, sharing
+from rerank_operator.core.builders import job, pods
+from rerank_operator.core.spec import RerankModelSpec
+
+#: Where a shared artifact's Job finds the store's push credentials (a Docker config.json, ``$DOCKER_CONFIG``).
+REGISTRY_CONFIG_MOUNT = "/etc/rerank/registry"
+
+
+def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, store: sharing.ArtifactStore,
+                     transient_retries: int = 0) -> dict[str, Any]:
+    """Attempt ``attempt`` of the Job building shared artifact ``artifact_id`` as ``spec`` asks for it."""
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": job.HF_HOME},
+        *job.hub_env(spec.model.hub),
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
+        {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [pods.scratch_volume(pods.MODEL_VOLUME), pods.scratch_volume()]
+    if store.push_secret:
+        env.append({"name": "DOCKER_CONFIG", "value": REGISTRY_CONFIG_MOUNT})
+        mounts.append({"name": "registry-credentials", "mountPath": REGISTRY_CONFIG_MOUNT, "readOnly": True})
+        volumes.append({"name": "registry-credentials", "secret": {
+            "secretName": store.push_secret, "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}})
+    req = replace(job.request(spec, artifact_id), push_repository=store.repository, push_insecure=store.insecure)
+    metadata: dict[str, Any] = {
+        "name": names.shared_job_name(artifact_id, attempt),
+        "namespace": store.namespace,
+        "labels": names.shared_labels(artifact_id),
+        "annotations": {
+            names.ANNOTATION_ATTEMPT: str(attempt),
+            names.ANNOTATION_SOURCE: spec.model.display,
+            **({names.ANNOTATION_TRANSIENT_RETRIES: str(transient_retries)} if transient_retries else {}),
+        },
+    }
+    return job.manifest(spec, metadata, names.shared_labels(artifact_id), contract.build_args(req), env, mounts,
+                        volumes)

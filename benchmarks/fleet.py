@@ -34,6 +34,14 @@ What it measures (progress on stderr, one JSON object on stdout):
   activator): ``wake_scale_s`` from the request to its CPU Deployment at 1 replica (the operator's part of a wake).
   kwok pods serve nothing, so the held request is answered 503 once its hold (``--activator-hold``) runs out.
 
+- shared artifacts (``--distinct-models K``): a RerankClass with an ``artifactStore`` (a real distribution registry,
+  started here, and the store's namespace); model i serves hub model ``bench/reranker-<i mod K>`` with no hub token,
+  so the N models ask for K artifacts. This process plays each shared Job's quantizer: it pushes a small artifact to
+  the registry with the quantizer's own push code and ends the pod with the result. The first K models (one per
+  artifact) are applied first and made Ready; then the other N - K, whose artifacts exist:
+  ``ready_after_first_s`` is their apply -> Ready (the model's create call returned -> its Ready seen here).
+  ``jobs`` counts every quantization Job in the cluster, ``artifacts`` the store's tags.
+
 Direct metrics: kwok pods have no network, so every pool pod's /metrics is served by one local fake TEI endpoint
 (``rerank_devcluster.fake_tei.SteadyTei``: constant light load) through ``rerank_devcluster.scrape_redirect``.
 """
@@ -68,11 +76,14 @@ from typing import Any
 
 import yaml
 
+from quantizer_job import oci, store
 from rerank_activator import server as activator_server
 from rerank_devcluster import binaries
 from rerank_devcluster import operator_process as op
-from rerank_devcluster.cluster import Cluster, free_port
+from rerank_devcluster.cluster import Cluster, finished_pod_status, free_port
 from rerank_devcluster.fake_tei import MetricsServer, SteadyTei
+from rerank_devcluster.processes import Processes
+from rerank_devcluster.registry import LocalRegistry
 from rerank_devcluster.scrape_redirect import ANY_POD
 from rerank_operator.core.autoscale.zero import DRAIN_SECONDS
 
@@ -89,6 +100,9 @@ ACTIVATOR_SERVICE = "rerank-activator"
 RBAC_ACTIVATOR = REPO / "operator" / "rerank_operator" / "rbac_activator.yaml"
 #: The autoscaler's per-pool signals read from Prometheus (rerank_operator.adapters.prometheus_api.queries).
 PROMQL_SIGNALS = 9
+#: --distinct-models: the store's namespace, repository and class (RerankClass spec.artifactStore).
+STORE_NS, STORE_REPOSITORY, SHARED_CLASS = "rerank-artifacts", "rerank/artifacts", "fleet-shared"
+SHARED_LABEL = "rerank.io/shared"
 TARGETS = {
     "ready_after_jobs_finished_s": 120.0,
     "apply_to_job_p95_s": 3.0,
@@ -99,6 +113,7 @@ TARGETS = {
     "cpu_cores": 0.5,
     "failover_s": 15.0,
     "idle_pods": 0.0,
+    "ready_after_first_p95_s": 10.0,
 }
 
 _T0 = time.monotonic()
@@ -277,8 +292,10 @@ def is_ready(model: dict[str, Any]) -> bool:
 
 
 class Watches:
-    def __init__(self, api: Api, fleet: Fleet, finish: Callable[[dict[str, Any]], None], idle: bool = False) -> None:
+    def __init__(self, api: Api, fleet: Fleet, finish: Callable[[dict[str, Any]], None], idle: bool = False,
+                 finish_shared: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.api, self.fleet, self.finish, self.idle = api, fleet, finish, idle
+        self.finish_shared = finish_shared
         self.stop = threading.Event()
 
     def start(self) -> None:
@@ -311,6 +328,15 @@ class Watches:
 
     def on_pod(self, kind: str, pod: dict[str, Any], now: float) -> None:
         key = owner_key(pod)
+        meta = pod["metadata"]
+        if key is None and (meta.get("labels") or {}).get(SHARED_LABEL) == "true" and self.finish_shared:
+            if kind != "DELETED" and (pod.get("status") or {}).get("phase") == "Running":
+                with self.fleet.lock:
+                    if meta["uid"] in self.fleet.finishing:
+                        return
+                    self.fleet.finishing.add(meta["uid"])
+                self.finish_shared(pod)
+            return
         if key is None:
             return
         meta, status = pod["metadata"], pod.get("status") or {}
@@ -581,6 +607,15 @@ class Prometheus:
 def model_manifest(name: str, ns: str, args: argparse.Namespace) -> dict[str, Any]:
     """The cluster tests' model (rerank_devcluster.operator_process.rerank_model), autoscaled; with ``--idle``, one
     that may go to zero (test_scale_to_zero.py's: a CPU pool from 0, no GPU pool, idleSeconds, a Gateway route)."""
+    if args.distinct_models:
+        body = op.rerank_model(name, ns, STORAGE_CLASS, pools={"cpu": {"minReplicas": 1, "maxReplicas": 4},
+                                                              "gpu": {"enabled": False}},
+                               autoscaling={"enabled": True, "intervalSeconds": args.interval,
+                                            "metrics": {"source": args.metrics_source,
+                                                        "staleAfterSeconds": max(60, 4 * args.interval)}})
+        body["spec"]["className"] = SHARED_CLASS
+        body["spec"]["model"] = {"id": f"bench/reranker-{int(name.rsplit('-', 1)[1]) % args.distinct_models}"}
+        return body
     if args.idle:
         return op.rerank_model(
             name, ns, STORAGE_CLASS, pools={"cpu": {"minReplicas": 0, "maxReplicas": 4}, "gpu": {"enabled": False}},
@@ -665,6 +700,7 @@ class Benchmark:
         self.prometheus: Prometheus | None = None
         self.tei_server: MetricsServer | None = None
         self.activator: activator_server.Running | None = None
+        self.registry: LocalRegistry | None = None
         self.notes: list[str] = []
         self.keys: list[Key] = []
         self._last_progress = 0.0
@@ -688,6 +724,8 @@ class Benchmark:
                 self.tei_server.stop()
             if self.activator:
                 self.activator.stop()
+            if self.registry:
+                self.registry.processes.stop_all()
             if args.keep_workdir:
                 log(f"kept {cluster.workdir} (logs: {cluster.logs_dir})")
             cluster.stop()
@@ -723,13 +761,19 @@ class Benchmark:
             prom_args = ["--prometheus-url", self.prometheus.url]
         if args.idle:
             prom_args += self._start_activator(cluster)
+        if args.distinct_models:
+            self._start_store(cluster)
         self._start_operators(cluster, identity, redirect, extra_env, prom_args)
 
         finisher = ThreadPoolExecutor(max_workers=args.finish_concurrency, thread_name_prefix="finish")
         def finish(pod: dict[str, Any]) -> None:
             finisher.submit(self._finish, pod)
 
-        watches = Watches(api, self.fleet, finish, idle=args.idle)
+        def finish_shared(pod: dict[str, Any]) -> None:
+            finisher.submit(self._finish_shared, pod)
+
+        watches = Watches(api, self.fleet, finish, idle=args.idle,
+                          finish_shared=finish_shared if args.distinct_models else None)
         watches.start()
         try:
             self._bring_up(namespaces)
@@ -775,6 +819,37 @@ class Benchmark:
         return ["--activator-url", self.activator.url,
                 "--activator-service", f"{op.OPERATOR_NS}/{ACTIVATOR_SERVICE}:8080",
                 "--activator-key-file", str(key_file)]
+
+    def _start_store(self, cluster: Cluster) -> None:
+        """--distinct-models: the store (a distribution registry with deletes on), its namespace and the class."""
+        root = cluster.workdir / "store"
+        root.mkdir(exist_ok=True)
+        self.registry = LocalRegistry(Processes(logs_dir=cluster.logs_dir, cwd=root), root, delete=True).start(
+            time.monotonic() + 30)
+        op.kubectl_apply(cluster, [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": STORE_NS}},
+            {"apiVersion": f"{op.GROUP}/{op.VERSION}", "kind": "RerankClass", "metadata": {"name": SHARED_CLASS},
+             "spec": {"artifactStore": {"repository": f"{self.registry.host}/{STORE_REPOSITORY}",
+                                        "namespace": STORE_NS, "insecure": True}}}])
+        log(f"artifact store at {self.registry.host}/{STORE_REPOSITORY} (class {SHARED_CLASS})")
+
+    def _finish_shared(self, pod: dict[str, Any]) -> None:
+        """A shared Job's quantizer: push its artifact to the store, then end the pod with the result."""
+        assert self.registry is not None
+        meta = pod["metadata"]
+        artifact_id = meta["labels"][op.ARTIFACT_LABEL]
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                ref = store.push(op.shared_artifact(Path(tmp), artifact_id), STORE_REPOSITORY, artifact_id,
+                                 registry=oci.Registry(self.registry.host, insecure=True), scratch=Path(tmp) / "s")
+            self.api.ok("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                        finished_pod_status(pod, 0, op.published_shared(artifact_id, ref)),
+                        "application/merge-patch+json")
+        except (RuntimeError, OSError) as exc:
+            with self.fleet.lock:
+                self.fleet.finish_errors += 1
+                self.fleet.finishing.discard(meta["uid"])
+            log(f"finishing shared {meta['namespace']}/{meta['name']} failed: {exc}")
 
     def _start_operators(self, cluster: Cluster, identity: op.Identity, redirect: Path, extra_env: dict[str, str],
                          prom_args: list[str]) -> None:
@@ -845,6 +920,14 @@ class Benchmark:
             with fleet.lock:
                 fleet.applied[key] = done
 
+        if args.distinct_models:  # one model per artifact first: the others find their artifact published
+            first = keys[:args.distinct_models]
+            log(f"applying the first {len(first)} RerankModels, one per distinct model")
+            with ThreadPoolExecutor(max_workers=args.apply_concurrency, thread_name_prefix="apply") as pool:
+                list(pool.map(apply, first))
+            self._wait(lambda: all(fleet.ready_now.get(k) for k in first), args.timeout,
+                       "the first model of each artifact Ready")
+            keys_first, keys = first, keys[args.distinct_models:]
         log(f"applying {len(keys)} RerankModels ({args.apply_concurrency} clients)")
         audit = AuditTail(self.cluster.audit_log)
         burst_start = audit.position()
@@ -880,6 +963,16 @@ class Benchmark:
             counts = {"jobs_seen": len(fleet.job_seen), "quantizer_pods_finished": len(fleet.finished),
                       "ready": sum(1 for k in keys if fleet.ready_now.get(k)), "finish_errors": fleet.finish_errors}
         served = apply_to_job_from_audit(audit.events(burst_start, audit.position()))
+        if args.distinct_models:
+            with fleet.lock:
+                after_first = [fleet.first_ready[k] - fleet.applied[k] for k in keys
+                               if k in fleet.first_ready and k in fleet.applied]
+            self.result["ready_after_first_s"] = {
+                **quantiles(after_first), "models": len(keys),
+                "method": "models applied after their artifact was published: the create call returned -> Ready "
+                          "seen on this process's watch"}
+            keys = keys_first + keys
+            counts["ready"] = sum(1 for k in keys if fleet.ready_now.get(k))
         self.keys = keys
         self.result["bring_up"] = {
             "all_ready": all_ready,
@@ -1220,11 +1313,16 @@ class Benchmark:
             if key:
                 per_artifact[(*key, job["metadata"]["labels"].get(op.ARTIFACT_LABEL, ""))] += 1
         models_with_jobs = {(ns, name) for ns, name, _ in per_artifact}
-        return {
+        shared = {}
+        if self.registry is not None:
+            shared = {"artifacts": len(oci.Registry(self.registry.host, insecure=True).tags(STORE_REPOSITORY)),
+                      "shared_jobs": sum(1 for j in jobs if (j["metadata"].get("labels") or {}).get(SHARED_LABEL))}
+        return {**shared,
             "models_ready": self.fleet.ready_count(),
             "models": len(getattr(self, "keys", [])),
             "jobs": len(jobs),
-            "models_without_job": len(set(getattr(self, "keys", [])) - models_with_jobs),
+            # Shared artifacts: a model has no Job of its own by design.
+            **({} if self.registry else {"models_without_job": len(set(getattr(self, "keys", [])) - models_with_jobs)}),
             "artifacts_with_more_than_one_job": sum(1 for n in per_artifact.values() if n > 1),
             "one_job_per_artifact": all(n == 1 for n in per_artifact.values()),
         }
@@ -1246,6 +1344,7 @@ def targets(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "cpu_cores": steady.get("operator_cpu_cores", {}).get(leader),
         "failover_s": failover.get("failover_s"),
         "idle_pods": result.get("idle", {}).get("idle_pods"),
+        "ready_after_first_p95_s": result.get("ready_after_first_s", {}).get("p95"),
     }
     notes = {
         "ready_after_jobs_finished_s": f"target for 1000 models; measured with {args.models}",
@@ -1272,6 +1371,13 @@ def targets(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         out["failover_s"]["pass"] = None
     elif measured["failover_s"] is None:
         out["failover_s"]["pass"] = False
+    if args.distinct_models:
+        checks = result.get("checks", {})
+        for name in ("jobs", "artifacts"):
+            out[name] = {"target": f"== {args.distinct_models}", "measured": checks.get(name),
+                         "pass": checks.get(name) == args.distinct_models}
+    else:
+        out["ready_after_first_p95_s"]["pass"] = None
     if not args.idle:
         out["idle_pods"]["pass"] = None
     elif measured["idle_pods"] is None:
@@ -1299,6 +1405,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--finish-concurrency", type=int, default=8)
     p.add_argument("--operator-ref", default="",
                    help="run operator/ as committed at this git ref (git archive) instead of the working tree's")
+    p.add_argument("--distinct-models", type=int, default=0,
+                   help="shared artifacts: the models ask for this many distinct hub models, served from one store")
     p.add_argument("--idle", action="store_true",
                    help="models that may go to zero and get no request: measure the fleet asleep (module docstring)")
     p.add_argument("--idle-seconds", type=int, default=30, help="--idle: autoscaling.idleSeconds (min 30)")

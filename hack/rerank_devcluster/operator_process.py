@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import signal
 import subprocess
@@ -274,6 +275,32 @@ def published(artifact_id: str) -> str:
         size_bytes=580_123_456, quality={"spearman": 0.994, "topk_agreement": 0.96},
         speed={"fp32_pairs_per_s": 41.0, "int8_pairs_per_s": 118.0, "speedup": 2.88},
         recipe={"per_channel": True, "operators": ["MatMul"]}).to_message()
+
+
+def shared_artifact(root: Path, artifact_id: str) -> Path:
+    """A small artifact directory as the quantizer publishes one under ``root`` (manifest.json lists every file with
+    its sha256): what the tests and the fleet benchmark push to a store in place of a shared Job's real one."""
+    final = root / contract.ARTIFACTS_DIR / artifact_id
+    files = {f"{contract.CPU_SUBDIR}/model.onnx": b"onnx" * 1000, f"{contract.CPU_SUBDIR}/config.json": b"{}",
+             f"{contract.CPU_SUBDIR}/tokenizer.json": b'{"t": 1}', f"{contract.ORIGINAL_SUBDIR}/config.json": b"{}"}
+    inventory: list[dict[str, Any]] = []
+    for rel, data in sorted(files.items()):
+        path = final / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        inventory.append({"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = {"manifest_version": 1, "artifact_id": artifact_id, "files": inventory,
+                "size_bytes": sum(f["size"] for f in inventory), "quality": {"spearman": 0.995},
+                "speed": {"speedup": 2.5}, "recipe": {"name": "test"}, "max_input_tokens": 512}
+    (final / contract.MANIFEST_FILE).write_text(json.dumps(manifest, sort_keys=True))
+    return final
+
+
+def published_shared(artifact_id: str, ref: str) -> str:
+    """The termination message of a shared Job that published ``artifact_id`` and pushed it as ``ref``."""
+    result = json.loads(published(artifact_id))
+    result["ref"] = ref
+    return json.dumps(result, separators=(",", ":"), sort_keys=True)
 
 
 def refused(reason: str, message: str) -> str:

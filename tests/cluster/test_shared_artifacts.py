@@ -9,7 +9,6 @@ command line, run here against the real registry.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import uuid
@@ -22,6 +21,7 @@ from kubernetes import client
 
 from quantizer_job import contract, oci, store
 from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.operator_process import published_shared, shared_artifact
 from rerank_devcluster.processes import Processes
 from rerank_devcluster.registry import LocalRegistry
 from tests.cluster.rrm_harness import (
@@ -30,7 +30,6 @@ from tests.cluster.rrm_harness import (
     Identity,
     OperatorProcess,
     eventually,
-    published,
     rerank_model,
     static_pv,
 )
@@ -107,24 +106,6 @@ def store_jobs(kube: client.ApiClient) -> list[Any]:
     return list(client.BatchV1Api(kube).list_namespaced_job(STORE_NS, label_selector="rerank.io/shared=true").items)
 
 
-def make_artifact(root: Path, artifact_id: str) -> Path:
-    """A small artifact directory laid out as the quantizer publishes one (the manifest lists every file)."""
-    final = root / contract.ARTIFACTS_DIR / artifact_id
-    files = {f"{contract.CPU_SUBDIR}/model.onnx": b"onnx" * 1000, f"{contract.CPU_SUBDIR}/config.json": b"{}",
-             f"{contract.CPU_SUBDIR}/tokenizer.json": b'{"t": 1}', f"{contract.ORIGINAL_SUBDIR}/config.json": b"{}"}
-    inventory = []
-    for rel, data in sorted(files.items()):
-        path = final / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        inventory.append({"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {"manifest_version": 1, "artifact_id": artifact_id, "files": inventory,
-                "size_bytes": sum(f["size"] for f in inventory), "quality": {"spearman": 0.995},
-                "speed": {"speedup": 2.5}, "recipe": {"name": "test"}, "max_input_tokens": 512}
-    (final / contract.MANIFEST_FILE).write_text(json.dumps(manifest, sort_keys=True))
-    return final
-
-
 def play_shared_quantizer(cluster: Cluster, kube: client.ApiClient, registry: LocalRegistry,
                           tmp: Path) -> tuple[str, str]:
     """The one shared Job's pod: push its artifact to the store, then end with the result. Returns (id, ref)."""
@@ -136,12 +117,9 @@ def play_shared_quantizer(cluster: Cluster, kube: client.ApiClient, registry: Lo
     artifact_id = pod.metadata.labels["rerank.io/artifact"]
     args = pod.spec.containers[0].args
     assert args[args.index("--push-repository") + 1] == f"{registry.host}/{REPOSITORY}" and "--push-insecure" in args
-    final = make_artifact(tmp, artifact_id)
-    ref = store.push(final, REPOSITORY, artifact_id, registry=oci.Registry(registry.host, insecure=True),
-                     scratch=tmp / "scratch")
-    result = json.loads(published(artifact_id))
-    result["ref"] = ref
-    cluster.finish_pod(STORE_NS, pod.metadata.name, 0, json.dumps(result))
+    ref = store.push(shared_artifact(tmp, artifact_id), REPOSITORY, artifact_id,
+                     registry=oci.Registry(registry.host, insecure=True), scratch=tmp / "scratch")
+    cluster.finish_pod(STORE_NS, pod.metadata.name, 0, published_shared(artifact_id, ref))
     return artifact_id, ref
 
 
@@ -192,6 +170,25 @@ def test_two_namespaces_share_one_job_and_one_artifact_and_a_tampered_store_refu
     assert store.main([*args, "--termination-log", str(log)]) == store.EXIT_CODES["ChecksumMismatch"]
     assert json.loads(log.read_text())["reason"] == "ChecksumMismatch"
     assert not into2.exists() and list((tmp_path / "pod2" / "artifacts").iterdir()) == []
+    # The pod whose init container said so is not ready, and the model's Ready says why (the fetcher's reason).
+    core = client.CoreV1Api(kube)
+    pod = core.list_namespaced_pod(a, label_selector="rerank.io/pool=cpu").items[0]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    core.patch_namespaced_pod_status(pod.metadata.name, a, {"status": {
+        "phase": "Pending",
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now},
+                       {"type": "ContainersReady", "status": "False", "lastTransitionTime": now}],
+        "initContainerStatuses": [{
+            "name": "fetch-artifact", "image": init.image, "imageID": "", "ready": False, "restartCount": 1,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 20, "reason": "Error", "message": log.read_text(),
+                                         "startedAt": now, "finishedAt": now}}}]}})
+
+    def refused() -> Any:
+        ready = next((c for c in status_of(kube, a, "m").get("conditions") or () if c["type"] == "Ready"), {})
+        return ready if ready.get("reason") == "ChecksumMismatch" else None
+    ready = eventually(refused, 60, "Ready=False ChecksumMismatch on the model")
+    assert ready["status"] == "False" and pod.metadata.name in ready["message"]
 
 
 def test_a_tenant_private_evaluation_set_is_never_shared(cluster: Cluster, kube: client.ApiClient,

@@ -29,6 +29,7 @@ from rerank_operator.adapters.caches import Caches
 from rerank_operator.adapters.event_sender import EventSender
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
 from rerank_operator.core import names
+from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import job
 from rerank_operator.core.events import Event
 from rerank_operator.core.observed import (
@@ -177,9 +178,12 @@ class Cluster:
         # Quota checks (tenancy.quota_blocked) look further only while something is missing: a pool short of ready
         # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
         replica_sets: list[Obj] = []
+        fetch_failures: list[str] = []
         if short_of_replicas(deployments.values()):
             replica_sets = [r for d in deployments.values()
                             for r in c.store("ReplicaSet").controlled_by(d["metadata"]["uid"])]
+            fetch_failures = fetching.failures(p for r in replica_sets
+                                               for p in c.store("Pod").controlled_by(r["metadata"]["uid"]))
         job_events: list[Obj] = []
         if any(job.pod_long_missing(j, time.time()) for j in jobs):
             job_events = self._failed_create_events(ns)
@@ -198,6 +202,7 @@ class Cluster:
             network_policy=policy if policy is not None and controlled_by(policy, owner.uid) else None,
             replica_sets=tuple(replica_sets),
             job_events=tuple(job_events),
+            fetch_failures=tuple(fetch_failures),
         )
 
     def _failed_create_events(self, namespace: str) -> list[Obj]:

@@ -41,6 +41,7 @@ from rerank_operator.controllers.reconcile_loop import reconcile
 from rerank_operator.controllers.workqueue import RetryAfter, WorkQueue
 from rerank_operator.core import names
 from rerank_operator.core import status as statuses
+from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.observed import Obj
 from rerank_operator.core.settings import Settings
 
@@ -193,10 +194,11 @@ class Process:
 
     def on_child_event(self, event_type: str, obj: Obj) -> None:
         """A child changed (an informer's thread): queue its model. Pool pods only matter to the autoscaler, which
-        reads them every tick, so their many status changes queue nothing."""
+        reads them every tick, so their many status changes queue nothing; but one whose shared artifact could not be
+        fetched does (its reason goes to Ready: ``readiness.artifact_fetched``)."""
         meta = obj.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if obj.get("kind") == "Pod" and names.LABEL_POOL in labels:
+        if obj.get("kind") == "Pod" and names.LABEL_POOL in labels and fetching.failure(obj) is None:
             return
         model = labels.get(names.LABEL_INSTANCE)
         if model and meta.get("namespace"):

@@ -222,7 +222,7 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
     waiting model's (the Job's own reason); a transient one is retried after the backoff, a permanent one when
     someone deletes the Job."""
     if view.published is not None:
-        record = sharing.record(view.published, desired, now, spec.model.display)
+        record = sharing.record(view.published, desired, now, spec.model.display, store)
         if canary is not None and served is not None and canaries.starts(record, served):
             return ArtifactDecision(desired, served, canary=record, canary_since=now, pending=Pending(
                 desired, "", 0, "Canary", conditions.REASON_CANARY,

@@ -39,6 +39,10 @@ REASON_CLAIM_NOT_FOUND = "ClaimNotFound"
 REASON_CLAIM_LOST = "ClaimLost"
 REASON_ROLLING_OUT = "RollingOut"
 REASON_REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
+#: A pool's pods could not get their shared artifact from the store (the fetcher's reason, when it is one of these).
+REASON_CHECKSUM_MISMATCH = "ChecksumMismatch"
+REASON_REGISTRY_UNAVAILABLE = "RegistryUnavailable"
+REASON_ARTIFACT_FETCH_FAILED = "ArtifactFetchFailed"
 REASON_INVALID_SPEC = "InvalidSpec"  # also MetricsAvailable's, when the autoscaler cannot read the spec
 # ModelReady, and the pending artifact's (plan.py, job.py)
 REASON_QUANTIZATION_DISABLED = "QuantizationDisabled"

@@ -73,6 +73,9 @@ class Observed:
     network_policy: Obj | None = None  # <name>-tei, when this model controls it
     replica_sets: tuple[Obj, ...] = ()  # of the pool Deployments; read only while a pool is short of replicas
     job_events: tuple[Obj, ...] = ()  # FailedCreate Events of Jobs; read only while a Job has no pod
+    #: What the pools' fetch init containers said when they failed to get a shared artifact (``fetch.failures``);
+    #: read only while a pool is short of replicas.
+    fetch_failures: tuple[str, ...] = ()
 
     def pods_of(self, job: Mapping[str, Any]) -> list[Obj]:
         uid = job["metadata"].get("uid")

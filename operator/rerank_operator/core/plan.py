@@ -81,13 +81,15 @@ def _obsolete_jobs(observed: Observed, decision: ArtifactDecision) -> list[Objec
 
 def _fetch(record: Mapping[str, Any] | None, store: sharing.ArtifactStore | None,
            image: str) -> fetching.Fetch | None:
-    """How the pods get a shared artifact record (None: a built one, on the claim)."""
+    """How the pods get a shared artifact record (None: a built one, on the claim): as the record says (records
+    written before it kept the registry's settings: as the class's store says)."""
     if not sharing.is_shared(record):
         return None
     assert record is not None
+    insecure = record["insecure"] if "insecure" in record else bool(store and store.insecure)
+    pull = record.get("pullSecret", store.pull_secret if store is not None else None)
     return fetching.Fetch(ref=str(record["ref"]), manifest_sha256=str(record.get("manifestSha256") or ""),
-                          image=image, insecure=bool(store and store.insecure),
-                          pull_secret=store.pull_secret if store is not None else None)
+                          image=image, insecure=bool(insecure), pull_secret=str(pull) if pull else None)
 
 
 def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: Mapping[str, Any] | None) -> int | None:

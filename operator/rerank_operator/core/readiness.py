@@ -93,6 +93,18 @@ def pools_rolled_out(f: Facts) -> Verdict | None:
     return Verdict(conditions.REASON_ROLLING_OUT, "; ".join(gaps)) if gaps else None
 
 
+def artifact_fetched(f: Facts) -> Verdict | None:
+    """A shared artifact the pods could not fetch (a checksum that does not match refuses to serve): the fetcher's
+    own reason, so a tampered store reads as ChecksumMismatch, not as pods that are merely slow."""
+    if not f.observed.fetch_failures:
+        return None
+    first = f.observed.fetch_failures[0]
+    said = first.split(": ", 2)[1] if first.count(": ") >= 2 else ""
+    known = (conditions.REASON_CHECKSUM_MISMATCH, conditions.REASON_REGISTRY_UNAVAILABLE)
+    reason = said if said in known else conditions.REASON_ARTIFACT_FETCH_FAILED
+    return Verdict(reason, "; ".join(f.observed.fetch_failures))
+
+
 def pools_available(f: Facts) -> Verdict | None:
     # A pool this very reconcile scales wants its new count: the observed Deployment still shows the old one, and
     # Ready must not be True for the new generation before its replicas are (the next reconcile sees the rest).
@@ -116,6 +128,7 @@ CHAIN: Sequence[tuple[str, Check]] = (
     ("storage-available", storage_available),
     ("artifact-published", artifact_published),
     ("pools-rolled-out", pools_rolled_out),
+    ("artifact-fetched", artifact_fetched),
     ("pools-available", pools_available),
 )
 

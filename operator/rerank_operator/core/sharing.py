@@ -146,8 +146,11 @@ class SharedView:
         return self.pods.get(str(job["metadata"]["name"]), ())
 
 
-def record(published: Published, artifact_id: str, now: str, weights: str) -> dict[str, Any]:
-    """``status.artifact`` for a shared artifact: the figures of its manifest.json, where it lives (``ref``)."""
+def record(published: Published, artifact_id: str, now: str, weights: str,
+           store: ArtifactStore | None = None) -> dict[str, Any]:
+    """``status.artifact`` for a shared artifact: the figures of its manifest.json, where it lives (``ref``) and how
+    its registry is read (``insecure``, ``pullSecret``: kept with the record, so pods that serve it keep fetching it
+    the same way after the class changes or drops its store)."""
     manifest = published.manifest
     recipe = manifest.get("recipe") or {}
     return {
@@ -155,6 +158,8 @@ def record(published: Published, artifact_id: str, now: str, weights: str) -> di
         "source": SOURCE_SHARED,
         "ref": published.ref,
         "parts": list(published.parts),
+        **({"insecure": store.insecure} if store is not None else {}),
+        **({"pullSecret": store.pull_secret} if store is not None and store.pull_secret else {}),
         "sizeBytes": int(manifest.get("size_bytes") or 0),
         "manifestSha256": published.manifest_sha256,
         "quality": {k: float(v) for k, v in (manifest.get("quality") or {}).items() if _number(v)},

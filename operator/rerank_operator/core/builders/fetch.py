@@ -10,6 +10,8 @@ whole into place: a pod sees all of a verified artifact or nothing. A mismatch s
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,36 @@ def volumes(fetch: Fetch) -> list[dict[str, Any]]:
         out.append({"name": CREDENTIALS_VOLUME, "secret": {
             "secretName": fetch.pull_secret, "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}})
     return out
+
+
+def failure(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of a pod whose fetch init container failed (its last run, if it is being retried): the
+    fetcher's one-line JSON termination message, or the exit code when it left none."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or ():
+        if status.get("name") != CONTAINER:
+            continue
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            term = state.get("terminated") or {}
+            if term and term.get("exitCode") not in (None, 0):
+                try:
+                    said = json.loads(term.get("message") or "")
+                except ValueError:
+                    said = None
+                if isinstance(said, dict) and said.get("reason"):
+                    return str(said["reason"]), str(said.get("message") or "")
+                return "", f"exit code {term.get('exitCode')}: {str(term.get('message') or '')[-300:]}"
+    return None
+
+
+def failures(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the pods' fetch init containers said when they failed: one line per pod, ``reason: message``."""
+    found = []
+    for pod in pods:
+        failed = failure(pod)
+        if failed is not None:
+            reason, message = failed
+            found.append(f"pod {pod.get('metadata', {}).get('name')}: {reason or 'failed'}: {message}")
+    return found
 
 
 def part_of(pool: str) -> str:

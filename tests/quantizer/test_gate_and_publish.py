@@ -230,3 +230,54 @@ def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_skip
     ops = {n.op_type for n in onnx.load(str(cpu / layout.MODEL_FILE), load_external_data=False).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMulInteger" not in ops and "Attention" not in ops, ops
     assert not layout.check_tei_dir(cpu, expect_inputs=("input_ids", "attention_mask", "token_type_ids"))
+
+
+@pytest.fixture(scope="module")
+def store_registry(tmp_path_factory: pytest.TempPathFactory):
+    from rerank_devcluster.processes import Processes
+    from rerank_devcluster.registry import LocalRegistry
+
+    root = tmp_path_factory.mktemp("store")
+    processes = Processes(logs_dir=root, cwd=root)
+    try:
+        yield LocalRegistry(processes, root).start(time.monotonic() + 30)
+    finally:
+        processes.stop_all()
+
+
+def test_a_shared_artifact_is_pushed_once_published_and_fetches_byte_for_byte(bert_model, tmp_path, store_registry):
+    """The shared Job's end (RerankClass artifactStore): publish on its volume, push to the store, tag last; the
+    pods' fetcher gets exactly the published files back. A re-run (AlreadyPublished) pushes the same digest."""
+    from quantizer_job import oci, store
+
+    vol = tmp_path / "vol"
+    repository = f"{store_registry.host}/rerank/artifacts"
+    args = ["--model", str(bert_model), "--output", str(vol), "--artifact-id", "shared0", *FIXED_RECIPE,
+            "--push-repository", repository, "--push-insecure"]
+    r = run_quantize(args, tmp_path)
+    assert r.rc == 0 and r.result["reason"] == "Published", r.stderr[-2000:]
+    ref = r.result["ref"]
+    registry = oci.Registry(store_registry.host, insecure=True)
+    assert ref == f"{repository}@{registry.resolve('rerank/artifacts', 'shared0')}"
+    into = tmp_path / "pod" / "artifacts" / "shared0"
+    store.fetch(ref, r.result["manifest_sha256"], [contract.CPU_SUBDIR, contract.ORIGINAL_SUBDIR], into,
+                registry=registry)
+    published = vol / "artifacts" / "shared0"
+    for part in (contract.CPU_SUBDIR, contract.ORIGINAL_SUBDIR):
+        names = sorted(p.relative_to(published) for p in (published / part).rglob("*") if p.is_file())
+        assert names and names == sorted(p.relative_to(into) for p in (into / part).rglob("*") if p.is_file())
+        for name in names:
+            assert (into / name).read_bytes() == (published / name).read_bytes()
+    again = run_quantize(args, tmp_path)
+    assert again.rc == 0 and again.result["reason"] == "AlreadyPublished" and again.result["ref"] == ref
+
+
+def test_a_shared_artifact_the_store_refuses_fails_the_job_as_publish_failed(bert_model, tmp_path):
+    """No store to push to (nothing listens): the Job fails PublishFailed, so no model is told it was shared."""
+    from rerank_devcluster.processes import free_port
+
+    args = ["--model", str(bert_model), "--output", str(tmp_path / "vol"), "--artifact-id", "shared1", *FIXED_RECIPE,
+            "--push-repository", f"127.0.0.1:{free_port()}/rerank/artifacts", "--push-insecure"]
+    r = run_quantize(args, tmp_path)
+    assert r.rc == contract.EXIT_CODES["PublishFailed"], r.stderr[-2000:]
+    assert r.result["reason"] == "PublishFailed" and "pushing to 127.0.0.1:" in r.result["message"]

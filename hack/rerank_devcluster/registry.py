@@ -15,13 +15,16 @@ client to any registry (HTTPS, basic or token auth).
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import re
 import shutil
 import tarfile
+import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -217,3 +220,13 @@ def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
             return found
     raise RegistryError(f"{tar.name!r}: no {name} (not an OCI layout archive)")
 
+
+@contextlib.contextmanager
+def standalone(root: Path, delete: bool = False, timeout: float = 30) -> Iterator[LocalRegistry]:
+    """A registry of its own under ``root`` (an artifact store for the tests and the fleet benchmark), stopped on
+    exit; ``delete``: manifests may be deleted (a store's collector does)."""
+    processes = Processes(logs_dir=root, cwd=root)
+    try:
+        yield LocalRegistry(processes, root, delete=delete).start(time.monotonic() + timeout)
+    finally:
+        processes.stop_all()

@@ -22,8 +22,7 @@ from kubernetes import client
 from quantizer_job import contract, oci, store
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_process import published_shared, shared_artifact
-from rerank_devcluster.processes import Processes
-from rerank_devcluster.registry import LocalRegistry
+from rerank_devcluster.registry import LocalRegistry, standalone
 from tests.cluster.rrm_harness import (
     GROUP,
     VERSION,
@@ -44,12 +43,8 @@ GRACE_SECONDS = 4
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    root = tmp_path_factory.mktemp("store")
-    processes = Processes(logs_dir=root, cwd=root)
-    try:
-        yield LocalRegistry(processes, root, delete=True).start(time.monotonic() + 30)
-    finally:
-        processes.stop_all()
+    with standalone(tmp_path_factory.mktemp("store"), delete=True) as running:
+        yield running
 
 
 @pytest.fixture

@@ -234,15 +234,10 @@ def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_skip
 
 @pytest.fixture(scope="module")
 def store_registry(tmp_path_factory: pytest.TempPathFactory):
-    from rerank_devcluster.processes import Processes
-    from rerank_devcluster.registry import LocalRegistry
+    from rerank_devcluster.registry import standalone
 
-    root = tmp_path_factory.mktemp("store")
-    processes = Processes(logs_dir=root, cwd=root)
-    try:
-        yield LocalRegistry(processes, root).start(time.monotonic() + 30)
-    finally:
-        processes.stop_all()
+    with standalone(tmp_path_factory.mktemp("store")) as running:
+        yield running
 
 
 def test_a_shared_artifact_is_pushed_once_published_and_fetches_byte_for_byte(bert_model, tmp_path, store_registry):

@@ -10,7 +10,6 @@ import json
 import os
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,8 +18,8 @@ from typing import Any
 import pytest
 
 from quantizer_job import oci, store
-from rerank_devcluster.processes import Processes, free_port
-from rerank_devcluster.registry import LocalRegistry
+from rerank_devcluster.processes import free_port
+from rerank_devcluster.registry import LocalRegistry, standalone
 
 try:  # the inventory the quantizer writes (layout imports numpy; the same function inline when it is absent)
     from quantizer_job.layout import file_inventory
@@ -33,12 +32,8 @@ except ImportError:  # pragma: no cover
 
 @pytest.fixture(scope="module")
 def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    root = tmp_path_factory.mktemp("registry")
-    processes = Processes(logs_dir=root, cwd=root)
-    try:
-        yield LocalRegistry(processes, root, delete=True).start(time.monotonic() + 30)
-    finally:
-        processes.stop_all()
+    with standalone(tmp_path_factory.mktemp("registry"), delete=True) as running:
+        yield running
 
 
 @pytest.fixture

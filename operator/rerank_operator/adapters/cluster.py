@@ -178,12 +178,9 @@ class Cluster:
         # Quota checks (tenancy.quota_blocked) look further only while something is missing: a pool short of ready
         # replicas (its ReplicaSets' ReplicaFailure), a Job without a pod (its FailedCreate Events).
         replica_sets: list[Obj] = []
-        fetch_failures: list[str] = []
-        if short_of_replicas(deployments.values()):
+        if short_of_replicas(deployments.values()):  # (and what their pods' fetch of a shared artifact said)
             replica_sets = [r for d in deployments.values()
                             for r in c.store("ReplicaSet").controlled_by(d["metadata"]["uid"])]
-            fetch_failures = fetching.failures(p for r in replica_sets
-                                               for p in c.store("Pod").controlled_by(r["metadata"]["uid"]))
         job_events: list[Obj] = []
         if any(job.pod_long_missing(j, time.time()) for j in jobs):
             job_events = self._failed_create_events(ns)
@@ -202,7 +199,8 @@ class Cluster:
             network_policy=policy if policy is not None and controlled_by(policy, owner.uid) else None,
             replica_sets=tuple(replica_sets),
             job_events=tuple(job_events),
-            fetch_failures=tuple(fetch_failures),
+            fetch_failures=tuple(fetching.failures(p for r in replica_sets
+                                                   for p in c.store("Pod").controlled_by(r["metadata"]["uid"]))),
         )
 
     def _failed_create_events(self, namespace: str) -> list[Obj]:

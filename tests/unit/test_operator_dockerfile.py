@@ -65,6 +65,9 @@ def test_entrypoint_is_a_console_script_of_the_package() -> None:
     assert PYPROJECT["project"]["scripts"]["rerank-activator"] == "rerank_activator.main:main"
     runs = " ".join(a for k, a in stages()[0] if k == "RUN")
     assert "/opt/rerank/bin/rerank-activator --help" in runs, "the build stage runs the activator's entry point"
+    # ... and the fetcher of shared artifacts (the pools' init container; the chart's --artifact-fetcher-image).
+    assert PYPROJECT["project"]["scripts"]["rerank-fetch-artifact"] == "quantizer_job.store:main"
+    assert "/opt/rerank/bin/rerank-fetch-artifact --help" in runs, "the build stage runs the fetcher's entry point"
 
 
 def _copied_sources() -> list[Path]:

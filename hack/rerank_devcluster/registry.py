@@ -39,7 +39,7 @@ class RegistryError(RuntimeError):
     """The registry did not start, or refused a push; the message has its answer."""
 
 
-def config(storage: Path, port: int, delete: bool = False) -> str:
+def config(storage: Path, port: int, delete: bool = False, listen: str = "127.0.0.1") -> str:
     """The registry's configuration: filesystem storage, plain HTTP on loopback, deletes refused (artifacts are
     immutable) unless ``delete`` (a store whose old artifacts are cleaned up), no auth (only this machine's
     processes reach it)."""
@@ -52,7 +52,7 @@ storage:
   delete:
     enabled: {"true" if delete else "false"}
 http:
-  addr: 127.0.0.1:{port}
+  addr: {listen}:{port}
   headers:
     X-Content-Type-Options: [nosniff]
 """
@@ -166,10 +166,12 @@ class LocalRegistry:
     root: Path
     port: int = 0
     delete: bool = False  # allow manifest deletes (storage.delete.enabled)
+    #: The address it listens on: loopback, or the real node's bridge for an artifact store the node's pods fetch from.
+    listen: str = "127.0.0.1"
 
     @property
     def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.listen}:{self.port}"
 
     @property
     def client(self) -> Client:
@@ -183,7 +185,7 @@ class LocalRegistry:
         storage = self.root / "storage"
         storage.mkdir(parents=True, exist_ok=True)
         path = self.root / "config.yml"
-        path.write_text(config(storage, self.port, self.delete))
+        path.write_text(config(storage, self.port, self.delete, self.listen))
         self.processes.spawn("registry", [binary, "serve", str(path)])
         self.processes.wait_for(self._answers, deadline, f"the registry on {self.host}")
         return self
@@ -222,11 +224,12 @@ def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
 
 
 @contextlib.contextmanager
-def standalone(root: Path, delete: bool = False, timeout: float = 30) -> Iterator[LocalRegistry]:
+def standalone(root: Path, delete: bool = False, timeout: float = 30,
+               listen: str = "127.0.0.1") -> Iterator[LocalRegistry]:
     """A registry of its own under ``root`` (an artifact store for the tests and the fleet benchmark), stopped on
-    exit; ``delete``: manifests may be deleted (a store's collector does)."""
+    exit; ``delete``: manifests may be deleted (a store's collector does); ``listen``: its address."""
     processes = Processes(logs_dir=root, cwd=root)
     try:
-        yield LocalRegistry(processes, root, delete=delete).start(time.monotonic() + timeout)
+        yield LocalRegistry(processes, root, delete=delete, listen=listen).start(time.monotonic() + timeout)
     finally:
         processes.stop_all()

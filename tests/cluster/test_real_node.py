@@ -371,3 +371,72 @@ def test_the_guard_pod_runs_from_the_image_and_keeps_its_live_sample_on_the_volu
                                 check=False)
         with contextlib.suppress(client.exceptions.ApiException):
             custom.delete_cluster_custom_object("rerank.io", "v1alpha1", "rerankclasses", class_name)
+
+
+def test_a_real_pod_fetches_a_shared_artifact_and_refuses_a_tampered_one(
+        cluster: Cluster, kube: client.ApiClient, real_node: realnode.RealNode,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Shared artifacts (RerankClass artifactStore): the pools' init container as the operator writes it
+    (``builders/fetch.py``), in the operator image, under the kubelet (uid 65532, read-only root filesystem, the model
+    volume an emptyDir), fetching from a registry the node's pods reach; then the same pod on a tampered store: the
+    kubelet reports the fetcher's ChecksumMismatch, as the operator reads it (``fetch.failure``)."""
+    from quantizer_job import oci, store
+    from rerank_devcluster.operator_process import shared_artifact
+    from rerank_devcluster.registry import standalone
+    from rerank_operator.core.builders import fetch, pods
+
+    ns = f"f-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl_run("create", "namespace", ns)
+    eventually(lambda: cluster.kubectl_run("get", "sa", "default", "-n", ns, check=False).returncode == 0,
+               what="the namespace's default ServiceAccount")
+    bridge, _ = cluster.pod_api_endpoint
+    root = tmp_path_factory.mktemp("real-store")
+    with standalone(root / "registry", listen=bridge) as registry:
+        reg = oci.Registry(registry.host, insecure=True)
+        ref = store.push(shared_artifact(root / "vol", "shared0"), "rerank/artifacts", "shared0", registry=reg,
+                         scratch=root / "scratch")
+        manifest_sha = oci.sha256_file(root / "vol" / contract.ARTIFACTS_DIR / "shared0" / contract.MANIFEST_FILE)
+        wanted = fetch.Fetch(ref=ref, manifest_sha256=manifest_sha.split(":")[-1],
+                             image=real_node.images.operator.name, insecure=True)
+
+        def run(name: str) -> dict[str, Any]:
+            init = fetch.init_container(wanted, "shared0", (contract.CPU_SUBDIR,))
+            check = {"name": "serve", "image": wanted.image, "command": ["python", "-c", (
+                "import pathlib,sys; d=pathlib.Path('/models/artifacts/shared0');"
+                "sys.exit(0 if (d/'cpu-int8/model.onnx').read_bytes()==b'onnx'*1000 "
+                "and not (d/'original').exists() else 3)")],
+                "volumeMounts": [{"name": pods.MODEL_VOLUME, "mountPath": "/models", "readOnly": True}],
+                "securityContext": pods.container_security_context()}
+            _kubectl_apply(cluster, [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+                                      "spec": {"nodeName": realnode.NAME, "restartPolicy": "Never",
+                                               "automountServiceAccountToken": False,
+                                               "securityContext": pods.pod_security_context(),
+                                               "initContainers": [init], "containers": [check],
+                                               "volumes": [*fetch.volumes(wanted), pods.scratch_volume()]}}])
+
+            def done() -> Any:
+                pod = Kube(cluster, kube).pods(ns, "")
+                found = next((p for p in pod if p["metadata"]["name"] == name), None)
+                phase = ((found or {}).get("status") or {}).get("phase")
+                return found if phase in ("Succeeded", "Failed") else None
+            return eventually(done, 180, f"pod {name} to finish", every=1)
+
+        try:
+            good = run("fetch-ok")
+            assert good["status"]["phase"] == "Succeeded", good["status"]
+            assert fetch.failure(good) is None
+            layer = next(x for x in json.loads(reg.get_manifest("rerank/artifacts", ref.split("@")[1])[0])["layers"]
+                         if x["annotations"]["org.opencontainers.image.title"] == contract.CPU_SUBDIR)
+            digest = layer["digest"].split(":")[1]
+            blob = registry.root / "storage" / "docker/registry/v2/blobs/sha256" / digest[:2] / digest / "data"
+            data = bytearray(blob.read_bytes())
+            data[-2000] ^= 0xFF
+            blob.write_bytes(bytes(data))
+            bad = run("fetch-tampered")
+            assert bad["status"]["phase"] == "Failed", bad["status"]
+            failed = fetch.failure(bad)
+            assert failed is not None and failed[0] == "ChecksumMismatch", bad["status"]
+            (serve,) = bad["status"]["containerStatuses"]
+            assert not (serve.get("state") or {}).get("running") and not serve.get("started")
+        finally:
+            cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)

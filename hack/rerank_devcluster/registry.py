@@ -166,12 +166,13 @@ class LocalRegistry:
     root: Path
     port: int = 0
     delete: bool = False  # allow manifest deletes (storage.delete.enabled)
-    #: The address it listens on: loopback, or the real node's bridge for an artifact store the node's pods fetch from.
+    #: The address it listens on: loopback, or every address (0.0.0.0) for an artifact store the real node's pods fetch
+    #: from at the node's bridge address (``Cluster.pod_api_endpoint``'s host).
     listen: str = "127.0.0.1"
 
     @property
     def host(self) -> str:
-        return f"{self.listen}:{self.port}"
+        return f"{'127.0.0.1' if self.listen == '0.0.0.0' else self.listen}:{self.port}"
 
     @property
     def client(self) -> Client:

@@ -391,12 +391,14 @@ def test_a_real_pod_fetches_a_shared_artifact_and_refuses_a_tampered_one(
                what="the namespace's default ServiceAccount")
     bridge, _ = cluster.pod_api_endpoint
     root = tmp_path_factory.mktemp("real-store")
-    with standalone(root / "registry", listen=bridge) as registry:
+    with standalone(root / "registry", listen="0.0.0.0") as registry:
         reg = oci.Registry(registry.host, insecure=True)
         ref = store.push(shared_artifact(root / "vol", "shared0"), "rerank/artifacts", "shared0", registry=reg,
                          scratch=root / "scratch")
         manifest_sha = oci.sha256_file(root / "vol" / contract.ARTIFACTS_DIR / "shared0" / contract.MANIFEST_FILE)
-        wanted = fetch.Fetch(ref=ref, manifest_sha256=manifest_sha.split(":")[-1],
+        # The pods reach this machine at the node's bridge address.
+        wanted = fetch.Fetch(ref=ref.replace(f"{registry.host}/", f"{bridge}:{registry.port}/"),
+                             manifest_sha256=manifest_sha.split(":")[-1],
                              image=real_node.images.operator.name, insecure=True)
 
         def run(name: str) -> dict[str, Any]:

@@ -51,3 +51,21 @@ def test_a_newer_spec_seen_only_in_our_own_writes_answer_is_reconciled_again_urg
     process = process_with(fake)
     process._reconcile(KEY)
     assert process.queue.urgent_pending() == 1
+
+
+def test_a_shared_jobs_events_queue_the_models_waiting_on_it_and_no_other() -> None:
+    """A shared artifact's Job lives in the store's namespace and belongs to no model: its events are routed to the
+    models a reconcile found waiting on it (and forgotten once they no longer wait)."""
+    process = handlers.Process(Settings())
+    waiting, other = ("a", "m"), ("b", "m")
+    process._wait_on(waiting, "0123456789abcdef")
+    process._wait_on(other, "fedcba9876543210")
+    job = {"kind": "Job", "metadata": {"namespace": "rerank-artifacts", "name": "rerank-artifact-0123456789abcdef-1",
+                                       "labels": {"rerank.io/shared": "true", "rerank.io/artifact": "0123456789abcdef",
+                                                  "app.kubernetes.io/component": "quantizer"}}}
+    process.on_child_event("MODIFIED", job)
+    assert process.queue.depth() == 1 and process._triggers == {waiting: "shared"}
+    process._wait_on(waiting, None)  # served now
+    process._triggers.clear()
+    process.on_child_event("MODIFIED", job)
+    assert process._triggers == {} and process._waiting == {"fedcba9876543210": {other}}

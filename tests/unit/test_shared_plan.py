@@ -14,6 +14,7 @@ from quantizer_job import contract
 from rerank_operator.core import artifact, conditions, names, sharing
 from rerank_operator.core import plan as plans
 from rerank_operator.core.artifact_decision import (
+    SHARED_LOOKUP_SECONDS,
     SHARED_RECHECK_SECONDS,
     ArtifactDecision,
     artifact_record,
@@ -269,7 +270,7 @@ def test_a_job_that_pushed_is_looked_up_again_shortly() -> None:
     pod = job_pod(built, 0, published(sid))
     decision, new = decide(body, shared=sharing.SharedView(sid, jobs=(done,), pods={built["metadata"]["name"]: (pod,)}))
     assert new is None and decision.pending is not None and decision.pending.state == "Running"
-    assert decision.recheck_after == SHARED_RECHECK_SECONDS and decision.served is None
+    assert decision.recheck_after == SHARED_LOOKUP_SECONDS and decision.served is None
     # Long finished and still no tag: what it pushed did not stay; the next attempt builds it again.
     done["status"]["completionTime"] = "2026-12-04T00:00:00Z"
     again, rebuilt = decide(body, shared=sharing.SharedView(sid, jobs=(done,),

@@ -1,8 +1,9 @@
 """What the operator sees of the artifact stores (``core/sharing.py``): the registry's tags and the Jobs that build
 them, and the deletion of artifacts nobody uses.
 
-A model waiting on a shared artifact looks again every ``plan.SHARED_RECHECK_SECONDS``; a thousand models share a
-few ids, so the answers are kept per (store, id) for ``ttl`` seconds (a published artifact for ``published_ttl``: it
+Models waiting on a shared artifact look again when its Job changes (and every
+``artifact_decision.SHARED_RECHECK_SECONDS`` at least); a thousand models share a few ids, so the answers are kept
+per (store, id) for ``ttl`` seconds (a published artifact for ``published_ttl``: it
 never changes, only the collector removes it, and it forgets it here when it does). A registry that does not answer
 is a transient error: the reconcile is retried, and nothing is served that the store was not seen to hold.
 
@@ -70,6 +71,12 @@ class SharedArtifacts:
     def forget(self, where: sharing.ArtifactStore, artifact_id: str) -> None:
         with self._lock:
             self._seen.pop((where.repository, artifact_id), None)
+
+    def changed(self, artifact_id: str) -> None:
+        """A Job or pod building ``artifact_id`` changed: the next look goes to the store and the API again."""
+        with self._lock:
+            for key in [k for k in self._seen if k[1] == artifact_id]:
+                del self._seen[key]
 
     def _published(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.Published | None:
         registry = self._registry(where)

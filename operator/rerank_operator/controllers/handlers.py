@@ -82,6 +82,7 @@ class Process:
         self.elector: leader.Elector | None = None
         self._electing: threading.Thread | None = None
         self.shared: SharedArtifacts | None = None
+        self._waiting: dict[str, set[ModelKey]] = {}  # shared artifact id -> models waiting on its Job
 
     # --- starting and stopping ----------------------------------------------------------------------------------------
 
@@ -171,14 +172,25 @@ class Process:
         for kind, held in self.caches.sizes().items() if self.caches else ():
             metrics.CACHED_OBJECTS.labels(kind).set(held)
         if result is None:  # gone
+            self._wait_on(key, None)
             self.queue.forget(key)
             self.handoff.forget(namespace, name)
             return None
+        self._wait_on(key, result.waits_on)
         if result.status_deferred:  # a burst: its Job is started, its status is background work (reconcile_loop.py)
             self.enqueue(key, "status")
         if result.spec_changed:  # a newer spec reached the caches with our own write's answer, not by the watch
             self.enqueue(key, "model", urgent=True)
         return result.requeue_after or self.settings.resync_seconds
+
+    def _wait_on(self, key: ModelKey, artifact_id: str | None) -> None:
+        """Record which shared artifact's Job ``key`` waits for (None: none), so that Job's events queue it."""
+        with self._triggers_lock:
+            for waiting in self._waiting.values():
+                waiting.discard(key)
+            if artifact_id is not None:
+                self._waiting.setdefault(artifact_id, set()).add(key)
+            self._waiting = {k: v for k, v in self._waiting.items() if v}
 
     # --- events -------------------------------------------------------------------------------------------------------
 
@@ -198,6 +210,15 @@ class Process:
         fetched does (its reason goes to Ready: ``readiness.artifact_fetched``)."""
         meta = obj.get("metadata") or {}
         labels = meta.get("labels") or {}
+        if labels.get(names.LABEL_SHARED) == "true":  # a shared artifact's Job or pod: every model waiting on it
+            artifact_id = str(labels.get(names.LABEL_ARTIFACT))
+            if self.shared is not None:
+                self.shared.changed(artifact_id)
+            with self._triggers_lock:
+                waiting = sorted(self._waiting.get(artifact_id, ()))
+            for key in waiting:
+                self.enqueue(key, "shared")
+            return
         if obj.get("kind") == "Pod" and names.LABEL_POOL in labels and fetching.failure(obj) is None:
             return
         model = labels.get(names.LABEL_INSTANCE)

@@ -48,6 +48,7 @@ class Result:
     requeue_after: float | None = None  # look again this soon even without an event (a state only time changes)
     status_deferred: bool = False  # the status was not written yet: reconcile again soon, as background work
     spec_changed: bool = False  # the model as last seen has a newer spec than this reconcile acted on: again, now
+    waits_on: str | None = None  # the shared artifact whose Job the model waits for (its events queue the model)
 
 
 def reconcile(cluster: ClusterAccess, namespace: str, name: str, trigger: str, *, registry: class_index.Registry,
@@ -158,8 +159,11 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     # not watched): look again soon.
     waiting = any(job_builder.waiting_for_pods(j) for j in observed.jobs)
     recheck = [t for t in (JOB_WAIT_RECHECK_SECONDS if waiting else None, plan.artifact.recheck_after) if t is not None]
+    pending = plan.artifact.pending
+    shared_pending = pending is not None and pending.state != "Failed" and sharing.store_for(spec, store) is not None
+    waits_on = pending.id if shared_pending and pending is not None else None
     return Result(writes, ready, requeue_after=max(1.0, min(recheck)) if recheck else None,
-                  spec_changed=_spec_changed(cluster, owner))
+                  spec_changed=_spec_changed(cluster, owner), waits_on=waits_on)
 
 
 class SharedLookup(Protocol):

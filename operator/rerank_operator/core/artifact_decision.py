@@ -206,9 +206,11 @@ def decide_artifact(
     return ArtifactDecision(desired, served, pending=Pending(desired, name, attempt, state, reason, message)), None
 
 
-#: How soon a model waiting on a shared artifact looks at the store again (the Job is in another namespace: no
-#: event of it reaches the model).
-SHARED_RECHECK_SECONDS = 2.0
+#: How soon a model waiting on a shared artifact's Job looks again with no event: a safety net. The shared Job's own
+#: events queue every model waiting on it (controllers/handlers.py) where the operator watches the store's namespace.
+SHARED_RECHECK_SECONDS = 30.0
+#: How soon after a shared Job succeeded the store is asked again for its tag (the lookup's answer is cached ~2 s).
+SHARED_LOOKUP_SECONDS = 2.0
 #: A shared Job that succeeded this long ago while the store still has no tag for it pushed nothing that stayed.
 SHARED_PUSH_VISIBLE_SECONDS = 60.0
 
@@ -255,7 +257,7 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
             f"{attempt} Jobs finished but the store has no artifact {desired}: check the store "
             f"{store.repository} (delete {where} to try again)")), None
     if out.state == "Succeeded":  # pushed: the store's answer is a moment behind
-        return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(
+        return ArtifactDecision(desired, served, recheck_after=SHARED_LOOKUP_SECONDS, pending=Pending(
             desired, where, attempt, "Running", conditions.REASON_QUANTIZING,
             f"{where} pushed shared artifact {desired}: looking it up in the store")), None
     if out.state == "Failed" and out.reason in contract.TRANSIENT_FAILURES:

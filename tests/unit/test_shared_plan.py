@@ -501,3 +501,13 @@ def test_a_status_record_is_not_mutated_by_the_plan() -> None:
     before = copy.deepcopy(status)
     compute(body, status=status, shared=sharing.SharedView(shared_id(spec), published=publication(shared_id(spec))))
     assert status == before
+
+
+def test_a_store_that_cannot_be_read_starts_no_job_and_says_so() -> None:
+    body = body_of()
+    sid = shared_id(spec_of(body))
+    decision, new = decide(body, shared=sharing.SharedView(sid, unavailable="connection refused"))
+    assert new is None, "a Job for an artifact the store may already hold would be wasted"
+    assert decision.pending is not None and decision.pending.state == "Waiting"
+    assert decision.pending.reason == "RegistryUnavailable" and "connection refused" in decision.pending.message
+    assert decision.recheck_after == 10.0 and decision.served is None

@@ -5,7 +5,8 @@ Models waiting on a shared artifact look again when its Job changes (and every
 ``artifact_decision.SHARED_RECHECK_SECONDS`` at least); a thousand models share a few ids, so the answers are kept
 per (store, id) for ``ttl`` seconds (a published artifact for ``published_ttl``: it
 never changes, only the collector removes it, and it forgets it here when it does). A registry that does not answer
-is a transient error: the reconcile is retried, and nothing is served that the store was not seen to hold.
+is said in the model's status (RegistryUnavailable) and asked again soon; nothing is served that the store was not
+seen to hold, and no Job is started for an artifact the store may already have.
 
 The registry is read with the platform's credentials (``--artifact-store-credentials``: a Docker config.json, e.g.
 the chart's mounted ``dockerconfigjson`` Secret), the only ones the operator has; deleting needs them too.
@@ -22,12 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from quantizer_job import oci, store
-from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
+from rerank_operator.adapters.kube_api import ApiError, Client, api_path
 from rerank_operator.core import names, sharing
 
 log = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 RegistryFactory = Callable[[sharing.ArtifactStore], oci.Registry]
+#: An artifact a reconcile looked up this recently is not collected, whatever the statuses say yet.
+RECENTLY_ASKED_SECONDS = 300.0
+
+
+class StoreUnavailable(RuntimeError):
+    """The registry did not answer, or answered with an error: what the model's status says."""
 
 
 class SharedArtifacts:
@@ -39,6 +46,7 @@ class SharedArtifacts:
         self._ttl, self._published_ttl, self._clock = ttl, published_ttl, clock
         self._registry = registry or self._connect
         self._seen: dict[tuple[str, str], tuple[float, sharing.SharedView]] = {}
+        self._asked: dict[tuple[str, str], float] = {}  # (repository, id) -> when a reconcile last asked (monotonic)
         self._lock = threading.Lock()
         self.unused_since: dict[tuple[str, str], float] = {}  # (repository, tag) -> unix time (the collector's)
 
@@ -60,7 +68,12 @@ class SharedArtifacts:
             at, seen = cached
             if now - at < (self._published_ttl if seen.published is not None else self._ttl):
                 return seen
-        seen = sharing.SharedView(artifact_id, self._published(where, artifact_id))
+        with self._lock:
+            self._asked[key] = now
+        try:
+            seen = sharing.SharedView(artifact_id, self._published(where, artifact_id))
+        except StoreUnavailable as exc:  # said in the model's status; asked again soon (not cached)
+            return sharing.SharedView(artifact_id, unavailable=str(exc))
         if seen.published is None:
             jobs, pods = self._jobs(where, artifact_id)
             seen = sharing.SharedView(artifact_id, None, jobs, pods)
@@ -92,10 +105,8 @@ class SharedArtifacts:
                 log.warning("store %s: tag %s is not a rerank artifact; ignored", where.repository, artifact_id)
                 return None
             content = json.loads(registry.get_blob_bytes(where.path, config_digest))
-        except oci.RegistryError as exc:
-            raise TransientApiError(f"artifact store {where.repository}: {exc}") from exc
-        except OSError as exc:
-            raise TransientApiError(f"artifact store {where.repository} unreachable: {exc}") from exc
+        except (oci.RegistryError, OSError, ValueError) as exc:
+            raise StoreUnavailable(str(exc)[:500]) from exc
         parts = tuple(str((layer.get("annotations") or {}).get("org.opencontainers.image.title") or "")
                       for layer in manifest.get("layers") or ())
         return sharing.Published(ref=f"{where.repository}@{digest}", manifest_sha256=config_digest.split(":", 1)[1],
@@ -129,7 +140,10 @@ class SharedArtifacts:
                 log.warning("artifact store %s: listing its artifacts: %s", where.repository, exc)
                 continue
             since = {tag: at for (repo, tag), at in self.unused_since.items() if repo == where.repository}
-            result = sharing.collect(tags, used, since, now, where.unused_grace_seconds)
+            # Not what a reconcile asked for moments ago: its model may be about to serve it (status not yet written).
+            asked = {tag for (repo, tag), at in self._asked.items()
+                     if repo == where.repository and self._clock() - at < RECENTLY_ASKED_SECONDS}
+            result = sharing.collect(tags, used | asked, since, now, where.unused_grace_seconds)
             for key in [k for k in self.unused_since if k[0] == where.repository]:
                 del self.unused_since[key]
             self.unused_since.update({(where.repository, tag): at for tag, at in result.unused_since.items()})

@@ -209,6 +209,8 @@ def decide_artifact(
 #: How soon a model waiting on a shared artifact's Job looks again with no event: a safety net. The shared Job's own
 #: events queue every model waiting on it (controllers/handlers.py) where the operator watches the store's namespace.
 SHARED_RECHECK_SECONDS = 30.0
+#: How soon a store that did not answer is asked again.
+SHARED_UNAVAILABLE_SECONDS = 10.0
 #: How soon after a shared Job succeeded the store is asked again for its tag (the lookup's answer is cached ~2 s).
 SHARED_LOOKUP_SECONDS = 2.0
 #: A shared Job that succeeded this long ago while the store still has no tag for it pushed nothing that stayed.
@@ -223,6 +225,10 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
     namespace that builds it, started by the first model that asks, waited on by all of them. A failure is every
     waiting model's (the Job's own reason); a transient one is retried after the backoff, a permanent one when
     someone deletes the Job."""
+    if view.unavailable and view.published is None:
+        return ArtifactDecision(desired, served, recheck_after=SHARED_UNAVAILABLE_SECONDS, pending=Pending(
+            desired, "", 0, "Waiting", conditions.REASON_REGISTRY_UNAVAILABLE,
+            f"cannot read the artifact store {store.repository}: {view.unavailable}")), None
     if view.published is not None:
         record = sharing.record(view.published, desired, now, spec.model.display, store)
         if canary is not None and served is not None and canaries.starts(record, served):

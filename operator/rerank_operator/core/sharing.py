@@ -141,6 +141,8 @@ class SharedView:
     published: Published | None = None
     jobs: tuple[Mapping[str, Any], ...] = ()
     pods: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    #: Why the store could not be read ("": it was): nothing is decided on a store the operator cannot see.
+    unavailable: str = ""
 
     def pods_of(self, job: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
         return self.pods.get(str(job["metadata"]["name"]), ())

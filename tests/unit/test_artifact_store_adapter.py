@@ -1,0 +1,84 @@
+"""adapters/artifact_store.py against a real registry: what a reconcile sees of a store, what it is told when the
+store does not answer, and what the collector deletes (never an artifact a reconcile just asked for)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantizer_job import oci, store
+from rerank_devcluster.operator_process import shared_artifact
+from rerank_devcluster.processes import free_port
+from rerank_devcluster.registry import LocalRegistry, standalone
+from rerank_operator.adapters.artifact_store import SharedArtifacts
+from rerank_operator.core import sharing
+
+REPO = "rerank/artifacts"
+
+
+class NoJobs:
+    """The API client's two calls the adapter makes, answering as an API server with no shared Job would."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Any]:
+        self.lists += 1
+        return []
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    with standalone(tmp_path_factory.mktemp("store"), delete=True) as running:
+        yield running
+
+
+def push(registry: LocalRegistry, tmp: Path, artifact_id: str, repo: str = REPO) -> str:
+    return store.push(shared_artifact(tmp, artifact_id), repo, artifact_id,
+                      registry=oci.Registry(registry.host, insecure=True), scratch=tmp / "scratch")
+
+
+def where(registry: LocalRegistry, grace: int = 0, repo: str = REPO) -> sharing.ArtifactStore:
+    return sharing.ArtifactStore(f"{registry.host}/{repo}", "rerank-artifacts", insecure=True,
+                                 unused_grace_seconds=grace)
+
+
+def test_a_published_artifact_is_seen_with_its_checksum_and_parts(registry: LocalRegistry, tmp_path: Path) -> None:
+    ref = push(registry, tmp_path, "a0")
+    client = NoJobs()
+    seen = SharedArtifacts(client).view(where(registry), "a0")  # type: ignore[arg-type]
+    assert seen.published is not None and seen.published.ref == ref
+    manifest = tmp_path / "artifacts" / "a0" / "manifest.json"
+    assert seen.published.manifest_sha256 == oci.sha256_file(manifest)
+    assert seen.published.parts == ("cpu-int8", "original") and seen.published.manifest["artifact_id"] == "a0"
+    assert client.lists == 0, "a published artifact needs no look at the Jobs"
+    absent = SharedArtifacts(client).view(where(registry), "nothing")  # type: ignore[arg-type]
+    assert absent.published is None and absent.unavailable == "" and client.lists == 1
+
+
+def test_a_store_that_does_not_answer_is_said_not_raised_and_not_cached() -> None:
+    down = sharing.ArtifactStore(f"127.0.0.1:{free_port()}/{REPO}", "rerank-artifacts", insecure=True)
+    shared = SharedArtifacts(NoJobs())  # type: ignore[arg-type]
+    first = shared.view(down, "a1")
+    assert first.published is None and first.unavailable and first.jobs == ()
+    assert shared.view(down, "a1") is not first, "asked again, not served from the cache"
+
+
+def test_the_collector_deletes_only_what_nobody_uses_or_just_asked_for(registry: LocalRegistry,
+                                                                         tmp_path: Path) -> None:
+    repo = "rerank/collected"  # a store of this test's own
+    for artifact_id in ("used", "asked", "unused"):
+        push(registry, tmp_path, artifact_id, repo)
+    clock = [1000.0]
+    shared = SharedArtifacts(NoJobs(), clock=lambda: clock[0])  # type: ignore[arg-type]
+    store_ = where(registry, grace=0, repo=repo)
+    shared.view(store_, "asked")  # a reconcile's lookup: its model's status is not written yet
+    deleted = shared.collect([store_], [{"artifact": {"id": "used"}}], now=5000.0)
+    reg = oci.Registry(registry.host, insecure=True)
+    assert deleted == [f"{store_.repository}:unused"]
+    assert reg.resolve(repo, "unused") is None and reg.resolve(repo, "used") and reg.resolve(repo, "asked")
+    clock[0] += 301  # long after the lookup, and still nobody serves it
+    assert shared.collect([store_], [{"artifact": {"id": "used"}}], now=6000.0) == [f"{store_.repository}:asked"]

@@ -61,7 +61,7 @@ def artifact_published(f: Facts) -> Verdict | None:
         return None
     if pending.state == "Failed":
         return Verdict(pending.reason, f"quantization Job {pending.job} failed: {pending.message}")
-    if pending.state in ("Canary", "RolledBack"):
+    if pending.state in ("Canary", "RolledBack") or not pending.job:  # no Job (yet): its own words
         return Verdict(pending.reason, pending.message)
     return Verdict(pending.reason, f"building artifact {pending.id} with Job {pending.job} "
                                    f"(attempt {pending.attempts}): {pending.message}")

@@ -38,6 +38,9 @@ class StoreUnavailable(RuntimeError):
 
 
 class SharedArtifacts:
+    """The process's view of every store (one per operator process, shared by the reconcile workers and the
+    collector)."""
+
     def __init__(self, client: Client, credentials_file: str | None = None, *, ttl: float = 2.0,
                  published_ttl: float = 30.0, clock: Callable[[], float] = time.monotonic,
                  registry: RegistryFactory | None = None) -> None:
@@ -64,12 +67,11 @@ class SharedArtifacts:
         now = self._clock()
         with self._lock:
             cached = self._seen.get(key)
+            self._asked[key] = now
         if cached is not None:
             at, seen = cached
             if now - at < (self._published_ttl if seen.published is not None else self._ttl):
                 return seen
-        with self._lock:
-            self._asked[key] = now
         try:
             seen = sharing.SharedView(artifact_id, self._published(where, artifact_id))
         except StoreUnavailable as exc:  # said in the model's status; asked again soon (not cached)

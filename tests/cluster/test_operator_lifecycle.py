@@ -79,9 +79,9 @@ def test_full_lifecycle_and_idle_reconcile_makes_no_writes(rrm_env: Env) -> None
     assert ready_pods(env, "cpu-pool") == 1 and ready_pods(env, "gpu-pool") == 1
 
     printed = env.cluster.kubectl_run("get", "rrm", "bge-m3", "-n", ns).stdout.split("\n")
-    assert printed[0].split() == ["NAME", "READY", "PHASE", "MODEL", "CPU", "GPU", "GPU%", "AGE"]
-    assert printed[1].split()[:7] == ["bge-m3", "True", "Ready", "BAAI/bge-reranker-v2-m3@953dc6f6f85a",
-                                      "1", "1", "100"]
+    assert printed[0].split() == ["NAME", "READY", "PHASE", "MODEL", "CPU", "GPU", "GPU%", "ARTIFACT", "AGE"]
+    assert printed[1].split()[:8] == ["bge-m3", "True", "Ready", "BAAI/bge-reranker-v2-m3@953dc6f6f85a",
+                                      "1", "1", "100", "built"]
     events = json.loads(env.cluster.kubectl_run("get", "events", "-n", ns, "-o", "json",
                                                 "--field-selector", "involvedObject.name=bge-m3").stdout)["items"]
     assert {"QuantizationStarted", "ArtifactPublished", "Ready"} <= {e["reason"] for e in events}

@@ -23,6 +23,7 @@ from quantizer_job import contract, oci, store
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_process import published_shared, shared_artifact
 from rerank_devcluster.registry import LocalRegistry, standalone
+from rerank_operator.adapters.artifact_store import RECENTLY_ASKED_SECONDS
 from tests.cluster.rrm_harness import (
     GROUP,
     VERSION,
@@ -220,11 +221,13 @@ def test_the_last_users_deletion_frees_the_artifact_after_the_grace_period(
         eventually(lambda ns=ns: (status_of(kube, ns, "g").get("artifact") or {}).get("id") == artifact_id, 60,
                    f"{ns}/g served")
     cluster.kubectl_run("delete", "rerankmodel", "g", "-n", a, "--wait=true", "--timeout=60s")
-    time.sleep(GRACE_SECONDS + 3)  # past the grace with one user left: kept
+    # Past the grace and the collector's guard for recent lookups, with one user left: kept.
+    time.sleep(max(GRACE_SECONDS, RECENTLY_ASKED_SECONDS) + 3)
     assert reg.resolve(REPOSITORY, artifact_id) is not None, "a model still serves it"
     cluster.kubectl_run("delete", "rerankmodel", "g", "-n", b, "--wait=true", "--timeout=60s")
     gone_at = time.monotonic()
-    eventually(lambda: reg.resolve(REPOSITORY, artifact_id) is None, GRACE_SECONDS + 30, "the unused artifact deleted")
+    # The grace, and the collector's guard for artifacts a reconcile looked up moments ago (the last, at the serve).
+    eventually(lambda: reg.resolve(REPOSITORY, artifact_id) is None, GRACE_SECONDS + 90, "the unused artifact deleted")
     assert time.monotonic() - gone_at >= GRACE_SECONDS - 1, "deleted before its grace period"
     assert artifact_id not in reg.tags(REPOSITORY)
     eventually(lambda: not [j for j in store_jobs(kube) if j.metadata.labels["rerank.io/artifact"] == artifact_id

@@ -80,5 +80,5 @@ def test_the_collector_deletes_only_what_nobody_uses_or_just_asked_for(registry:
     reg = oci.Registry(registry.host, insecure=True)
     assert deleted == [f"{store_.repository}:unused"]
     assert reg.resolve(repo, "unused") is None and reg.resolve(repo, "used") and reg.resolve(repo, "asked")
-    clock[0] += 301  # long after the lookup, and still nobody serves it
+    clock[0] += 31  # long after the lookup, and still nobody serves it
     assert shared.collect([store_], [{"artifact": {"id": "used"}}], now=6000.0) == [f"{store_.repository}:asked"]

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 RegistryFactory = Callable[[sharing.ArtifactStore], oci.Registry]
 #: An artifact a reconcile looked up this recently is not collected, whatever the statuses say yet.
-RECENTLY_ASKED_SECONDS = 300.0
+RECENTLY_ASKED_SECONDS = 30.0
 
 
 class StoreUnavailable(RuntimeError):

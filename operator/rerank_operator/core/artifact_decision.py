@@ -116,18 +116,22 @@ def _canary_step(desired: str, served: Mapping[str, Any] | None, status: Mapping
         desired, "", 0, "Canary", conditions.REASON_CANARY, canaries.message(desired, served, canary, verdict)))
 
 
+def _backoff_left(latest: Mapping[str, Any], now: str, backoff: job.RetryBackoff) -> tuple[int, float, float]:
+    """(transient failures in a row with this one, the backoff after them, seconds of it left) for a Job that failed
+    transiently; the whole backoff when its failure time or ``now`` does not parse."""
+    in_a_row = job.transient_retries_of(latest) + 1
+    wait = backoff.delay(in_a_row)
+    at, now_s = job.failed_at(latest), job.unix_time(now)
+    return in_a_row, wait, (at + wait - now_s if at is not None and now_s is not None else wait)
+
+
 def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
                      latest: Obj, out: job.JobOutcome, claim: str, now: str,
                      backoff: job.RetryBackoff) -> tuple[ArtifactDecision, Obj | None]:
     """A Job that failed transiently: the next attempt once its backoff has passed, else wait for it (a spec change
     meanwhile starts it at once: the hub may be the fix's)."""
     name, attempt = latest["metadata"]["name"], job.attempt_of(latest)
-    in_a_row = job.transient_retries_of(latest) + 1
-    wait = backoff.delay(in_a_row)
-    left = wait
-    at, now_s = job.failed_at(latest), job.unix_time(now)
-    if at is not None and now_s is not None:
-        left = at + wait - now_s
+    in_a_row, wait, left = _backoff_left(latest, now, backoff)
     if left <= 0 or job.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim, transient_retries=in_a_row)
         return ArtifactDecision(desired, served, pending=Pending(
@@ -267,9 +271,7 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
             desired, where, attempt, "Running", conditions.REASON_QUANTIZING,
             f"{where} pushed shared artifact {desired}: looking it up in the store")), None
     if out.state == "Failed" and out.reason in contract.TRANSIENT_FAILURES:
-        in_a_row = job.transient_retries_of(latest) + 1
-        at = job.failed_at(latest)
-        left = backoff.delay(in_a_row) - (now_s - at if at is not None and now_s is not None else 0.0)
+        in_a_row, _, left = _backoff_left(latest, now, backoff)
         if left <= 0:
             new = shared_job.build_shared_job(spec, desired, attempt + 1, store, transient_retries=in_a_row)
             return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(

@@ -1,7 +1,7 @@
 """Scale to zero with a real TEI router on the real node: a sleeping model woken again and again under a burst; JSON.
 
     .venv/bin/python -m benchmarks.serving_wake --router /path/to/text-embeddings-router [--wakes 5] [--burst 20]
-        [--idle-seconds 30] [--after-seconds 30] [--workdir DIR] [--out FILE]
+        [--idle-seconds 30] [--after-seconds 30] [--measure-wakes N] [--workdir DIR] [--out FILE]
 
 Opt-in, as ``benchmarks.serving_e2e`` (whose set-up it shares: ``serving_e2e.Stack``): the dev cluster with its real
 node, the chart released, the MiniLM fixture's model quantized by the Job and served by a CPU pool of the TEI image
@@ -17,8 +17,9 @@ sets, read from the route, and goes to the activator while the route points ther
 
 First the pool's steady p95 under a light load (``--load-rps``). Then each wake: wait until the model is asleep
 (route to the activator, no CPU pod), send ``--burst`` requests at once (the fixture's held-out queries, 8 passages
-each) and record when each is answered; then keep the light load for ``--after-seconds`` (p95 per 5 s window); then
-stop and let it sleep again. JSON: ``wake_first_answer_s`` per wake (and median, max), ``lost`` (answers other than
+each) and record when each is answered; then keep the light load for ``--after-seconds`` (p95 per 5 s window; after
+the first ``--measure-wakes`` wakes only 5 s, so that a long run of wakes counts losses sooner); then stop and let it
+sleep again. JSON: ``wake_first_answer_s`` per wake (and median, max), ``lost`` (answers other than
 200, or none), the p95 windows after each wake against the steady p95, and the phases' timings.
 """
 
@@ -188,6 +189,8 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--idle-seconds", type=int, default=30)
     ap.add_argument("--after-seconds", type=float, default=30.0)
+    ap.add_argument("--measure-wakes", type=int, default=None,
+                    help="keep the load for --after-seconds after this many wakes only (default: every wake)")
     ap.add_argument("--load-rps", type=float, default=2.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -195,7 +198,8 @@ def main() -> int:
     stack = Stack.prepare(args.router, args.ort_library, args.workdir)
     result = stack.result
     result["parameters"] = {"wakes": args.wakes, "burst": args.burst, "idle_seconds": args.idle_seconds,
-                            "after_seconds": args.after_seconds, "load_rps": args.load_rps}
+                            "after_seconds": args.after_seconds, "measure_wakes": args.measure_wakes,
+                            "load_rps": args.load_rps}
     cluster = stack.start()
     running = None
     pool = PoolAddress(cluster)
@@ -250,8 +254,9 @@ def main() -> int:
                 answers = list(ex.map(lambda _, route=via: gateway.send(route), range(args.burst)))
             answered = [s for status, s in answers if status == 200]
             first = min(answered) if answered else None
-            after = light_load(gateway, args.load_rps, args.after_seconds)
-            wake = {"wake": n + 1, "asleep_after_s": round(slept_after, 1),
+            measured = args.measure_wakes is None or n < args.measure_wakes
+            after = light_load(gateway, args.load_rps, args.after_seconds if measured else 5.0)
+            wake = {"wake": n + 1, "asleep_after_s": round(slept_after, 1), "measured": measured,
                     "first_answer_s": None if first is None else round(first, 2),
                     "last_answer_s": round(max(s for _, s in answers), 2),
                     "lost": sum(status != 200 for status, _ in answers) + sum(st != 200 for _, st, _ in after),

@@ -157,6 +157,12 @@ class Registry:
                 self._upload(repo, digest, f, path.stat().st_size)
         return digest
 
+    def push_stream(self, repo: str, digest: str, stream: BinaryIO, size: int) -> None:
+        """Upload ``size`` bytes read from ``stream`` as ``digest`` (an image layer read out of an archive); skipped
+        when the registry has it. The registry checks the digest as it stores it."""
+        if not self.blob_exists(repo, digest):
+            self._upload(repo, digest, stream, size)
+
     def push_bytes(self, repo: str, data: bytes) -> str:
         digest = digest_of(data)
         if not self.blob_exists(repo, digest):
@@ -235,6 +241,15 @@ class Registry:
             link = re.search(r'<([^>]+)>\s*;\s*rel="?next"?', answer.headers.get("link", ""))
             target = link.group(1) if link else None
         return found
+
+    def answers(self) -> bool:
+        """Whether a distribution registry answers here (``GET /v2/``, authenticated if it asks): a started
+        registry is ready."""
+        try:
+            self._call("GET", "/v2/", ok=(200,))
+        except RegistryError:
+            return False
+        return True
 
     def delete_manifest(self, repo: str, digest: str) -> None:
         """Delete a manifest by digest; one already gone is fine. The registry must allow deletes."""

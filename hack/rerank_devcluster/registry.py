@@ -6,33 +6,30 @@ Images reach the real node the way every cluster gets them: pushed here, then pu
 OCI artifact here too (``helm push``, ``helm install oci://``). Plain HTTP on 127.0.0.1 only: the registry is
 reachable from this machine's processes (containerd, helm), never from a pod or another machine.
 
-``Client.push_archive`` speaks the distribution API (blob uploads and a manifest put) to copy an OCI layout archive
-(what buildah and :mod:`rerank_devcluster.ociimage` write) without a container engine; blobs the registry already
-has are skipped, so pushing an image twice costs one HEAD a blob. ``hack/release`` pushes a release with the same
-client to any registry (HTTPS, basic or token auth).
+``Client.push_archive`` copies an OCI layout archive (what buildah and :mod:`rerank_devcluster.ociimage` write) with
+the artifact store's distribution client (:mod:`quantizer_job.oci`: blob uploads and a manifest put), without a
+container engine; blobs the registry already has are skipped, so pushing an image twice costs one HEAD a blob.
+``hack/release`` pushes a release with the same client to any registry (HTTPS, basic or token auth).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import http.client
 import json
-import re
 import shutil
 import tarfile
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO, cast
 
+from quantizer_job import oci
 from rerank_devcluster.processes import Processes, free_port
 
 BINARY = "docker-registry"  # Debian's name for distribution's registry (hack/setup.sh installs it)
-MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+MANIFEST_TYPES = (oci.OCI_MANIFEST, oci.DOCKER_MANIFEST)
+PUSH_TIMEOUT_S = 600.0
 
 
 class RegistryError(RuntimeError):
@@ -67,95 +64,39 @@ def hosts_toml(host: str) -> str:
 """
 
 
-@dataclass
 class Client:
-    """The distribution API of one registry: plain HTTP (``insecure``, the dev cluster's) or HTTPS, anonymous or
-    with a user and password (basic auth, or the bearer token a registry's ``WWW-Authenticate`` challenge names, as
-    Docker Hub, GHCR, Harbor and distribution's token auth ask)."""
+    """Pushes OCI layout archives to one registry. The distribution API itself (HTTPS or plain HTTP with
+    ``insecure``; basic auth, or the bearer token a ``WWW-Authenticate`` challenge names, as Docker Hub, GHCR,
+    Harbor and distribution's token auth ask; digests checked) is the artifact store's client,
+    :class:`quantizer_job.oci.Registry`: one implementation for images, charts' registries and artifacts."""
 
-    host: str
-    insecure: bool = False
-    username: str | None = None
-    password: str | None = None
-    _token: str | None = None
-
-    def request(self, method: str, path: str, body: IO[bytes] | bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        answer = self._once(method, path, body, headers)
-        if answer[0] == 401 and self._authenticate(answer[1].get("www-authenticate", "")):
-            if hasattr(body, "seek"):
-                body.seek(0)  # type: ignore[union-attr]
-            answer = self._once(method, path, body, headers)
-        return answer
-
-    def _once(self, method: str, path: str, body: IO[bytes] | bytes | None,
-              headers: dict[str, str] | None) -> tuple[int, dict[str, str], bytes]:
-        conn_type = http.client.HTTPConnection if self.insecure else http.client.HTTPSConnection
-        conn = conn_type(self.host, timeout=600, blocksize=1 << 20)  # layers of GBs: 1 MiB writes, not 8 KiB
-        sent = dict(headers or {})
-        if self._token:
-            sent["Authorization"] = f"Bearer {self._token}"
-        elif self.username is not None:
-            sent["Authorization"] = "Basic " + _basic(self.username, self.password or "")
-        try:
-            conn.request(method, path, body=body, headers=sent)
-            resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-        finally:
-            conn.close()
-
-    def _authenticate(self, challenge: str) -> bool:
-        """Answer a ``Bearer realm=...,service=...,scope=...`` challenge with a token (sent with our credentials
-        when we have them); False when there is nothing to answer with (the 401 stands)."""
-        if not challenge.lower().startswith("bearer "):
-            return False
-        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-        realm = params.pop("realm", "")
-        if not realm:
-            return False
-        url = realm + "?" + urllib.parse.urlencode(params)
-        request = urllib.request.Request(url)
-        if self.username is not None:
-            request.add_header("Authorization", "Basic " + _basic(self.username, self.password or ""))
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            answer = json.loads(resp.read())
-        self._token = answer.get("token") or answer.get("access_token")
-        return bool(self._token)
+    def __init__(self, host: str, insecure: bool = False, username: str | None = None,
+                 password: str | None = None) -> None:
+        self.host, self.insecure, self.username, self.password = host, insecure, username, password
+        credentials = None if username is None else (username, password or "")
+        # A layer of GBs streams under a socket timeout of its silence; a remote registry may pause longer.
+        self.registry = oci.Registry(host, insecure=insecure, credentials=credentials, timeout=PUSH_TIMEOUT_S)
 
     def push_archive(self, archive: Path, repository: str, tag: str) -> str:
         """Copy the image in OCI layout ``archive`` to ``repository:tag``; returns its reference by digest
-        (``host/repository@sha256:...``), what pods name."""
-        with tarfile.open(archive) as tar:
-            index = json.loads(_member(tar, "index.json").read())
-            descriptor = index["manifests"][0]
-            manifest = _member(tar, _blob_path(descriptor["digest"])).read()
-            parsed = json.loads(manifest)
-            for blob in (parsed["config"], *parsed["layers"]):
-                self._push_blob(tar, repository, blob["digest"], int(blob["size"]))
-            media_type = parsed.get("mediaType") or descriptor.get("mediaType") or MANIFEST_TYPES[0]
-            status, headers, text = self.request("PUT", f"/v2/{repository}/manifests/{tag}", manifest,
-                                                 {"Content-Type": media_type})
-            if status != 201:
-                raise RegistryError(f"manifest {repository}:{tag}: HTTP {status}: {text[:500]!r}")
-        digest = headers.get("docker-content-digest") or descriptor["digest"]
+        (``host/repository@sha256:...``), what pods name. Blobs the registry has are skipped."""
+        try:
+            with tarfile.open(archive) as tar:
+                index = json.loads(_member(tar, "index.json").read())
+                descriptor = index["manifests"][0]
+                manifest = _member(tar, _blob_path(descriptor["digest"])).read()
+                parsed = json.loads(manifest)
+                for blob in (parsed["config"], *parsed["layers"]):
+                    layer = cast(BinaryIO, _member(tar, _blob_path(blob["digest"])))
+                    self.registry.push_stream(repository, blob["digest"], layer, int(blob["size"]))
+                media_type = parsed.get("mediaType") or descriptor.get("mediaType") or MANIFEST_TYPES[0]
+                digest = self.registry.put_manifest(repository, tag, manifest, media_type)
+        except oci.RegistryError as exc:
+            raise RegistryError(f"{archive.name} -> {self.host}/{repository}:{tag}: {exc}") from exc
         return f"{self.host}/{repository}@{digest}"
 
-    def _push_blob(self, tar: tarfile.TarFile, repository: str, digest: str, size: int) -> None:
-        if self.request("HEAD", f"/v2/{repository}/blobs/{digest}")[0] == 200:
-            return
-        status, headers, text = self.request("POST", f"/v2/{repository}/blobs/uploads/")
-        if status != 202 or "location" not in headers:
-            raise RegistryError(f"blob upload of {digest} to {repository}: HTTP {status}: {text[:500]!r}")
-        location = urllib.parse.urlsplit(headers["location"])
-        query = "&".join(q for q in (location.query, f"digest={urllib.parse.quote(digest)}") if q)
-        status, _, text = self.request("PUT", f"{location.path}?{query}", _member(tar, _blob_path(digest)),
-                                       {"Content-Type": "application/octet-stream", "Content-Length": str(size)})
-        if status != 201:
-            raise RegistryError(f"blob {digest} to {repository}: HTTP {status}: {text[:500]!r}")
-
     def tags(self, repository: str) -> list[str]:
-        status, _, text = self.request("GET", f"/v2/{repository}/tags/list")
-        return list(json.loads(text).get("tags") or ()) if status == 200 else []
+        return self.registry.tags(repository)
 
 
 @dataclass
@@ -192,20 +133,13 @@ class LocalRegistry:
         return self
 
     def _answers(self) -> bool:
-        try:
-            return self.client.request("GET", "/v2/")[0] == 200
-        except OSError:
-            return False
+        return self.client.registry.answers()
 
     def push_archive(self, archive: Path, repository: str, tag: str) -> str:
         return self.client.push_archive(archive, repository, tag)
 
     def tags(self, repository: str) -> list[str]:
         return self.client.tags(repository)
-
-
-def _basic(username: str, password: str) -> str:
-    return base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
 def _blob_path(digest: str) -> str:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
 import pytest
 import yaml
 
-from rerank_devcluster import registry, release
+from quantizer_job import oci
+from rerank_devcluster import ociimage, registry, release
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -50,3 +57,62 @@ def test_the_registry_speaks_plain_http_on_loopback_only_and_never_deletes(tmp_p
     assert config["storage"]["delete"] == {"enabled": False}
     hosts = registry.hosts_toml("127.0.0.1:5005")
     assert 'server = "http://127.0.0.1:5005"' in hosts and 'capabilities = ["pull", "resolve"]' in hosts
+
+
+def test_an_image_archive_is_pushed_by_digest_and_a_second_push_sends_no_blob(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dev cluster's and hack/release's push, against a real registry: the reference it returns names the
+    manifest the registry serves, every blob arrives byte for byte, and pushing again uploads nothing."""
+    layer = tmp_path / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        data = b"#!/bin/sh\necho rerank\n"
+        member = tarfile.TarInfo("bin/hello")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    archive = tmp_path / "image.tar"
+    manifest_digest = ociimage.write_archive(archive, "rerank.local/hello:1", [layer],
+                                             ociimage.ImageConfig(entrypoint=("/bin/hello",)))
+    with registry.standalone(tmp_path / "registry") as running:
+        ref = running.push_archive(archive, "rerank/hello", "1")
+        assert ref == f"{running.host}/rerank/hello@{manifest_digest}"
+        store = oci.Registry(running.host, insecure=True)
+        assert store.resolve("rerank/hello", "1") == manifest_digest
+        manifest = json.loads(store.get_manifest("rerank/hello", manifest_digest)[0])
+        assert store.get_blob_bytes("rerank/hello", manifest["layers"][0]["digest"]) == layer.read_bytes()
+        assert running.tags("rerank/hello") == ["1"]
+        uploads: list[str] = []
+        upload = oci.Registry._upload
+
+        def counted(self: oci.Registry, repo: str, digest: str, *rest: Any) -> None:
+            uploads.append(digest)
+            upload(self, repo, digest, *rest)
+        monkeypatch.setattr(oci.Registry, "_upload", counted)
+        assert running.push_archive(archive, "rerank/hello", "2") == ref
+        assert uploads == []  # the blobs were there: only HEADs and the manifest
+        running.push_archive(archive, "rerank/other", "1")
+        assert len(uploads) == 2  # a new repository gets the config and the layer (the registry may mount them)
+        assert sorted(running.tags("rerank/hello")) == ["1", "2"]
+
+
+def test_a_push_the_registry_refuses_names_the_image_and_the_answer(tmp_path: Path) -> None:
+    archive = tmp_path / "broken.tar"
+    with tarfile.open(archive, "w") as tar:
+        body = json.dumps({"manifests": [{"digest": "sha256:" + "0" * 64}]}).encode()
+        member = tarfile.TarInfo("index.json")
+        member.size = len(body)
+        tar.addfile(member, io.BytesIO(body))
+    with registry.standalone(tmp_path / "registry") as running, \
+            pytest.raises(registry.RegistryError, match="not an OCI layout archive"):
+        running.push_archive(archive, "rerank/broken", "1")
+    with pytest.raises(registry.RegistryError, match=r"broken.tar -> 127.0.0.1:1/rerank/broken:1: .*ConnectionRefused"):
+        registry.Client("127.0.0.1:1", insecure=True).push_archive(_one_blob_archive(tmp_path), "rerank/broken", "1")
+
+
+def _one_blob_archive(tmp_path: Path) -> Path:
+    layer = tmp_path / "empty.tar"
+    with tarfile.open(layer, "w"):
+        pass
+    archive = tmp_path / "broken.tar"
+    ociimage.write_archive(archive, "rerank.local/broken:1", [layer], ociimage.ImageConfig())
+    return archive
+

@@ -19,8 +19,9 @@ First the pool's steady p95 under a light load (``--load-rps``). Then each wake:
 (route to the activator, no CPU pod), send ``--burst`` requests at once (the fixture's held-out queries, 8 passages
 each) and record when each is answered; then keep the light load for ``--after-seconds`` (p95 per 5 s window; after
 the first ``--measure-wakes`` wakes only 5 s, so that a long run of wakes counts losses sooner); then stop and let it
-sleep again. JSON: ``wake_first_answer_s`` per wake (and median, max), ``lost`` (answers other than
-200, or none), the p95 windows after each wake against the steady p95, and the phases' timings.
+sleep again. JSON: ``wake_first_answer_s`` per wake (and median, max), ``lost`` (answers other than 200, or none),
+the p95 windows after each wake against the steady p95 and ``p95_back_after_s`` (from when on every window is within
+20% of it: ``back_to_steady_after``), and the phases' timings.
 """
 
 from __future__ import annotations
@@ -174,6 +175,22 @@ def windows(samples: list[tuple[float, int, float]], width: float = 5.0) -> list
     return rows
 
 
+def back_to_steady_after(rows: list[dict[str, Any]], steady_p95_ms: float | None,
+                         tolerance: float = 1.2) -> float | None:
+    """Seconds into the load after a wake from which every 5 s window's p95 is within ``tolerance`` x the steady p95
+    (windows without an answer are skipped); None when it never gets there, or there is nothing to compare."""
+    measured = [row for row in rows if row["n"] and row["p95_ms"] is not None]
+    if steady_p95_ms is None or not measured:
+        return None
+    since: float | None = None
+    for row in measured:
+        if row["p95_ms"] <= steady_p95_ms * tolerance:
+            since = row["t"] if since is None else since
+        else:
+            since = None
+    return since
+
+
 def asleep(cluster: Cluster) -> bool:
     model = kget(cluster, "rerankmodel", MODEL, "-n", NS) or {}
     phase = ((model.get("status") or {}).get("autoscaling") or {}).get("lastDecision", {}).get("scaleToZero")
@@ -261,7 +278,9 @@ def main() -> int:
                     "last_answer_s": round(max(s for _, s in answers), 2),
                     "lost": sum(status != 200 for status, _ in answers) + sum(st != 200 for _, st, _ in after),
                     "statuses": sorted({status for status, _ in answers}),
-                    "after_windows": windows(after), "burst_at_unix": round(time.time() - (time.monotonic()
+                    "after_windows": windows(after),
+                    "p95_back_after_s": back_to_steady_after(windows(after), result["steady_p95_ms"]),
+                    "burst_at_unix": round(time.time() - (time.monotonic()
                                                                                            - burst_at), 1)}
             log(f"wake {n + 1}: first answer {wake['first_answer_s']} s, last {wake['last_answer_s']} s, "
                 f"lost {wake['lost']}")
@@ -271,6 +290,7 @@ def main() -> int:
             "median": round(statistics.median(firsts), 2) if firsts else None,
             "max": max(firsts) if firsts else None},
             "lost_requests": sum(w["lost"] for w in wakes), "burst_requests": args.wakes * args.burst,
+            "p95_back_after_s": _spread([w["p95_back_after_s"] for w in wakes if w["measured"]]),
             "node": realnode.NAME})
     finally:
         pool.stop()
@@ -278,6 +298,13 @@ def main() -> int:
             running.server.shutdown()
         cluster.stop()
     return emit(result, args.out)
+
+
+def _spread(values: list[float | None]) -> dict[str, Any]:
+    """How soon the measured wakes' p95 was back (``back_to_steady_after``): median and max, and how many never."""
+    known = [v for v in values if v is not None]
+    return {"wakes": len(values), "never": len(values) - len(known),
+            "median": statistics.median(known) if known else None, "max": max(known) if known else None}
 
 
 if __name__ == "__main__":

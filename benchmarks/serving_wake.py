@@ -278,10 +278,9 @@ def main() -> int:
                     "last_answer_s": round(max(s for _, s in answers), 2),
                     "lost": sum(status != 200 for status, _ in answers) + sum(st != 200 for _, st, _ in after),
                     "statuses": sorted({status for status, _ in answers}),
-                    "after_windows": windows(after),
-                    "p95_back_after_s": back_to_steady_after(windows(after), result["steady_p95_ms"]),
-                    "burst_at_unix": round(time.time() - (time.monotonic()
-                                                                                           - burst_at), 1)}
+                    "after_windows": (rows := windows(after)),
+                    "p95_back_after_s": back_to_steady_after(rows, result["steady_p95_ms"]) if measured else None,
+                    "burst_at_unix": round(time.time() - (time.monotonic() - burst_at), 1)}
             log(f"wake {n + 1}: first answer {wake['first_answer_s']} s, last {wake['last_answer_s']} s, "
                 f"lost {wake['lost']}")
             wakes.append(wake)
@@ -301,9 +300,10 @@ def main() -> int:
 
 
 def _spread(values: list[float | None]) -> dict[str, Any]:
-    """How soon the measured wakes' p95 was back (``back_to_steady_after``): median and max, and how many never."""
+    """How soon the measured wakes' p95 was back (``back_to_steady_after``): median and max, and how many wakes
+    it was not back by the end of the load (or had nothing to compare)."""
     known = [v for v in values if v is not None]
-    return {"wakes": len(values), "never": len(values) - len(known),
+    return {"wakes": len(values), "not_back": len(values) - len(known),
             "median": statistics.median(known) if known else None, "max": max(known) if known else None}
 
 

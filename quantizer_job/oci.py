@@ -243,8 +243,8 @@ class Registry:
         return found
 
     def answers(self) -> bool:
-        """Whether a distribution registry answers here (``GET /v2/``, authenticated if it asks): a started
-        registry is ready."""
+        """Whether a distribution registry answers ``GET /v2/`` with 200 here (after one challenge answered, if
+        it asks): a started registry is ready. A registry that refuses our credentials reads as not answering."""
         try:
             self._call("GET", "/v2/", ok=(200,))
         except RegistryError:
@@ -288,7 +288,7 @@ class Registry:
         """Send once; answer one auth challenge, follow redirects when asked. The caller reads and closes."""
         url, challenged = self._url(target), False
         for _ in range(MAX_REDIRECTS + 2):
-            ours = urllib.parse.urlsplit(url).netloc == self.host  # never send our secrets to a storage backend
+            ours = self.is_ours(url)
             conn, resp = self._send(method, url, body, headers, ours)
             if resp.status == 401 and ours and not challenged:
                 challenge, text = resp.getheader("WWW-Authenticate", ""), self._read(resp)
@@ -360,6 +360,12 @@ class Registry:
             return False
         self._authorization = f"Bearer {token}"
         return True
+
+    def is_ours(self, url: str) -> bool:
+        """Whether ``url`` is this registry as configured, scheme and host: only there are credentials sent. Never
+        to a storage backend a blob redirects to, nor over plain HTTP to an HTTPS registry's own host (a Location
+        that drops TLS)."""
+        return urllib.parse.urlsplit(url)[:2] == urllib.parse.urlsplit(self._url("/"))[:2]
 
     def _url(self, target: str) -> str:
         if target.startswith(("http://", "https://")):

@@ -68,7 +68,8 @@ class Client:
     """Pushes OCI layout archives to one registry. The distribution API itself (HTTPS or plain HTTP with
     ``insecure``; basic auth, or the bearer token a ``WWW-Authenticate`` challenge names, as Docker Hub, GHCR,
     Harbor and distribution's token auth ask; digests checked) is the artifact store's client,
-    :class:`quantizer_job.oci.Registry`: one implementation for images, charts' registries and artifacts."""
+    :class:`quantizer_job.oci.Registry`: one implementation for images, charts' registries and artifacts.
+    Credentials are sent once the registry asks for them (a 401 challenge), never before."""
 
     def __init__(self, host: str, insecure: bool = False, username: str | None = None,
                  password: str | None = None) -> None:
@@ -96,6 +97,7 @@ class Client:
         return f"{self.host}/{repository}@{digest}"
 
     def tags(self, repository: str) -> list[str]:
+        """The repository's tags ([] for one the registry does not know); ``oci.RegistryError`` if it refuses."""
         return self.registry.tags(repository)
 
 

@@ -460,3 +460,13 @@ def test_a_bearer_challenge_is_answered_with_a_token_from_the_realm(stubs: list[
         client.get_manifest("r", "sha256:" + "0" * 64)
     with pytest.raises(oci.RegistryError, match=r"HTTP 401.*bad credentials"):
         oci.Registry(registry.host, insecure=True, credentials=("robot", "wrong")).tags("r")
+
+
+def test_credentials_go_only_to_the_registry_as_configured_scheme_and_host() -> None:
+    secure = oci.Registry("registry.example:5000", credentials=("robot", "s3cret"))
+    assert secure.is_ours("https://registry.example:5000/v2/r/blobs/uploads/x")
+    assert not secure.is_ours("http://registry.example:5000/v2/r/blobs/uploads/x")  # a Location that drops TLS
+    assert not secure.is_ours("https://storage.example/bucket")
+    assert not secure.is_ours("https://registry.example:5001/v2/")
+    plain = oci.Registry("127.0.0.1:5000", insecure=True)
+    assert plain.is_ours("http://127.0.0.1:5000/v2/") and not plain.is_ours("https://127.0.0.1:5000/v2/")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import yaml
 
 from quantizer_job import oci
 from rerank_devcluster import ociimage, registry, release
+from rerank_devcluster.processes import free_port
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -90,29 +93,49 @@ def test_an_image_archive_is_pushed_by_digest_and_a_second_push_sends_no_blob(tm
         assert running.push_archive(archive, "rerank/hello", "2") == ref
         assert uploads == []  # the blobs were there: only HEADs and the manifest
         running.push_archive(archive, "rerank/other", "1")
-        assert len(uploads) == 2  # a new repository gets the config and the layer (the registry may mount them)
+        assert len(uploads) == 2  # a new repository gets the config and the layer (no cross-repository mount)
         assert sorted(running.tags("rerank/hello")) == ["1", "2"]
 
 
 def test_a_push_the_registry_refuses_names_the_image_and_the_answer(tmp_path: Path) -> None:
-    archive = tmp_path / "broken.tar"
-    with tarfile.open(archive, "w") as tar:
-        body = json.dumps({"manifests": [{"digest": "sha256:" + "0" * 64}]}).encode()
-        member = tarfile.TarInfo("index.json")
-        member.size = len(body)
-        tar.addfile(member, io.BytesIO(body))
-    with registry.standalone(tmp_path / "registry") as running, \
-            pytest.raises(registry.RegistryError, match="not an OCI layout archive"):
-        running.push_archive(archive, "rerank/broken", "1")
-    with pytest.raises(registry.RegistryError, match=r"broken.tar -> 127.0.0.1:1/rerank/broken:1: .*ConnectionRefused"):
-        registry.Client("127.0.0.1:1", insecure=True).push_archive(_one_blob_archive(tmp_path), "rerank/broken", "1")
+    """A layer whose bytes are not its digest: the registry refuses the upload (400 DIGEST_INVALID) and the error
+    names the archive, where it went and the registry's answer. No registry, no archive: said as clearly."""
+    archive = _archive_with_a_tampered_layer(tmp_path)
+    with registry.standalone(tmp_path / "registry") as running:
+        digest_invalid = rf"tampered\.tar -> {re.escape(running.host)}/rerank/broken:1: .*HTTP 400.*DIGEST_INVALID"
+        with pytest.raises(registry.RegistryError, match=digest_invalid):
+            running.push_archive(archive, "rerank/broken", "1")
+        assert running.tags("rerank/broken") == []  # nothing tagged
+    nobody = f"127.0.0.1:{free_port()}"
+    refused = rf"tampered\.tar -> {re.escape(nobody)}/rerank/broken:1: .*ConnectionRefused"
+    with pytest.raises(registry.RegistryError, match=refused):
+        registry.Client(nobody, insecure=True).push_archive(archive, "rerank/broken", "1")
+    index_only = tmp_path / "index-only.tar"
+    with tarfile.open(index_only, "w") as tar:
+        _add(tar, "index.json", json.dumps({"manifests": [{"digest": "sha256:" + "0" * 64}]}).encode())
+    with pytest.raises(registry.RegistryError, match="not an OCI layout archive"):
+        registry.Client(nobody, insecure=True).push_archive(index_only, "rerank/broken", "1")
 
 
-def _one_blob_archive(tmp_path: Path) -> Path:
-    layer = tmp_path / "empty.tar"
-    with tarfile.open(layer, "w"):
-        pass
-    archive = tmp_path / "broken.tar"
-    ociimage.write_archive(archive, "rerank.local/broken:1", [layer], ociimage.ImageConfig())
+def _archive_with_a_tampered_layer(tmp_path: Path) -> Path:
+    """An OCI layout archive written by ociimage whose layer's bytes were changed after its digest was taken."""
+    layer = tmp_path / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        _add(tar, "hello", b"rerank\n")
+    good = tmp_path / "good.tar"
+    ociimage.write_archive(good, "rerank.local/broken:1", [layer], ociimage.ImageConfig())
+    layer_digest = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+    archive = tmp_path / "tampered.tar"
+    with tarfile.open(good) as src, tarfile.open(archive, "w") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()  # type: ignore[union-attr]
+            if member.name.endswith(layer_digest.split(":")[1]):
+                data = data[:-1] + bytes([data[-1] ^ 1])  # same size, other bytes
+            _add(dst, member.name, data)
     return archive
 
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    member = tarfile.TarInfo(name)
+    member.size = len(data)
+    tar.addfile(member, io.BytesIO(data))

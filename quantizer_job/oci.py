@@ -152,21 +152,19 @@ class Registry:
     def push_blob(self, repo: str, path: Path) -> str:
         """Upload a file (monolithic, streamed); skipped when the registry has it. Returns its digest."""
         digest = "sha256:" + sha256_file(path)
-        if not self.blob_exists(repo, digest):
-            with open(path, "rb") as f:
-                self._upload(repo, digest, f, path.stat().st_size)
+        with open(path, "rb") as f:
+            self.push_stream(repo, digest, f, path.stat().st_size)
         return digest
 
-    def push_stream(self, repo: str, digest: str, stream: BinaryIO, size: int) -> None:
-        """Upload ``size`` bytes read from ``stream`` as ``digest`` (an image layer read out of an archive); skipped
-        when the registry has it. The registry checks the digest as it stores it."""
+    def push_stream(self, repo: str, digest: str, body: BinaryIO | bytes, size: int) -> None:
+        """Upload ``size`` bytes of ``body`` as ``digest`` (a file, an image layer read out of an archive, bytes);
+        skipped when the registry has it. The registry checks the digest as it stores it."""
         if not self.blob_exists(repo, digest):
-            self._upload(repo, digest, stream, size)
+            self._upload(repo, digest, body, size)
 
     def push_bytes(self, repo: str, data: bytes) -> str:
         digest = digest_of(data)
-        if not self.blob_exists(repo, digest):
-            self._upload(repo, digest, data, len(data))
+        self.push_stream(repo, digest, data, len(data))
         return digest
 
     def put_manifest(self, repo: str, tag: str, body: bytes, media_type: str) -> str:

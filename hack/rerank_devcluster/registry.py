@@ -28,7 +28,6 @@ from quantizer_job import oci
 from rerank_devcluster.processes import Processes, free_port
 
 BINARY = "docker-registry"  # Debian's name for distribution's registry (hack/setup.sh installs it)
-MANIFEST_TYPES = (oci.OCI_MANIFEST, oci.DOCKER_MANIFEST)
 PUSH_TIMEOUT_S = 600.0
 
 
@@ -90,7 +89,7 @@ class Client:
                 for blob in (parsed["config"], *parsed["layers"]):
                     layer = cast(BinaryIO, _member(tar, _blob_path(blob["digest"])))
                     self.registry.push_stream(repository, blob["digest"], layer, int(blob["size"]))
-                media_type = parsed.get("mediaType") or descriptor.get("mediaType") or MANIFEST_TYPES[0]
+                media_type = parsed.get("mediaType") or descriptor.get("mediaType") or oci.OCI_MANIFEST
                 digest = self.registry.put_manifest(repository, tag, manifest, media_type)
         except oci.RegistryError as exc:
             raise RegistryError(f"{archive.name} -> {self.host}/{repository}:{tag}: {exc}") from exc

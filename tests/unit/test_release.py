@@ -68,10 +68,7 @@ def test_an_image_archive_is_pushed_by_digest_and_a_second_push_sends_no_blob(tm
     manifest the registry serves, every blob arrives byte for byte, and pushing again uploads nothing."""
     layer = tmp_path / "layer.tar"
     with tarfile.open(layer, "w") as tar:
-        data = b"#!/bin/sh\necho rerank\n"
-        member = tarfile.TarInfo("bin/hello")
-        member.size = len(data)
-        tar.addfile(member, io.BytesIO(data))
+        _add(tar, "bin/hello", b"#!/bin/sh\necho rerank\n")
     archive = tmp_path / "image.tar"
     manifest_digest = ociimage.write_archive(archive, "rerank.local/hello:1", [layer],
                                              ociimage.ImageConfig(entrypoint=("/bin/hello",)))

@@ -54,8 +54,8 @@ from benchmarks.serving_e2e import (
     ready,
     rerank_model,
 )
-from rerank_activator import contract
 from rerank_activator import server as activator_server
+from rerank_contracts import activator
 from rerank_devcluster import binaries, realnode
 from rerank_devcluster.cluster import Cluster, free_port
 from rerank_devcluster.operator_process import apply_and_wait_established
@@ -229,7 +229,7 @@ def main() -> int:
         values = {"activator": {"enabled": True, "replicas": 1},
                   "extraArgs": [f"--activator-url=http://{host}:{port}"]}
         holder = {"resolve": pool.resolve}
-        placeholder = activator_server.Settings(key=b"0" * contract.MIN_KEY_BYTES, hold_seconds=45.0)
+        placeholder = activator_server.Settings(key=b"0" * activator.MIN_KEY_BYTES, hold_seconds=45.0)
         running = activator_server.start(placeholder, "0.0.0.0", port, holder_options=holder)
         failed: list[BaseException] = []
 

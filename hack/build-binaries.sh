@@ -2,7 +2,8 @@
 # Builds the local control plane's binaries from the Go module proxy, pinned, cached by version.
 #
 #   python -m rerank_devcluster build      # the usual way: passes the pinned versions
-#   K8S_VERSION=.. ETCD_VERSION=.. KWOK_VERSION=.. HELM_VERSION=.. hack/build-binaries.sh [all|kubernetes|kubelet|etcd|kwok|helm]
+#   K8S_VERSION=.. ETCD_VERSION=.. KWOK_VERSION=.. HELM_VERSION=.. TRAEFIK_VERSION=.. \
+#     hack/build-binaries.sh [all|kubernetes|kubelet|etcd|kwok|helm|traefik]
 #
 # Everything lands in ${RERANK_CACHE:-~/.cache/rerank-operator}/<component>-<version>/ so a rerun is instant
 # and a version bump builds next to the old one. No GitHub, no dl.k8s.io: only proxy.golang.org.
@@ -14,6 +15,9 @@ CACHE="${RERANK_CACHE:-$HOME/.cache/rerank-operator}"
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # Go 1.25+ would otherwise fetch a toolchain named in a module's go line; the machine's Go is new enough.
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+
+# The project's own stand-ins for the parts of Traefik's build that the proxy does not serve (build_traefik).
+TRAEFIK_SHIMS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/traefik"
 
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 
@@ -76,6 +80,68 @@ build_etcd() {
   rm -rf "$work"
 }
 
+# Traefik, the dev cluster's Gateway API implementation (rerank_devcluster.gateway). Its module does not build from
+# the proxy as it stands; a wrapper module requires it and fixes three things, nothing in Traefik's own code:
+#  - Traefik's go.mod replaces the nested module github.com/traefik/traefik/dynamic/ext with a folder of its
+#    repository that the module zip leaves out (and the proxy does not serve that module): every such local replace
+#    must have a stand-in under hack/traefik/ whose go.mod names the module (hack/traefik/ext: two empty structs).
+#  - its go-http-auth fork (github.com/containous/go-http-auth) is pinned to a commit the proxy refuses (403):
+#    HTTP_AUTH_FORK is the fork's previous published version (the one Traefik v3.6 used), with the same API.
+#  - lego's generated DNS-provider registry imports ~180 DNS providers' SDKs, some of which the proxy refuses. lego
+#    is built from a copy of its proxy zip in the build's temporary folder with that one file swapped for
+#    hack/traefik/lego-dns/zz_gen_dns_providers.go (no DNS-01 providers; the dev cluster does no ACME). A copy,
+#    because `go build -overlay` may not replace files in the module cache.
+# Traefik's other replace directives (forks the proxy serves) and its excludes are carried over from its go.mod.
+HTTP_AUTH_FORK="github.com/containous/go-http-auth@v0.4.1-0.20200324110947-a37a7636d23e"
+build_traefik() {
+  # Checked here, not with the others above: building another component needs no Traefik version.
+  : "${TRAEFIK_VERSION:?set by rerank_devcluster.binaries}"
+  local out="$CACHE/traefik-v$TRAEFIK_VERSION"
+  have_all "$out" traefik && return 0
+  local work; work="$(mktemp -d)"
+  log "building traefik v$TRAEFIK_VERSION in $work (cold build: ~10 minutes on 2 cores)"
+  (
+    cd "$work"
+    export GOFLAGS="$GOFLAGS -mod=mod"
+    go mod init rerank.local/traefik-build >/dev/null 2>&1
+    local gomod
+    gomod="$(go mod download -json "github.com/traefik/traefik/v3@v$TRAEFIK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+    # One `go mod edit` argument per line: Traefik's replaces (local ones pointed at our stand-ins) and excludes.
+    go mod edit -json "$gomod" | python3 -c '
+import json, pathlib, sys
+mod, shims = json.load(sys.stdin), pathlib.Path(sys.argv[1])
+ours = {}
+for f in shims.glob("*/go.mod"):
+    ours.update((ln.split()[1], f.parent) for ln in f.read_text().splitlines() if ln.startswith("module "))
+for r in mod.get("Replace") or []:
+    old, new = r["Old"]["Path"], r["New"]
+    if "Version" in new:
+        print("-replace=" + old + "=" + new["Path"] + "@" + new["Version"])
+    elif old in ours:
+        print("-replace=" + old + "=" + str(ours[old]))
+    else:
+        sys.exit("traefik replaces " + old + " with its folder " + new["Path"] + ", which the proxy does not ship: "
+                 "add a stand-in module under " + str(shims))
+for e in mod.get("Exclude") or []:
+    print("-exclude=" + e["Path"] + "@" + e["Version"])
+' "$TRAEFIK_SHIMS" > edits.txt
+    xargs go mod edit < edits.txt
+    go mod edit -replace "github.com/abbot/go-http-auth=$HTTP_AUTH_FORK"
+    go mod edit -require "github.com/traefik/traefik/v3@v$TRAEFIK_VERSION"
+    local lego
+    lego="$(go mod download -json "github.com/go-acme/lego/v5@$(go list -m -f '{{.Version}}' github.com/go-acme/lego/v5)" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+    cp -r "$lego" lego && chmod -R u+w lego
+    cp "$TRAEFIK_SHIMS/lego-dns/zz_gen_dns_providers.go" lego/providers/dns/zz_gen_dns_providers.go
+    go mod edit -replace github.com/go-acme/lego/v5=./lego
+    mkdir -p bin
+    go build -trimpath -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=v$TRAEFIK_VERSION" \
+      -o bin/traefik github.com/traefik/traefik/v3/cmd/traefik
+    mkdir -p "$out.tmp" && cp bin/traefik "$out.tmp/" && rm -rf "$out" && mv "$out.tmp" "$out"
+  )
+  rm -rf "$work"
+}
+
 go_install() {  # go_install NAME PACKAGE VERSION DIR
   local name="$1" pkg="$2" version="$3" out="$4"
   have_all "$out" "$name" && return 0
@@ -94,6 +160,7 @@ main() {
     all|etcd) build_etcd ;;&
     all|kwok) go_install kwok sigs.k8s.io/kwok/cmd/kwok "v$KWOK_VERSION" "$CACHE/kwok-v$KWOK_VERSION" ;;&
     all|helm) go_install helm helm.sh/helm/v3/cmd/helm "v$HELM_VERSION" "$CACHE/helm-v$HELM_VERSION" ;;&
+    all|traefik) build_traefik ;;&
     *) ;;
   esac
   log "binaries cached under $CACHE"

@@ -43,7 +43,7 @@ from typing import Literal
 
 import numpy as np
 
-from quantizer_job.contract import JobRequest
+from rerank_contracts.quantize_job import JobRequest
 
 from .compare import Agreement
 

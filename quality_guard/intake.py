@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quantizer_job.contract import MIRROR_TOKEN_HEADER
+from rerank_contracts.guard import MIRROR_TOKEN_HEADER
 
 __all__ = ["MIRROR_TOKEN_HEADER", "BoundedServer", "Receiver", "authentic", "body_length", "expected_token",
            "handler"]

@@ -17,8 +17,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rerank_contracts.artifact_layout import CPU_SUBDIR, EVALUATION_FILE, MANIFEST_FILE, ORIGINAL_SUBDIR
+
 from . import evaldata, external_data, layout, serving, textenc
-from .contract import CPU_SUBDIR, EVALUATION_FILE, MANIFEST_FILE, ORIGINAL_SUBDIR
 from .errors import JobError
 from .logs import log
 from .measurement import BATCH_SIZE, serve_batch_tokens, serve_threads

@@ -1,9 +1,9 @@
 """``rerank-quantize``: the quantization Job's entry point.
 
-It only parses the command line (the flags are the operator's contract, :func:`quantizer_job.contract.add_arguments`)
-and runs :mod:`quantizer_job.pipeline`, then writes the :class:`~quantizer_job.contract.JobResult` as the
-termination message and as the last line of stdout, and exits with the failure reason's code. Stage events are
-structured JSON lines on stderr.
+It only parses the command line (the flags are the operator's contract,
+:func:`rerank_contracts.quantize_job.add_arguments`) and runs :mod:`quantizer_job.pipeline`, then writes the
+:class:`~rerank_contracts.quantize_job.JobResult` as the termination message and as the last line of stdout, and exits
+with the failure reason's code. Stage events are structured JSON lines on stderr.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import signal
 import sys
 from types import FrameType
 
-from . import contract
-from .contract import JobResult
+from rerank_contracts import quantize_job
+from rerank_contracts.quantize_job import JobResult
+
 from .errors import EXIT_CODES
 from .pipeline import Terminated, execute
 
@@ -27,7 +28,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def write_termination_message(text: str) -> None:
     """Write where the kubelet reads it; outside a pod (no writable path) there is nothing to write."""
-    path = os.environ.get("TERMINATION_MESSAGE_PATH", contract.TERMINATION_MESSAGE_PATH)
+    path = os.environ.get("TERMINATION_MESSAGE_PATH", quantize_job.TERMINATION_MESSAGE_PATH)
     d = os.path.dirname(path) or "."
     if not (os.path.isdir(d) and ((os.path.exists(path) and os.access(path, os.W_OK)) or os.access(d, os.W_OK))):
         return
@@ -48,7 +49,7 @@ def report(result: JobResult) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="rerank-quantize", description=(__doc__ or "").splitlines()[0])
-    contract.add_arguments(parser)
+    quantize_job.add_arguments(parser)
     try:
         ns = parser.parse_args(argv)
     except SystemExit as exc:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         report(JobResult(ok=False, reason="InvalidInput", message="bad command line (see stderr)"))
         return EXIT_CODES["InvalidInput"]
-    req = contract.request_from_namespace(ns)
+    req = quantize_job.request_from_namespace(ns)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer warns on the root logger; our logs are JSON
     signal.signal(signal.SIGTERM, _on_sigterm)

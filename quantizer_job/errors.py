@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .contract import EXIT_CODES, FAILURE_REASONS
+from rerank_contracts.quantize_job import EXIT_CODES, FAILURE_REASONS
 
 __all__ = ["EXIT_CODES", "JobError"]
 

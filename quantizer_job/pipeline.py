@@ -7,8 +7,8 @@ Fetch and export are in :mod:`.preparation`, the reference in :mod:`.fp32_refere
 :mod:`.recipe_trials`, the layout in :mod:`.artifact_assembly`; this module holds the run and publication.
 :class:`Job` runs them under the artifact's lock in a temp directory that a failure removes, so a crash never
 leaves half a model and a published artifact is never overwritten. Every stage logs one structured JSON line per
-event on stderr (:mod:`.logs`); :func:`execute` turns the outcome into the :class:`~quantizer_job.contract.JobResult`
-and the exit code the operator reads.
+event on stderr (:mod:`.logs`); :func:`execute` turns the outcome into the
+:class:`~rerank_contracts.quantize_job.JobResult` and the exit code the operator reads.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import isa, layout, oci, publish, store
+from rerank_contracts import oci, shared_store
+from rerank_contracts.artifact_layout import MANIFEST_FILE
+from rerank_contracts.quantize_job import JobRequest, JobResult
+
+from . import isa, layout, publish
 from .artifact_assembly import lay_out
-from .contract import MANIFEST_FILE, JobRequest, JobResult
 from .errors import EXIT_CODES, JobError
 from .fp32_reference import reference
 from .logs import log, peak_rss_bytes, stage
@@ -81,10 +84,10 @@ def push_shared(req: JobRequest, result: JobResult, timings: dict[str, float]) -
     registry = oci.Registry(host, insecure=req.push_insecure, credentials=credentials)
     with stage("push", timings) as rec:
         try:
-            ref = store.push(publish.final_path(req.output_root, req.artifact_id),
+            ref = shared_store.push(publish.final_path(req.output_root, req.artifact_id),
                              req.push_repository.split("/", 1)[1], req.artifact_id, registry=registry,
                              scratch=Path(tempfile.mkdtemp(prefix="push-")))
-        except (oci.RegistryError, store.StoreError, OSError) as exc:
+        except (oci.RegistryError, shared_store.StoreError, OSError) as exc:
             raise JobError("PublishFailed", f"pushing to {req.push_repository}: {exc}") from exc
         rec.update(ref=ref)
     return replace(result, ref=ref)

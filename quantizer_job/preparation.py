@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rerank_contracts.quantize_job import JobRequest
+
 from . import evaldata, layout, textenc
-from .contract import JobRequest
 from .errors import JobError
 from .fetch import fetch
 from .logs import stage

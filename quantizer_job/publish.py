@@ -17,7 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .contract import ARTIFACTS_DIR, MANIFEST_FILE, artifact_dir
+from rerank_contracts.artifact_layout import ARTIFACTS_DIR, MANIFEST_FILE, artifact_dir
+
 from .errors import JobError
 
 TMP_PREFIX = ".tmp-"

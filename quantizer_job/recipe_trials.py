@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rerank_contracts.quantize_job import JobRequest
+
 from . import fusion, isa, measurement, outliers, quantize, recipes, search, serving, verify
-from .contract import JobRequest
 from .errors import JobError
 from .large_models import fusion_max_bytes, too_large_to_fuse
 from .layout import MODEL_FILE

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from rerank_contracts.quantize_job import JobRequest
+
 from . import evaldata, search, serving, textenc, verify
-from .contract import JobRequest
 from .fetch import Fetched
 
 

@@ -20,7 +20,10 @@ K8S_VERSION = "1.34.4"
 ETCD_VERSION = "3.6.5"
 KWOK_VERSION = "0.7.0"
 HELM_VERSION = "3.19.0"
-GATEWAY_API_VERSION = "1.4.1"
+TRAEFIK_VERSION = "3.7.13"
+# Traefik 3.7 lists TLSRoute v1 (standard channel since Gateway API v1.5); against v1.4's CRDs it retries that list
+# forever and never programs a Gateway.
+GATEWAY_API_VERSION = "1.5.1"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
@@ -35,6 +38,7 @@ _LOCATIONS = {
     "etcd": (f"etcd-v{ETCD_VERSION}", "etcd"),
     "kwok": (f"kwok-v{KWOK_VERSION}", "kwok"),
     "helm": (f"helm-v{HELM_VERSION}", "helm"),
+    "traefik": (f"traefik-v{TRAEFIK_VERSION}", "traefik"),
 }
 
 
@@ -50,6 +54,7 @@ def build_env() -> dict[str, str]:
         "ETCD_VERSION": ETCD_VERSION,
         "KWOK_VERSION": KWOK_VERSION,
         "HELM_VERSION": HELM_VERSION,
+        "TRAEFIK_VERSION": TRAEFIK_VERSION,
         "RERANK_CACHE": str(cache_dir()),
     }
 
@@ -66,6 +71,8 @@ class Binaries:
     kubelet: Path
     kwok: Path
     helm: Path
+    #: the dev cluster's Gateway API implementation (rerank_devcluster.gateway)
+    traefik: Path
 
     def path_dirs(self) -> list[str]:
         """Directories to put first on PATH so child tools (helm, kubectl) find the same binaries."""

@@ -51,7 +51,7 @@ NODES: dict[str, dict[str, Any]] = {
 #: The operator's identity in the tests and benchmarks (rerank_devcluster.operator_process.OPERATOR_USER).
 OPERATOR_USER = "system:serviceaccount:rerank-system:rerank-operator"
 
-# The audit log: every request of the operator's ServiceAccount (reads included: benchmarks/fleet.py counts its
+# The audit log: every request of the operator's ServiceAccount (reads included: benchmarks/fleet/ counts its
 # requests per second by verb; a long-running watch logs ResponseStarted when it opens and ResponseComplete when it
 # ends), and only what changes state for everyone else. Tests count the operator's write calls by verb (an idle
 # reconcile must make none), so its reads being here changes nothing for them.

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_devcluster.cluster import Cluster, finished_pod_status, free_port
 from rerank_devcluster.waiting import eventually
 
@@ -269,9 +269,9 @@ def static_pvs(cluster: Cluster, names: Sequence[str], storage_class: str, chunk
 
 def published(artifact_id: str) -> str:
     """The termination message of a quantizer that published ``artifact_id``."""
-    return contract.JobResult(
+    return quantize_job.JobResult(
         ok=True, reason="Published", message="published", artifact_id=artifact_id,
-        path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id), manifest_sha256="cd" * 32,
+        path=artifact_layout.artifact_dir(artifact_layout.VOLUME_MOUNT_PATH, artifact_id), manifest_sha256="cd" * 32,
         size_bytes=580_123_456, quality={"spearman": 0.994, "topk_agreement": 0.96},
         speed={"fp32_pairs_per_s": 41.0, "int8_pairs_per_s": 118.0, "speedup": 2.88},
         recipe={"per_channel": True, "operators": ["MatMul"]}).to_message()
@@ -280,9 +280,10 @@ def published(artifact_id: str) -> str:
 def shared_artifact(root: Path, artifact_id: str) -> Path:
     """A small artifact directory as the quantizer publishes one under ``root`` (manifest.json lists every file with
     its sha256): what the tests and the fleet benchmark push to a store in place of a shared Job's real one."""
-    final = root / contract.ARTIFACTS_DIR / artifact_id
-    files = {f"{contract.CPU_SUBDIR}/model.onnx": b"onnx" * 1000, f"{contract.CPU_SUBDIR}/config.json": b"{}",
-             f"{contract.CPU_SUBDIR}/tokenizer.json": b'{"t": 1}', f"{contract.ORIGINAL_SUBDIR}/config.json": b"{}"}
+    final = root / artifact_layout.ARTIFACTS_DIR / artifact_id
+    cpu, original = artifact_layout.CPU_SUBDIR, artifact_layout.ORIGINAL_SUBDIR
+    files = {f"{cpu}/model.onnx": b"onnx" * 1000, f"{cpu}/config.json": b"{}", f"{cpu}/tokenizer.json": b'{"t": 1}',
+             f"{original}/config.json": b"{}"}
     inventory: list[dict[str, Any]] = []
     for rel, data in sorted(files.items()):
         path = final / rel
@@ -292,7 +293,7 @@ def shared_artifact(root: Path, artifact_id: str) -> Path:
     manifest = {"manifest_version": 1, "artifact_id": artifact_id, "files": inventory,
                 "size_bytes": sum(f["size"] for f in inventory), "quality": {"spearman": 0.995},
                 "speed": {"speedup": 2.5}, "recipe": {"name": "test"}, "max_input_tokens": 512}
-    (final / contract.MANIFEST_FILE).write_text(json.dumps(manifest, sort_keys=True))
+    (final / artifact_layout.MANIFEST_FILE).write_text(json.dumps(manifest, sort_keys=True))
     return final
 
 
@@ -304,7 +305,7 @@ def published_shared(artifact_id: str, ref: str) -> str:
 
 
 def refused(reason: str, message: str) -> str:
-    return contract.JobResult(ok=False, reason=reason, message=message).to_message()
+    return quantize_job.JobResult(ok=False, reason=reason, message=message).to_message()
 
 
 def publish_status(pod: dict[str, Any]) -> dict[str, Any]:

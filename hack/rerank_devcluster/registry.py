@@ -7,7 +7,7 @@ OCI artifact here too (``helm push``, ``helm install oci://``). Plain HTTP on 12
 reachable from this machine's processes (containerd, helm), never from a pod or another machine.
 
 ``Client.push_archive`` copies an OCI layout archive (what buildah and :mod:`rerank_devcluster.ociimage` write) with
-the artifact store's distribution client (:mod:`quantizer_job.oci`: blob uploads and a manifest put), without a
+the artifact store's distribution client (:mod:`rerank_contracts.oci`: blob uploads and a manifest put), without a
 container engine; blobs the registry already has are skipped, so pushing an image twice costs one HEAD a blob.
 ``hack/release`` pushes a release with the same client to any registry (HTTPS, basic or token auth).
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
-from quantizer_job import oci
+from rerank_contracts import oci
 from rerank_devcluster.processes import Processes, free_port
 
 BINARY = "docker-registry"  # Debian's name for distribution's registry (hack/setup.sh installs it)
@@ -67,7 +67,7 @@ class Client:
     """Pushes OCI layout archives to one registry. The distribution API itself (HTTPS or plain HTTP with
     ``insecure``; basic auth, or the bearer token a ``WWW-Authenticate`` challenge names, as Docker Hub, GHCR,
     Harbor and distribution's token auth ask; digests checked) is the artifact store's client,
-    :class:`quantizer_job.oci.Registry`: one implementation for images, charts' registries and artifacts.
+    :class:`rerank_contracts.oci.Registry`: one implementation for images, charts' registries and artifacts.
     Credentials are sent once the registry asks for them (a 401 challenge), never before."""
 
     def __init__(self, host: str, insecure: bool = False, username: str | None = None,

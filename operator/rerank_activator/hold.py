@@ -22,7 +22,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import contract, logs
+from rerank_contracts import activator
+
+from . import logs
 from .metrics import Metrics
 from .relay import READ_TIMEOUT_SECONDS, Answer, Held, UpstreamError, exchange
 
@@ -130,7 +132,7 @@ class Holder:
 
     def _connect(self, upstream: str, deadline: float) -> socket.socket | None:
         """A connection to ``upstream`` made before ``deadline`` (monotonic), or None."""
-        host, port = contract.upstream_address(upstream)
+        host, port = activator.upstream_address(upstream)
         while (left := deadline - time.monotonic()) > 0:
             try:  # resolved at each try: where the name leads may change while the pool wakes
                 return socket.create_connection(self.resolve(host, port), timeout=min(self.connect_timeout, left))

@@ -17,7 +17,9 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from . import contract, logs, server
+from rerank_contracts import activator
+
+from . import logs, server
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
@@ -32,9 +34,9 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rerank-activator", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--port", type=int, default=contract.PORT, help="the one port: requests to hold, /pending, "
+    parser.add_argument("--port", type=int, default=activator.PORT, help="the one port: requests to hold, /pending, "
                         "/metrics, /healthz, /readyz (default %(default)s)")
-    parser.add_argument("--key-file", default=contract.KEY_FILE,
+    parser.add_argument("--key-file", default=activator.KEY_FILE,
                         help="the HMAC key shared with the operator (default %(default)s)")
     parser.add_argument("--hold-seconds", type=_positive(float), default=30.0,
                         help="how long a request waits for its model's pool before a 503 (default %(default)s)")
@@ -52,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logs.configure(args.log_format)
     try:
-        key = contract.read_key(args.key_file)
+        key = activator.read_key(args.key_file)
     except (OSError, ValueError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         sys.exit(f"rerank-activator: no usable key in {args.key_file}: {detail} (the chart mounts the Secret "

@@ -18,15 +18,15 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import contract
+from rerank_contracts import activator
 
 #: Headers that describe one connection, never forwarded either way (plus those a ``Connection`` header names).
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"})
 #: Request headers the activator consumes or restates: the activate headers, Host, the body framing, Expect (the
 #: activator already read the whole body, so there is nothing to continue).
-REQUEST_ONLY = frozenset({contract.MODEL_HEADER.lower(), contract.UPSTREAM_HEADER.lower(),
-                          contract.TOKEN_HEADER.lower(), "host", "content-length", "expect"})
+REQUEST_ONLY = frozenset({activator.MODEL_HEADER.lower(), activator.UPSTREAM_HEADER.lower(),
+                          activator.TOKEN_HEADER.lower(), "host", "content-length", "expect"})
 #: The most of an answer one held request buffers (larger: 502).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: How long the pool may take to answer (per read); longer: 504.
@@ -76,7 +76,7 @@ def end_to_end(headers: Iterable[tuple[str, str]], drop: frozenset[str] = frozen
 def exchange(sock: socket.socket, request: Held, read_timeout: float = READ_TIMEOUT_SECONDS) -> Answer:
     """Send ``request`` on ``sock`` (connected to its upstream; closed here) and read the whole answer.
     Raises :class:`UpstreamError` when the pool gives no usable answer."""
-    host, port = contract.upstream_address(request.upstream)
+    host, port = activator.upstream_address(request.upstream)
     conn = http.client.HTTPConnection(host, port, timeout=read_timeout)
     sock.settimeout(read_timeout)
     conn.sock = sock  # already connected: http.client connects only when it has no socket

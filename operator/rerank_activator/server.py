@@ -34,7 +34,8 @@ from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import contract
+from rerank_contracts import activator
+
 from .hold import Board, Holder, refusal
 from .metrics import Metrics
 from .relay import Answer, Held
@@ -117,7 +118,7 @@ def _single(handler: BaseHTTPRequestHandler, name: str) -> str | None:
 
 def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
     """The request handler class of one activator."""
-    pending_token = contract.pending_token(settings.key).encode()
+    pending_token = activator.pending_token(settings.key).encode()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive for the gateway's connection pool
@@ -162,8 +163,8 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHT
                 self._own(200 if ready else 503, b"ok\n" if ready else b"draining\n")
             elif path == "/metrics":
                 self._own(200, metrics.page(), CONTENT_TYPE_LATEST)
-            elif path == contract.PENDING_PATH:
-                presented = (_single(self, contract.TOKEN_HEADER) or "").encode()
+            elif path == activator.PENDING_PATH:
+                presented = (_single(self, activator.TOKEN_HEADER) or "").encode()
                 if not hmac.compare_digest(presented, pending_token):
                     self._refuse(401, "unauthenticated", "the pending token is missing or wrong")
                     return
@@ -182,13 +183,13 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHT
 
         def _admit(self) -> Held:
             """The request as it is to be held; raises :class:`_Refused` once it has been refused."""
-            model, upstream = _single(self, contract.MODEL_HEADER), _single(self, contract.UPSTREAM_HEADER)
+            model, upstream = _single(self, activator.MODEL_HEADER), _single(self, activator.UPSTREAM_HEADER)
             if model is None or upstream is None:
                 raise self._refuse(400, "invalid", "not a request for a sleeping model")
-            presented = (_single(self, contract.TOKEN_HEADER) or "").encode()
-            if not hmac.compare_digest(presented, contract.token(settings.key, model, upstream).encode()):
+            presented = (_single(self, activator.TOKEN_HEADER) or "").encode()
+            if not hmac.compare_digest(presented, activator.token(settings.key, model, upstream).encode()):
                 raise self._refuse(401, "unauthenticated", "the activation token is missing or wrong")
-            if not contract.upstream_allowed(model, upstream):
+            if not activator.upstream_allowed(model, upstream):
                 raise self._refuse(400, "invalid", "the upstream is not a Service of the model's namespace")
             if not self.path.startswith("/"):
                 raise self._refuse(400, "invalid", "the request target must be a path")

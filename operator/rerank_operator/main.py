@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import kopf
 from prometheus_client import start_http_server
 
-from rerank_activator import contract
+from rerank_contracts import activator
 from rerank_operator.core.autoscale.config import PrometheusSettings
 from rerank_operator.core.builders.activator import Activator
 from rerank_operator.core.builders.job import RetryBackoff
@@ -130,7 +130,7 @@ def activator_from(args: argparse.Namespace) -> Activator | None:
     if not all(given):
         raise ValueError("--activator-url, --activator-service and --activator-key-file go together")
     try:
-        key = contract.read_key(args.activator_key_file)
+        key = activator.read_key(args.activator_key_file)
     except OSError as exc:
         raise ValueError(f"--activator-key-file {args.activator_key_file}: {exc.strerror or exc}") from exc
     return Activator.parse_service(args.activator_url, args.activator_service, key)

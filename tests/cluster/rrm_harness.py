@@ -9,7 +9,7 @@
 - Write calls are counted from the API server's audit log, by the operator's user: that includes kopf's own writes,
   which the operator's metric cannot see. (The audit log also has the operator's reads; ``operator_writes`` filters.)
 - The identity, the operator process, static PVs and the quantizer's termination messages live in
-  ``rerank_devcluster.operator_process``, shared with benchmarks/fleet.py; they are re-exported here.
+  ``rerank_devcluster.operator_process``, shared with benchmarks/fleet/; they are re-exported here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import contract
+from rerank_contracts import quantize_job
 from tests.cluster.rrm_harness import Env, eventually, refused
 
 pytestmark = pytest.mark.cluster
@@ -95,12 +95,11 @@ def test_a_spec_fix_that_keeps_the_artifact_still_retries(rrm_env: Env) -> None:
 
 def test_quality_gate_exit_code_fails_the_job_at_once_despite_retries_left(rrm_env: Env) -> None:
     """Retrying cannot change a quality verdict: the quantizer's exit code for it ends the Job (podFailurePolicy)."""
-    from quantizer_job import contract
 
     env, ns = rrm_env, rrm_env.namespace
     env.kube.create_model(env.model(quantization={"backoffLimit": 3}))
     env.finish_quantizer(ok=False, message=refused("QualityGateFailed", "top-k agreement 0.889 < 0.9"),
-                         exit_code=contract.EXIT_CODES["QualityGateFailed"])
+                         exit_code=quantize_job.EXIT_CODES["QualityGateFailed"])
     env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "QualityGateFailed")
 
     def job_failed_by_policy() -> Any:
@@ -123,7 +122,7 @@ def test_a_hub_outage_is_retried_by_new_jobs_until_the_hub_answers(rrm_env: Env)
     env.operator.start()
     env.kube.create_model(env.model())
     down = "https://huggingface.co did not answer for BAAI/bge-reranker-v2-m3 after 4 attempts (ConnectionError)"
-    code = contract.EXIT_CODES["HubUnavailable"]
+    code = quantize_job.EXIT_CODES["HubUnavailable"]
     pods = []
     for _ in (1, 2):
         pods.append(env.finish_quantizer(ok=False, message=refused("HubUnavailable", down), exit_code=code))

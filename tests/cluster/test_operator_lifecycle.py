@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from tests.cluster.rrm_harness import Env, audit_now, eventually
 
 pytestmark = pytest.mark.cluster
@@ -47,13 +47,13 @@ def test_full_lifecycle_and_idle_reconcile_makes_no_writes(rrm_env: Env) -> None
     [job] = eventually(lambda: env.kube.jobs(ns), what="the quantization Job")
     pod_spec = job["spec"]["template"]["spec"]
     container = pod_spec["containers"][0]
-    request = contract.parse_args(container["args"])
+    request = quantize_job.parse_args(container["args"])
     assert (request.model, request.revision) == ("BAAI/bge-reranker-v2-m3", "953dc6f6f85a1b2dbfca4c34a2796e7dde08d41e")
     assert request.artifact_id == job["metadata"]["labels"]["rerank.io/artifact"]
-    assert request.output_root == contract.VOLUME_MOUNT_PATH
+    assert request.output_root == artifact_layout.VOLUME_MOUNT_PATH
     volume = next(v for v in pod_spec["volumes"] if v.get("persistentVolumeClaim"))
     assert volume["persistentVolumeClaim"]["claimName"] == "bge-m3-models"
-    assert any(m["mountPath"] == contract.VOLUME_MOUNT_PATH and m["name"] == volume["name"]
+    assert any(m["mountPath"] == artifact_layout.VOLUME_MOUNT_PATH and m["name"] == volume["name"]
                for m in container["volumeMounts"])
     assert job["metadata"]["ownerReferences"][0]["kind"] == "RerankModel"
     env.kube.wait_condition(ns, "bge-m3", "ModelReady", "False", "Quantizing")
@@ -68,7 +68,7 @@ def test_full_lifecycle_and_idle_reconcile_makes_no_writes(rrm_env: Env) -> None
     assert artifact["id"] == request.artifact_id and artifact["quality"]["spearman"] == 0.994
     assert artifact["manifestSha256"] == "cd" * 32 and artifact["sizeBytes"] == 580_123_456
     assert status["phase"] == "Ready" and status["traffic"]["gpuPercent"] == 100
-    for pool, subdir in (("cpu", contract.CPU_SUBDIR), ("gpu", contract.ORIGINAL_SUBDIR)):
+    for pool, subdir in (("cpu", artifact_layout.CPU_SUBDIR), ("gpu", artifact_layout.ORIGINAL_SUBDIR)):
         dep = env.kube.deployment(ns, f"bge-m3-{pool}")
         assert dep is not None and dep["status"]["readyReplicas"] == 1
         mount = next(m for m in template(dep)["spec"]["containers"][0]["volumeMounts"] if m.get("subPath"))

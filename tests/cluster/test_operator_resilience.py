@@ -126,7 +126,7 @@ def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(r
     next attempt of the same artifact, which finds it published on the volume and answers at once with the
     manifest's figures (AlreadyPublished; tests/quantizer/test_gate_and_publish.py shows the real quantizer does so
     without exporting again); the model converges to Ready instead of failing for good."""
-    from quantizer_job import contract
+    from rerank_contracts import artifact_layout, quantize_job
 
     env, ns = rrm_env, rrm_env.namespace
     env.kube.create_model(env.model())
@@ -149,9 +149,9 @@ def test_a_result_lost_with_its_pod_is_recovered_without_a_second_quantization(r
     assert container["args"] == first_job["spec"]["template"]["spec"]["containers"][0]["args"]
     cond = env.kube.condition(ns, "bge-m3", "ModelReady")
     assert (cond["status"], cond["reason"]) == ("False", "RecoveringResult"), cond
-    already = contract.JobResult(ok=True, reason="AlreadyPublished",
+    already = quantize_job.JobResult(ok=True, reason="AlreadyPublished",
                                  message=f"artifact {artifact_id} already published", artifact_id=artifact_id,
-                                 path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
+                                 path=artifact_layout.artifact_dir(artifact_layout.VOLUME_MOUNT_PATH, artifact_id),
                                  manifest_sha256="cd" * 32, size_bytes=580_123_456,
                                  quality={"spearman": 0.994}, speed={"speedup": 2.88}).to_message()
     env.finish_quantizer(ok=True, message=already, artifact_id=artifact_id)

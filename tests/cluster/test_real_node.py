@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from quantizer_job import contract, evaldata, publish
+from quantizer_job import evaldata, publish
+from rerank_contracts import artifact_layout, guard, quantize_job
 from rerank_devcluster import binaries, realnode
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_release import OperatorRelease
@@ -154,19 +155,21 @@ def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: 
     if term["exitCode"] != 0:
         logs = env.cluster.kubectl_run("logs", "-n", ns, pod["metadata"]["name"], check=False).stdout[-3000:]
         pytest.fail(f"{term}\n{logs}")
-    result = contract.parse_result(term["message"])  # the kubelet copied the container's file into pod status
+    result = quantize_job.parse_result(term["message"])  # the kubelet copied the container's file into pod status
     assert result.ok and result.reason == "Published"
     aid = pod["metadata"]["labels"]["rerank.io/artifact"]
-    assert result.artifact_id == aid and result.path == contract.artifact_dir(contract.VOLUME_MOUNT_PATH, aid)
+    assert result.artifact_id == aid
+    assert result.path == artifact_layout.artifact_dir(artifact_layout.VOLUME_MOUNT_PATH, aid)
 
     # The artifact is really on the volume, written by uid 65532 with the fsGroup the kubelet applied.
-    artifact = env.volume / contract.ARTIFACTS_DIR / aid
-    onnx = artifact / contract.CPU_SUBDIR / "model.onnx"
+    artifact = env.volume / artifact_layout.ARTIFACTS_DIR / aid
+    onnx = artifact / artifact_layout.CPU_SUBDIR / "model.onnx"
     assert onnx.is_file() and onnx.stat().st_size > 0
     assert (onnx.stat().st_uid, onnx.stat().st_gid) == (RUN_AS, RUN_AS)
     assert env.volume.stat().st_gid == RUN_AS  # fsGroup: the kubelet gave the volume to the pod's group
-    assert (artifact / contract.MANIFEST_FILE).is_file()
-    assert not list((env.volume / contract.ARTIFACTS_DIR).glob(f"{publish.TMP_PREFIX}*")), "a staging dir was left"
+    assert (artifact / artifact_layout.MANIFEST_FILE).is_file()
+    staging = list((env.volume / artifact_layout.ARTIFACTS_DIR).glob(f"{publish.TMP_PREFIX}*"))
+    assert not staging, "a staging dir was left"
 
     # The operator read the kubelet's termination message; the pools (kwok nodes) serve the artifact.
     env.kube.wait_condition(ns, "tiny", "Ready", "True", "Serving", timeout=90)
@@ -198,7 +201,7 @@ def test_job_runs_on_the_real_node_and_the_pools_roll_to_its_artifact(node_env: 
     second = next(p for p in env.quantizer_pods("tiny") if p["metadata"]["labels"]["rerank.io/artifact"] == new)
     assert second["spec"]["nodeName"] == realnode.NAME
     assert quantizer_status(second)["state"]["terminated"]["exitCode"] == 0
-    assert (env.volume / contract.ARTIFACTS_DIR / new / contract.CPU_SUBDIR / "model.onnx").is_file()
+    assert (env.volume / artifact_layout.ARTIFACTS_DIR / new / artifact_layout.CPU_SUBDIR / "model.onnx").is_file()
     assert onnx.is_file(), "the artifact the pools served before was touched"
 
 
@@ -263,7 +266,7 @@ def test_permanent_failure_exit_code_ends_the_job_through_pod_failure_policy(nod
         "evaluationData": {"configMapRef": {"name": "bad-pairs", "key": "pairs.jsonl"}}}))
     pod = env.terminated_quantizer("bad")
     term = quantizer_status(pod)["state"]["terminated"]
-    assert term["exitCode"] == contract.EXIT_CODES["InvalidInput"], term
+    assert term["exitCode"] == quantize_job.EXIT_CODES["InvalidInput"], term
 
     def failed_job() -> Any:
         jobs = [j for j in env.kube.jobs(ns) if j["metadata"]["labels"].get("app.kubernetes.io/instance") == "bad"]
@@ -350,11 +353,11 @@ def test_the_guard_pod_runs_from_the_image_and_keeps_its_live_sample_on_the_volu
         for b in mirrored:
             req = urllib.request.Request(url + "/rerank", data=json.dumps(b).encode(), method="POST",
                                          headers={"Content-Type": "application/json",
-                                                  contract.MIRROR_TOKEN_HEADER: token})
+                                                  guard.MIRROR_TOKEN_HEADER: token})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 assert resp.status == 202
         expected = sum(len(ts) for ts in by_query.values())
-        live = env.volume / contract.SAMPLES_DIR / "live" / contract.LIVE_SAMPLE_FILE
+        live = env.volume / artifact_layout.SAMPLES_DIR / "live" / artifact_layout.LIVE_SAMPLE_FILE
 
         def written() -> bool:
             with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
@@ -380,7 +383,7 @@ def test_a_real_pod_fetches_a_shared_artifact_and_refuses_a_tampered_one(
     (``builders/fetch.py``), in the operator image, under the kubelet (uid 65532, read-only root filesystem, the model
     volume an emptyDir), fetching from a registry the node's pods reach; then the same pod on a tampered store: the
     kubelet reports the fetcher's ChecksumMismatch, as the operator reads it (``fetch.failure``)."""
-    from quantizer_job import oci, store
+    from rerank_contracts import oci, shared_store
     from rerank_devcluster.operator_process import shared_artifact
     from rerank_devcluster.registry import standalone
     from rerank_operator.core.builders import fetch, pods
@@ -393,16 +396,17 @@ def test_a_real_pod_fetches_a_shared_artifact_and_refuses_a_tampered_one(
     root = tmp_path_factory.mktemp("real-store")
     with standalone(root / "registry", listen="0.0.0.0") as registry:
         reg = oci.Registry(registry.host, insecure=True)
-        ref = store.push(shared_artifact(root / "vol", "shared0"), "rerank/artifacts", "shared0", registry=reg,
+        ref = shared_store.push(shared_artifact(root / "vol", "shared0"), "rerank/artifacts", "shared0", registry=reg,
                          scratch=root / "scratch")
-        manifest_sha = oci.sha256_file(root / "vol" / contract.ARTIFACTS_DIR / "shared0" / contract.MANIFEST_FILE)
+        published = root / "vol" / artifact_layout.ARTIFACTS_DIR / "shared0"
+        manifest_sha = oci.sha256_file(published / artifact_layout.MANIFEST_FILE)
         # The pods reach this machine at the node's bridge address.
         wanted = fetch.Fetch(ref=ref.replace(f"{registry.host}/", f"{bridge}:{registry.port}/"),
                              manifest_sha256=manifest_sha.split(":")[-1],
                              image=real_node.images.operator.name, insecure=True)
 
         def run(name: str) -> dict[str, Any]:
-            init = fetch.init_container(wanted, "shared0", (contract.CPU_SUBDIR,))
+            init = fetch.init_container(wanted, "shared0", (artifact_layout.CPU_SUBDIR,))
             check = {"name": "serve", "image": wanted.image, "command": ["python", "-c", (
                 "import pathlib,sys; d=pathlib.Path('/models/artifacts/shared0');"
                 "sys.exit(0 if (d/'cpu-int8/model.onnx').read_bytes()==b'onnx'*1000 "
@@ -428,7 +432,7 @@ def test_a_real_pod_fetches_a_shared_artifact_and_refuses_a_tampered_one(
             assert good["status"]["phase"] == "Succeeded", good["status"]
             assert fetch.failure(good) is None
             layer = next(x for x in json.loads(reg.get_manifest("rerank/artifacts", ref.split("@")[1])[0])["layers"]
-                         if x["annotations"]["org.opencontainers.image.title"] == contract.CPU_SUBDIR)
+                         if x["annotations"]["org.opencontainers.image.title"] == artifact_layout.CPU_SUBDIR)
             digest = layer["digest"].split(":")[1]
             blob = registry.root / "storage" / "docker/registry/v2/blobs/sha256" / digest[:2] / digest / "data"
             data = bytearray(blob.read_bytes())

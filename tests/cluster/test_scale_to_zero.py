@@ -32,8 +32,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rerank_activator import contract
 from rerank_activator import server as activator_server
+from rerank_contracts import activator
 from rerank_devcluster.cluster import free_port
 from rerank_devcluster.fake_tei import MetricsServer, TeiCounters
 from rerank_devcluster.operator_process import REPO, kubectl_apply
@@ -273,8 +273,8 @@ def test_an_idle_model_goes_to_zero_and_its_held_requests_wake_the_cpu_pool(slee
     rule = route(env)["spec"]["rules"][0]
     headers = {h["name"]: h["value"] for f in rule["filters"] for h in f["requestHeaderModifier"]["set"]}
     model_key = f"{env.namespace}/{NAME}"
-    assert headers[contract.MODEL_HEADER] == model_key
-    assert headers[contract.TOKEN_HEADER] == contract.token(sleepy.key, model_key, headers[contract.UPSTREAM_HEADER])
+    assert headers[activator.MODEL_HEADER] == model_key
+    assert headers[activator.TOKEN_HEADER] == activator.token(sleepy.key, model_key, headers[activator.UPSTREAM_HEADER])
     # Then zero pods (the drain's length is the policy's: tests/unit/autoscale/test_autoscale_zero.py; timing it here
     # from a loaded test machine's polls was flaky), and Ready says why.
     eventually(lambda: replicas(env) == 0, 60, "the CPU pool at zero", every=0.5)
@@ -318,14 +318,14 @@ def test_a_request_with_a_forged_token_is_refused_and_wakes_nothing(sleepy: Slee
     env.kube.wait_condition(env.namespace, NAME, "Ready", "True", "Serving", timeout=90)
     model_key = f"{env.namespace}/{NAME}"
     upstream = f"http://{NAME}-cpu.{env.namespace}.svc:80"
-    forged = {contract.MODEL_HEADER: model_key, contract.UPSTREAM_HEADER: upstream,
-              contract.TOKEN_HEADER: contract.token(b"not-the-key" * 4, model_key, upstream)}
+    forged = {activator.MODEL_HEADER: model_key, activator.UPSTREAM_HEADER: upstream,
+              activator.TOKEN_HEADER: activator.token(b"not-the-key" * 4, model_key, upstream)}
     request = urllib.request.Request(f"{sleepy.activator_url}/rerank", data=b"{}", method="POST", headers=forged)
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 401
-    pending = urllib.request.Request(f"{sleepy.activator_url}{contract.PENDING_PATH}",
-                                     headers={contract.TOKEN_HEADER: contract.pending_token(sleepy.key)})
+    pending = urllib.request.Request(f"{sleepy.activator_url}{activator.PENDING_PATH}",
+                                     headers={activator.TOKEN_HEADER: activator.pending_token(sleepy.key)})
     with urllib.request.urlopen(pending, timeout=5) as resp:
         assert model_key not in json.loads(resp.read())["models"]
     assert sleepy.upstream.answered == 0

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from quantizer_job import contract, oci, store
+from rerank_contracts import artifact_layout, oci, shared_store
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.operator_process import published_shared, shared_artifact
 from rerank_devcluster.registry import LocalRegistry, standalone
@@ -113,7 +113,7 @@ def play_shared_quantizer(cluster: Cluster, kube: client.ApiClient, registry: Lo
     artifact_id = pod.metadata.labels["rerank.io/artifact"]
     args = pod.spec.containers[0].args
     assert args[args.index("--push-repository") + 1] == f"{registry.host}/{REPOSITORY}" and "--push-insecure" in args
-    ref = store.push(shared_artifact(tmp, artifact_id), REPOSITORY, artifact_id,
+    ref = shared_store.push(shared_artifact(tmp, artifact_id), REPOSITORY, artifact_id,
                      registry=oci.Registry(registry.host, insecure=True), scratch=tmp / "scratch")
     cluster.finish_pod(STORE_NS, pod.metadata.name, 0, published_shared(artifact_id, ref))
     return artifact_id, ref
@@ -132,7 +132,7 @@ def test_two_namespaces_share_one_job_and_one_artifact_and_a_tampered_store_refu
             return art if art.get("id") == artifact_id else None
         art = eventually(served, 60, f"{ns}/m served from the store")
         assert art["source"] == "shared" and art["ref"] == ref
-        assert art["parts"] == [contract.CPU_SUBDIR, contract.ORIGINAL_SUBDIR]
+        assert art["parts"] == [artifact_layout.CPU_SUBDIR, artifact_layout.ORIGINAL_SUBDIR]
         assert ref.startswith(f"{registry.host}/{REPOSITORY}@sha256:")
     jobs = store_jobs(kube)
     assert [j.metadata.name for j in jobs] == [f"rerank-artifact-{artifact_id}-1"], "one Job for both namespaces"
@@ -149,13 +149,13 @@ def test_two_namespaces_share_one_job_and_one_artifact_and_a_tampered_store_refu
     into = tmp_path / "pod" / "artifacts" / artifact_id
     args[args.index("--into") + 1] = str(into)
     log = tmp_path / "termination-log"
-    assert store.main([*args, "--termination-log", str(log)]) == 0
-    assert (into / contract.CPU_SUBDIR / "model.onnx").read_bytes() == b"onnx" * 1000
-    assert not (into / contract.ORIGINAL_SUBDIR).exists(), "the CPU pool fetches only its part"
+    assert shared_store.main([*args, "--termination-log", str(log)]) == 0
+    assert (into / artifact_layout.CPU_SUBDIR / "model.onnx").read_bytes() == b"onnx" * 1000
+    assert not (into / artifact_layout.ORIGINAL_SUBDIR).exists(), "the CPU pool fetches only its part"
     # A blob changed in the store's storage: the same init container refuses, and leaves nothing to serve.
     manifest = json.loads(oci.Registry(registry.host, insecure=True).get_manifest(REPOSITORY, ref.split("@")[1])[0])
     layer = next(x for x in manifest["layers"]
-                 if x["annotations"]["org.opencontainers.image.title"] == contract.CPU_SUBDIR)
+                 if x["annotations"]["org.opencontainers.image.title"] == artifact_layout.CPU_SUBDIR)
     digest = layer["digest"].split(":")[1]
     blob = registry.root / "storage" / "docker/registry/v2/blobs/sha256" / digest[:2] / digest / "data"
     data = bytearray(blob.read_bytes())
@@ -163,7 +163,7 @@ def test_two_namespaces_share_one_job_and_one_artifact_and_a_tampered_store_refu
     blob.write_bytes(bytes(data))
     into2 = tmp_path / "pod2" / "artifacts" / artifact_id
     args[args.index("--into") + 1] = str(into2)
-    assert store.main([*args, "--termination-log", str(log)]) == store.EXIT_CODES["ChecksumMismatch"]
+    assert shared_store.main([*args, "--termination-log", str(log)]) == shared_store.EXIT_CODES["ChecksumMismatch"]
     assert json.loads(log.read_text())["reason"] == "ChecksumMismatch"
     assert not into2.exists() and list((tmp_path / "pod2" / "artifacts").iterdir()) == []
     # The pod whose init container said so is not ready, and the model's Ready says why (the fetcher's reason).

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantizer_job import contract
-from quantizer_job.contract import JobRequest, JobResult
+from rerank_contracts import quantize_job
+from rerank_contracts.quantize_job import JobRequest, JobResult
 
 pytestmark = pytest.mark.quantizer
 
@@ -37,7 +37,7 @@ requests = st.builds(
 @settings(max_examples=100, deadline=None)
 @given(requests)
 def test_build_args_parse_args_round_trip(req):
-    assert contract.parse_args(contract.build_args(req)) == req
+    assert quantize_job.parse_args(quantize_job.build_args(req)) == req
 
 
 def test_result_message_stays_under_limit_with_huge_message():
@@ -45,8 +45,8 @@ def test_result_message_stays_under_limit_with_huge_message():
                     quality={"spearman": 0.5, "topk_agreement": 0.3}, speed={"speedup": 2.0},
                     recipe={"name": "r", "tried": [{"name": f"r{i}", "passed": False} for i in range(20)]})
     text = res.to_message()
-    assert len(text.encode()) <= contract.MAX_MESSAGE_BYTES
-    back = contract.parse_result(text)
+    assert len(text.encode()) <= quantize_job.MAX_MESSAGE_BYTES
+    back = quantize_job.parse_result(text)
     assert back.reason == "QualityGateFailed" and back.quality == res.quality and back.recipe == res.recipe
     assert back.message and back.message == res.message[: len(back.message)]
 
@@ -54,8 +54,8 @@ def test_result_message_stays_under_limit_with_huge_message():
 def test_result_round_trip_small():
     res = JobResult(ok=True, reason="Published", message="ok", artifact_id="id", path="/models/artifacts/id",
                     size_bytes=123, quality={"spearman": 0.997})
-    assert contract.parse_result(res.to_message()) == res
-    with pytest.raises(contract.ResultParseError):
-        contract.parse_result("not json")
-    with pytest.raises(contract.ResultParseError):
-        contract.parse_result(json.dumps({"message": "no ok"}))
+    assert quantize_job.parse_result(res.to_message()) == res
+    with pytest.raises(quantize_job.ResultParseError):
+        quantize_job.parse_result("not json")
+    with pytest.raises(quantize_job.ResultParseError):
+        quantize_job.parse_result(json.dumps({"message": "no ok"}))

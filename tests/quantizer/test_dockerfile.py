@@ -39,7 +39,7 @@ def test_pinned_base_lean_non_root_final_stage() -> None:
 def test_wheel_from_the_build_context_runs_rerank_quantize(tmp_path: Path) -> None:
     wheel = dockerfiles.wheel_from_build_context(DOCKERFILE, tmp_path)
     names, entry_points = wheel.names, wheel.entry_points
-    assert "quantizer_job/cli.py" in names and "quantizer_job/contract.py" in names
+    assert "quantizer_job/cli.py" in names and "rerank_contracts/quantize_job.py" in names
     assert "rerank-quantize = quantizer_job.cli:main" in entry_points
     # The unpacked wheel first on the path, this venv's packages after it for the ML stack.
     out = subprocess.run([sys.executable, "-c", "import sys; from quantizer_job.cli import main; "

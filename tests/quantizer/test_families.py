@@ -5,7 +5,7 @@ Each family is a tiny random one-label model made with its own family's tokenize
 repositories ship them (``devmodels.family_cross_encoder``): DeBERTa-v2 with no token types and relative positions
 (mxbai-rerank-*-v1's shape), ModernBERT with 8192 positions and local/global attention, DistilBERT whose config
 names its sizes ``dim``/``n_layers``. The published CPU directory is then read and fed the way TEI 1.9.3 reads and
-feeds it, written out here from docs/tei-contract.md rather than taken from the Job's own code, and its INT8
+feeds it, written out here from docs/tei-quantize_job.md rather than taken from the Job's own code, and its INT8
 scores are compared with PyTorch FP32 of the same weights as a user's transformers code computes them.
 """
 
@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantizer_job import contract, evaldata, layout
+from quantizer_job import evaldata, layout
 from quantizer_job.metrics import spearman
+from rerank_contracts import artifact_layout, quantize_job
 
 from .conftest import FIXED_RECIPE, run_quantize
 
@@ -121,7 +122,7 @@ def test_family_is_published_and_served_as_tei_serves_it(family: str, families_d
     assert run.rc == 0, run.stderr[-4000:]
     assert run.result["reason"] == "Published", run.result
     art = volume / "artifacts" / f"{family}-1"
-    cpu = art / contract.CPU_SUBDIR
+    cpu = art / artifact_layout.CPU_SUBDIR
 
     graph = onnx.load(str(cpu / "model.onnx"), load_external_data=False)
     assert {i.name for i in graph.graph.input} == FAMILIES[family]
@@ -135,7 +136,7 @@ def test_family_is_published_and_served_as_tei_serves_it(family: str, families_d
     assert cfg["hidden_size"] == 64 and cfg["num_hidden_layers"] in (2, 3)
 
     # TEI's maximum input length fits the model's positions, and the manifest reports what TEI will use.
-    man = json.loads((art / contract.MANIFEST_FILE).read_text())
+    man = json.loads((art / artifact_layout.MANIFEST_FILE).read_text())
     tei_max = _tei_max_input_length(cpu, cfg)
     assert man["max_input_tokens"] == tei_max == run.result["max_input_tokens"]
     positions = raw.get("max_position_embeddings", 512)
@@ -153,7 +154,7 @@ def test_family_is_published_and_served_as_tei_serves_it(family: str, families_d
     assert np.max(np.abs(ref - served[:-1])) < 0.3 * (np.ptp(ref) + 1e-6)
 
     # The GPU pool's directory: the original weights with the same config, loadable by transformers.
-    orig = art / contract.ORIGINAL_SUBDIR
+    orig = art / artifact_layout.ORIGINAL_SUBDIR
     assert json.loads((orig / "config.json").read_text()) == cfg
     np.testing.assert_allclose(_torch_scores(orig, pairs[:4]), ref[:4], rtol=1e-4, atol=1e-4)
 
@@ -171,7 +172,7 @@ def test_distilbert_config_gets_the_sizes_tei_parses_under_tei_names(families_di
     run = run_quantize(["--model", str(source), "--output", str(volume), "--artifact-id", "distil-cfg",
                         *FIXED_RECIPE, "--min-spearman", "0", "--min-topk-agreement", "0"], tmp_path)
     assert run.rc == 0, run.stderr[-3000:]
-    cfg = json.loads((volume / "artifacts" / "distil-cfg" / contract.CPU_SUBDIR / "config.json").read_text())
+    cfg = json.loads((volume / "artifacts" / "distil-cfg" / artifact_layout.CPU_SUBDIR / "config.json").read_text())
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (32, 2, 2)
     assert (cfg["dim"], cfg["n_layers"], cfg["n_heads"]) == (32, 2, 2)
 
@@ -208,9 +209,9 @@ def test_what_tei_cannot_serve_is_refused_permanently_by_name(case: str, tmp_pat
     source = _config_only(tmp_path / "model", cfg)
     run = run_quantize(["--model", str(source), "--output", str(tmp_path / "volume"), "--artifact-id", "refused"],
                        tmp_path)
-    assert run.rc == contract.EXIT_CODES["UnsupportedModel"], run.stderr[-2000:]
-    assert "UnsupportedModel" in contract.PERMANENT_FAILURES
-    res = contract.parse_result(run.termination or "")
+    assert run.rc == quantize_job.EXIT_CODES["UnsupportedModel"], run.stderr[-2000:]
+    assert "UnsupportedModel" in quantize_job.PERMANENT_FAILURES
+    res = quantize_job.parse_result(run.termination or "")
     assert res.reason == "UnsupportedModel" and fragment in res.message, res.message
     if case != "remote code":
         assert "TEI's /rerank serves a cross-encoder" in res.message
@@ -223,7 +224,7 @@ def test_an_auto_map_naming_only_a_tokenizer_needs_no_remote_code(tmp_path: Path
     source = _config_only(tmp_path / "model", cfg)
     run = run_quantize(["--model", str(source), "--output", str(tmp_path / "volume"), "--artifact-id", "tok-only"],
                        tmp_path)
-    res = contract.parse_result(run.termination or "")
+    res = quantize_job.parse_result(run.termination or "")
     assert not res.ok and "needs the repository's own Python code" not in res.message, res
 
 
@@ -234,6 +235,6 @@ def test_remote_code_runs_only_with_the_flag(tmp_path: Path) -> None:
     source = _config_only(tmp_path / "model", cfg)
     run = run_quantize(["--model", str(source), "--output", str(tmp_path / "volume"), "--artifact-id", "trusted",
                         "--trust-remote-code"], tmp_path)
-    res = contract.parse_result(run.termination or "")
+    res = quantize_job.parse_result(run.termination or "")
     assert "needs the repository's own Python code" not in res.message
     assert res.reason in ("UnsupportedModel", "ExportFailed"), res

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import contract, export, fusion, layout, recipe_trials, textenc
+from quantizer_job import export, fusion, layout, recipe_trials, textenc
 from quantizer_job.recipes import Recipe
+from rerank_contracts import quantize_job
 
 pytestmark = pytest.mark.quantizer
 
@@ -43,7 +44,7 @@ def test_each_fused_graph_keeps_its_own_fusion_counts_through_the_cache(bert_mod
 
 
 def test_the_fusion_size_limit_is_read_when_the_job_runs(monkeypatch):
-    req = contract.JobRequest(model="/m", output_root="/v", artifact_id="a", target="avx2")
+    req = quantize_job.JobRequest(model="/m", output_root="/v", artifact_id="a", target="avx2")
 
     def fused(fp32_bytes: int) -> bool:
         return any(r.optimization_level > 0 for r in recipe_trials.candidates(req, fp32_bytes, has_calibration=False))

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import contract, publish, search
+from quantizer_job import publish, search
+from rerank_contracts import artifact_layout, quantize_job
 
 from .conftest import FIXED_RECIPE, REPO, run_quantize
 
@@ -181,7 +182,7 @@ def test_input_errors_are_reported_with_reasons(case, tmp_path, bert_model):
     assert r.rc != 0
     assert r.result["reason"] == expect, r.result
     assert not r.result["ok"]
-    res = contract.parse_result(r.termination)
+    res = quantize_job.parse_result(r.termination)
     assert res.reason == expect
     arts = tmp_path / "vol" / "artifacts"
     if arts.exists():  # nothing published, no temp dir left behind
@@ -199,9 +200,9 @@ def test_a_job_on_live_queries_does_not_keep_them_beside_the_artifact(bert_model
                       *FIXED_RECIPE, "--eval-pairs", str(live), "--no-keep-eval-pairs",
                       "--min-spearman", "0.8", "--min-topk-agreement", "0.5"], tmp_path)
     assert r.rc == 0, r.stderr[-3000:]
-    art = vol / contract.ARTIFACTS_DIR / "live-round"
-    assert (art / contract.MANIFEST_FILE).is_file()
-    assert not (art / contract.EVALUATION_FILE).exists()
+    art = vol / artifact_layout.ARTIFACTS_DIR / "live-round"
+    assert (art / artifact_layout.MANIFEST_FILE).is_file()
+    assert not (art / artifact_layout.EVALUATION_FILE).exists()
     assert "live query" not in "".join(p.read_text(errors="ignore") for p in art.rglob("*.json"))
 
 
@@ -226,7 +227,7 @@ def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_skip
     assert skipped and skipped[0]["reason"].startswith(search.SLOWER) and len(skipped[0]["recipes"]) >= 2
     streamed = [e for e in logs if e.get("event") == "matmuls_streamed"]
     assert len(streamed) == 1 and streamed[0]["matmuls"] >= 12 and streamed[0]["kept_fp32"] == 0, streamed
-    cpu = vol / contract.ARTIFACTS_DIR / "large-path" / contract.CPU_SUBDIR
+    cpu = vol / artifact_layout.ARTIFACTS_DIR / "large-path" / artifact_layout.CPU_SUBDIR
     ops = {n.op_type for n in onnx.load(str(cpu / layout.MODEL_FILE), load_external_data=False).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMulInteger" not in ops and "Attention" not in ops, ops
     assert not layout.check_tei_dir(cpu, expect_inputs=("input_ids", "attention_mask", "token_type_ids"))
@@ -243,7 +244,7 @@ def store_registry(tmp_path_factory: pytest.TempPathFactory):
 def test_a_shared_artifact_is_pushed_once_published_and_fetches_byte_for_byte(bert_model, tmp_path, store_registry):
     """The shared Job's end (RerankClass artifactStore): publish on its volume, push to the store, tag last; the
     pods' fetcher gets exactly the published files back. A re-run (AlreadyPublished) pushes the same digest."""
-    from quantizer_job import oci, store
+    from rerank_contracts import oci, shared_store
 
     vol = tmp_path / "vol"
     repository = f"{store_registry.host}/rerank/artifacts"
@@ -255,10 +256,10 @@ def test_a_shared_artifact_is_pushed_once_published_and_fetches_byte_for_byte(be
     registry = oci.Registry(store_registry.host, insecure=True)
     assert ref == f"{repository}@{registry.resolve('rerank/artifacts', 'shared0')}"
     into = tmp_path / "pod" / "artifacts" / "shared0"
-    store.fetch(ref, r.result["manifest_sha256"], [contract.CPU_SUBDIR, contract.ORIGINAL_SUBDIR], into,
-                registry=registry)
+    parts = [artifact_layout.CPU_SUBDIR, artifact_layout.ORIGINAL_SUBDIR]
+    shared_store.fetch(ref, r.result["manifest_sha256"], parts, into, registry=registry)
     published = vol / "artifacts" / "shared0"
-    for part in (contract.CPU_SUBDIR, contract.ORIGINAL_SUBDIR):
+    for part in (artifact_layout.CPU_SUBDIR, artifact_layout.ORIGINAL_SUBDIR):
         names = sorted(p.relative_to(published) for p in (published / part).rglob("*") if p.is_file())
         assert names and names == sorted(p.relative_to(into) for p in (into / part).rglob("*") if p.is_file())
         for name in names:
@@ -274,5 +275,5 @@ def test_a_shared_artifact_the_store_refuses_fails_the_job_as_publish_failed(ber
     args = ["--model", str(bert_model), "--output", str(tmp_path / "vol"), "--artifact-id", "shared1", *FIXED_RECIPE,
             "--push-repository", f"127.0.0.1:{free_port()}/rerank/artifacts", "--push-insecure"]
     r = run_quantize(args, tmp_path)
-    assert r.rc == contract.EXIT_CODES["PublishFailed"], r.stderr[-2000:]
+    assert r.rc == quantize_job.EXIT_CODES["PublishFailed"], r.stderr[-2000:]
     assert r.result["reason"] == "PublishFailed" and "pushing to 127.0.0.1:" in r.result["message"]

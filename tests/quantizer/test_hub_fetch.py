@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import contract, fetch
+from quantizer_job import fetch
 from quantizer_job.errors import JobError
+from rerank_contracts import artifact_layout, quantize_job
 
 from . import hub_mirror
 from .conftest import FIXED_RECIPE, run_quantize
@@ -27,13 +28,13 @@ def test_the_job_downloads_through_the_class_mirror_and_publishes(bert_model: Pa
                            env={"HF_ENDPOINT": mirror.endpoint, "HF_HUB_OFFLINE": "0",
                                 "HF_HOME": str(tmp_path / "hf-home")})
         assert run.rc == 0, run.stderr[-3000:]
-        res = contract.parse_result(run.termination or "")
+        res = quantize_job.parse_result(run.termination or "")
         assert res.reason == "Published"
         assert any(r.startswith(f"GET /api/models/{REPO_ID}/revision/main") for r in mirror.requests)
         assert any("/resolve/" in r and r.endswith("/model.safetensors") for r in mirror.requests)
         import json
 
-        manifest = json.loads((Path(res.path) / contract.MANIFEST_FILE).read_text())
+        manifest = json.loads((Path(res.path) / artifact_layout.MANIFEST_FILE).read_text())
         assert manifest["source"] == "hub" and manifest["revision"] == mirror.commit(REPO_ID)
 
 
@@ -46,7 +47,7 @@ def test_an_outage_or_a_busy_hub_is_transient(state: str, bert_model: Path, tmp_
         monkeypatch.setenv("HF_HUB_OFFLINE", "0")
         with pytest.raises(JobError) as err:
             fetch.fetch(REPO_ID, None, tmp_path / "src", retries=2)
-    assert err.value.reason == "HubUnavailable" and err.value.reason in contract.TRANSIENT_FAILURES
+    assert err.value.reason == "HubUnavailable" and err.value.reason in quantize_job.TRANSIENT_FAILURES
     assert mirror.endpoint in err.value.message and "after 2 attempts" in err.value.message
     assert sum(r.startswith("GET /api/models/") for r in mirror.requests) == 2  # retried within the Job first
 
@@ -78,5 +79,5 @@ def test_the_exit_codes_of_earlier_reasons_keep_their_values() -> None:
     here as that release shipped them."""
     previous_release = {"ModelNotFound": 10, "UnsupportedModel": 11, "ExportFailed": 12, "QuantizationFailed": 13,
                         "QualityGateFailed": 14, "InvalidInput": 15, "PublishFailed": 16, "InternalError": 17}
-    assert {k: contract.EXIT_CODES[k] for k in previous_release} == previous_release
-    assert contract.EXIT_CODES["HubUnavailable"] not in previous_release.values()
+    assert {k: quantize_job.EXIT_CODES[k] for k in previous_release} == previous_release
+    assert quantize_job.EXIT_CODES["HubUnavailable"] not in previous_release.values()

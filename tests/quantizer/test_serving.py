@@ -172,7 +172,7 @@ def test_the_search_chooses_by_the_served_spread() -> None:
 @pytest.mark.parametrize("pool, job, expect", [(0, 4, 4), (2, 4, 2), (8, 4, 4), (1, 1, 1)])
 def test_the_pool_thread_count_is_measured_within_the_jobs_own_cpus(pool: int, job: int, expect: int) -> None:
     from quantizer_job import measurement, stage_data
-    from quantizer_job.contract import JobRequest
+    from rerank_contracts.quantize_job import JobRequest
 
     req = JobRequest(model="m", output_root="/v", artifact_id="a", serve_threads=pool)
     ctx = stage_data.Context(req=req, tmp=Path("/tmp/x"), threads=job, elapsed=lambda: 0.0)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantizer_job import contract, evaldata
+from quantizer_job import evaldata
+from rerank_contracts import artifact_layout, quantize_job
 
 pytestmark = pytest.mark.quantizer
 
@@ -63,7 +64,7 @@ def _torch_scores(model_dir: Path, tok_dir: Path, pairs):
 def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     import onnx
 
-    cpu = art / contract.CPU_SUBDIR
+    cpu = art / artifact_layout.CPU_SUBDIR
     # Files with the exact names TEI looks for; no optimum leftovers.
     assert (cpu / "model.onnx").is_file()
     assert sorted(p.name for p in cpu.glob("*.onnx")) == ["model.onnx"]
@@ -107,7 +108,7 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     assert np.max(np.abs(ref - int8)) < 0.25 * (np.ptp(ref) + 1e-6)
 
     # original/ for the GPU pool: safetensors + same config/tokenizer, loads and computes the source's logits.
-    orig = art / contract.ORIGINAL_SUBDIR
+    orig = art / artifact_layout.ORIGINAL_SUBDIR
     assert (orig / "model.safetensors").is_file()
     assert json.loads((orig / "config.json").read_text()) == cfg
     assert (orig / "tokenizer.json").read_bytes() == (cpu / "tokenizer.json").read_bytes()
@@ -119,8 +120,8 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     actual = {p.relative_to(art).as_posix() for p in art.rglob("*") if p.is_file() and p.name != "manifest.json"}
     assert set(listed) == actual
     # The pairs it was verified on, for the quality guard's replay (a model without a Gateway to mirror from).
-    replay = [json.loads(line) for line in (art / contract.EVALUATION_FILE).read_text().splitlines()]
-    assert contract.EVALUATION_FILE in listed and len(replay) >= 2
+    replay = [json.loads(line) for line in (art / artifact_layout.EVALUATION_FILE).read_text().splitlines()]
+    assert artifact_layout.EVALUATION_FILE in listed and len(replay) >= 2
     assert all(set(r) == {"query", "text"} and r["query"] and r["text"] for r in replay)
     f = listed["cpu-int8/model.onnx"]
     assert f["size"] == (cpu / "model.onnx").stat().st_size
@@ -132,8 +133,8 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
 
     # Result: termination message == last stdout line, compact, parseable by the operator.
     assert run.termination is not None and run.termination.strip() == run.stdout.strip().splitlines()[-1]
-    assert len(run.termination.encode()) < contract.MAX_MESSAGE_BYTES
-    res = contract.parse_result(run.termination)
+    assert len(run.termination.encode()) < quantize_job.MAX_MESSAGE_BYTES
+    res = quantize_job.parse_result(run.termination)
     assert res.ok and res.reason == "Published" and res.path == str(art)
     assert res.manifest_sha256 == hashlib.sha256((art / "manifest.json").read_bytes()).hexdigest()
     assert set(res.speed) >= {"fp32_pairs_per_s", "int8_pairs_per_s", "speedup", "speedup_low", "speedup_high",

@@ -12,7 +12,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import names, spec_parse
 from rerank_operator.core import spec as specs
 from rerank_operator.core.observed import Observed
@@ -89,9 +89,9 @@ def owner_of(body: dict[str, Any]) -> names.Owner:
 # --- the Job's side of the contract ------------------------------------------------------------------------------
 
 def published(artifact_id: str, **overrides: Any) -> str:
-    result = contract.JobResult(
+    result = quantize_job.JobResult(
         ok=True, reason="Published", message="published", artifact_id=artifact_id,
-        path=contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id), manifest_sha256="ab" * 32,
+        path=artifact_layout.artifact_dir(artifact_layout.VOLUME_MOUNT_PATH, artifact_id), manifest_sha256="ab" * 32,
         size_bytes=581_000_000, quality={"spearman": 0.995, "topk_agreement": 0.97},
         speed={"fp32_pairs_per_s": 40.0, "int8_pairs_per_s": 120.0, "speedup": 3.0}, recipe={"per_channel": True},
     )
@@ -101,7 +101,7 @@ def published(artifact_id: str, **overrides: Any) -> str:
 
 
 def refused(reason: str, message: str) -> str:
-    return contract.JobResult(ok=False, reason=reason, message=message).to_message()
+    return quantize_job.JobResult(ok=False, reason=reason, message=message).to_message()
 
 
 def job_pod(job: dict[str, Any], exit_code: int, message: str, created: str = "2025-01-01T00:00:00Z") -> dict[str, Any]:

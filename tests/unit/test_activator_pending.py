@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rerank_activator import contract
+from rerank_contracts import activator
 from rerank_operator.adapters import activator_pending
 from rerank_operator.core.autoscale.signals import ActivatorDemand
 from rerank_operator.core.builders.activator import Activator
@@ -26,8 +26,8 @@ BODY = {"models": {"team-a/m1": {"waiting": 2, "first": 100.0, "last": 105.5},
 def server() -> Iterator[str]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            good = hmac.compare_digest(self.headers.get(contract.TOKEN_HEADER, ""), contract.pending_token(KEY))
-            if self.path != contract.PENDING_PATH or not good:
+            good = hmac.compare_digest(self.headers.get(activator.TOKEN_HEADER, ""), activator.pending_token(KEY))
+            if self.path != activator.PENDING_PATH or not good:
                 self.send_response(401)
                 self.end_headers()
                 return

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import oci, store
+from rerank_contracts import oci, shared_store
 from rerank_devcluster.operator_process import shared_artifact
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.registry import LocalRegistry, standalone
@@ -37,7 +37,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry
 
 
 def push(registry: LocalRegistry, tmp: Path, artifact_id: str, repo: str = REPO) -> str:
-    return store.push(shared_artifact(tmp, artifact_id), repo, artifact_id,
+    return shared_store.push(shared_artifact(tmp, artifact_id), repo, artifact_id,
                       registry=oci.Registry(registry.host, insecure=True), scratch=tmp / "scratch")
 
 

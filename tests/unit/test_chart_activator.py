@@ -1,7 +1,7 @@
 """charts/rerank-operator with the activator (templates/activator.yaml; issue 45): what `helm template` renders.
 
 Off by default, nothing of it is rendered. On, the chart runs the operator's image as ``rerank-activator`` with the
-contract's port, key path and pod labels (operator/rerank_activator/contract.py, which the operator imports too),
+contract's port, key path and pod labels (operator/rerank_activator/activator.py, which the operator imports too),
 fences it with a NetworkPolicy, shares one key Secret between it and the operator, and gives the operator the
 ``--activator-*`` flags and a Role for ReferenceGrants in the release namespace only.
 """
@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from rerank_activator import contract
+from rerank_contracts import activator
 from rerank_devcluster import binaries
 from tests.unit.test_chart import CHART, OPERATOR_NAME, REPO_ROOT, Doc, only, render, run_helm
 
 ACTIVATOR = f"{OPERATOR_NAME}-activator"
 KEY_SECRET = f"{ACTIVATOR}-key"
-KEY_DIR = posixpath.dirname(contract.KEY_FILE)
+KEY_DIR = posixpath.dirname(activator.KEY_FILE)
 ACTIVATOR_RULES = REPO_ROOT / "operator" / "rerank_operator" / "rbac_activator.yaml"
 ON = ("--set", "activator.enabled=true")
 
@@ -66,15 +66,15 @@ def test_on_the_activator_runs_the_operators_image_locked_down(helm: str) -> Non
     dep = deployment(docs, ACTIVATOR)
     template = pod(docs, ACTIVATOR)
     labels = template["metadata"]["labels"]
-    assert selects(contract.POD_LABELS, labels)
+    assert selects(activator.POD_LABELS, labels)
     assert labels["app.kubernetes.io/instance"] == "rr"
     assert selects(dep["spec"]["selector"]["matchLabels"], labels) and dep["spec"]["replicas"] == 2
     c = container(docs, ACTIVATOR)
     assert c["image"] == container(docs, OPERATOR_NAME)["image"] == f"ghcr.io/rerank-operator/rerank-operator@{digest}"
     assert c["command"] == ["rerank-activator"]
-    assert c["args"] == [f"--port={contract.PORT}", f"--key-file={contract.KEY_FILE}", "--hold-seconds=30",
+    assert c["args"] == [f"--port={activator.PORT}", f"--key-file={activator.KEY_FILE}", "--hold-seconds=30",
                          "--remember-seconds=60", "--log-format=json"]
-    assert c["ports"] == [{"name": "http", "containerPort": contract.PORT, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "http", "containerPort": activator.PORT, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     sc, psc = c["securityContext"], template["spec"]["securityContext"]
@@ -94,14 +94,14 @@ def test_the_service_the_operators_flags_and_the_shared_key(helm: str) -> None:
     docs = render(helm, *ON)
     svc = only(docs, "Service", ACTIVATOR)
     assert svc["metadata"]["namespace"] == "rerank-system"
-    assert svc["spec"]["ports"] == [{"name": "http", "port": contract.PORT, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": activator.PORT, "targetPort": "http", "protocol": "TCP"}]
     assert selects(svc["spec"]["selector"], pod(docs, ACTIVATOR)["metadata"]["labels"])
     assert not selects(svc["spec"]["selector"], pod(docs, OPERATOR_NAME)["metadata"]["labels"])
     operator = container(docs, OPERATOR_NAME)
     assert [a for a in operator["args"] if a.startswith("--activator")] == [
-        f"--activator-url=http://{ACTIVATOR}.rerank-system.svc:{contract.PORT}",
-        f"--activator-service=rerank-system/{ACTIVATOR}:{contract.PORT}",
-        f"--activator-key-file={contract.KEY_FILE}",
+        f"--activator-url=http://{ACTIVATOR}.rerank-system.svc:{activator.PORT}",
+        f"--activator-service=rerank-system/{ACTIVATOR}:{activator.PORT}",
+        f"--activator-key-file={activator.KEY_FILE}",
     ]
     mount = next(m for m in operator["volumeMounts"] if m["mountPath"] == KEY_DIR)
     assert mount["readOnly"] is True
@@ -110,7 +110,7 @@ def test_the_service_the_operators_flags_and_the_shared_key(helm: str) -> None:
     secret = only(docs, "Secret", KEY_SECRET)
     key = base64.b64decode(secret["data"]["key"])
     assert len(key) == 48 and key.isalnum()
-    assert len(key) >= contract.MIN_KEY_BYTES
+    assert len(key) >= activator.MIN_KEY_BYTES
     # Made at random (helm template cannot look the cluster's up): two renders, two keys.
     assert only(render(helm, *ON), "Secret", KEY_SECRET)["data"]["key"] != secret["data"]["key"]
 
@@ -137,7 +137,7 @@ def ingress_peers(docs: list[Doc]) -> list[dict[str, Any]]:
     assert selects(policy["spec"]["podSelector"]["matchLabels"], pod(docs, ACTIVATOR)["metadata"]["labels"])
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": contract.PORT}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": activator.PORT}]
     peers: list[dict[str, Any]] = rule["from"]
     return peers
 

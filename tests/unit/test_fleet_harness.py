@@ -1,4 +1,4 @@
-"""The pieces benchmarks/fleet.py and the cluster tests share, without a cluster: the scrape redirect's address table,
+"""The pieces benchmarks/fleet and the cluster tests share, without a cluster: the scrape redirect's address table,
 the fake TEI endpoint, the quantizer's "published" status patch, and the benchmark's audit and target arithmetic."""
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fleet as bench
+from benchmarks.fleet.audit import AuditTail, apply_to_job_from_audit, summarize_requests
+from benchmarks.fleet.cli import parse_args
+from benchmarks.fleet.manifests import model_manifest
+from benchmarks.fleet.report import quantiles, targets
+from benchmarks.fleet.scale_to_zero import route_backends, route_headers
+from benchmarks.fleet.watches import zero_phase
 from rerank_devcluster import operator_process as op
 from rerank_devcluster.fake_tei import MetricsServer, SteadyTei, TeiCounters
 from rerank_devcluster.scrape_redirect import ANY_POD, redirected
@@ -82,7 +87,7 @@ def test_audit_summary_counts_the_operators_requests_by_verb_and_watches_apart()
     events = [event("get"), event("get"), event("list"), event("patch", resource="rerankmodels"),
               event("watch", "ResponseStarted"), event("watch"), event("create", user="system:admin"),
               event("update", resource="leases"), event("get", resource="leases")]
-    summary = bench.summarize_requests(events, seconds=2.0)
+    summary = summarize_requests(events, seconds=2.0)
     assert summary["by_verb_per_s"] == {"get": 1.5, "list": 0.5, "patch": 0.5, "update": 0.5}
     assert (summary["writes"], summary["lease_writes"]) == (1, 1)  # leader election's renewals apart
     assert (summary["watches_opened"], summary["watches_completed"]) == (1, 1)
@@ -90,26 +95,26 @@ def test_audit_summary_counts_the_operators_requests_by_verb_and_watches_apart()
 
 
 def test_targets_pass_fail_and_not_measured() -> None:
-    args = bench.parse_args(["--models", "10"])
+    args = parse_args(["--models", "10"])
     result = {"bring_up": {"all_ready": True, "all_ready_after_jobs_finished_s": 5.0,
                            "apply_to_job_s": {"p95": 4.0}},
               "steady_state": {"leader": "replica-0", "operator_requests": {"requests_per_s": 3.0, "writes": 0},
                                "operator_rss_mb": {"replica-0": {"max": 120.0}},
                                "operator_cpu_cores": {"replica-0": 0.1}, "promql": {}}}
-    out = bench.targets(result, args)
+    out = targets(result, args)
     assert out["ready_after_jobs_finished_s"]["pass"] is True
     assert out["apply_to_job_p95_s"]["pass"] is False
     assert out["steady_writes"]["pass"] is True
     assert out["failover_s"]["pass"] is None and out["promql_queries_per_signal_per_tick"]["pass"] is None
     assert args.namespaces == 1
     assert args.settle_quiet == 2 * 15 + 5  # past the quiet between a model's priming scrape and its first decision
-    assert bench.quantiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
+    assert quantiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
 
 
 def test_audit_tail_follows_a_rotation(tmp_path: Path) -> None:
     log = tmp_path / "audit.log"
     log.write_text(json.dumps({"verb": "get", "n": 0}) + "\n")
-    tail = bench.AuditTail(log)
+    tail = AuditTail(log)
     start = tail.position()
     with log.open("a") as f:
         f.write(json.dumps({"verb": "get", "n": 1}) + "\n")
@@ -140,7 +145,7 @@ def test_apply_to_job_is_read_on_the_api_servers_clock() -> None:
         create("jobs", "fleet-0001", "m-00002-q-abcdef12-1", t(2, "000000"), t(2, "100000")),  # not the operator's
         create("jobs", "other", "m-00003-q-abcdef12-1", t(2, "000000"), t(2, "100000"), user=op.OPERATOR_USER),
     ]
-    got = bench.apply_to_job_from_audit(events)
+    got = apply_to_job_from_audit(events)
     assert got.keys() == {("fleet-0001", "m-00001")}
     assert abs(got[("fleet-0001", "m-00001")] - 1.5) < 1e-6
 
@@ -148,17 +153,17 @@ def test_apply_to_job_is_read_on_the_api_servers_clock() -> None:
 def test_idle_models_may_go_to_zero_and_the_targets_count_their_pods() -> None:
     """--idle: the model may sleep (CPU pool from 0, no GPU pool, idleSeconds, a Gateway route); idle_pods is a
     target only then, and not measured there is a failure."""
-    args = bench.parse_args(["--models", "10", "--idle", "--idle-seconds", "45"])
-    spec = bench.model_manifest("m-00000", "fleet-0000", args)["spec"]
+    args = parse_args(["--models", "10", "--idle", "--idle-seconds", "45"])
+    spec = model_manifest("m-00000", "fleet-0000", args)["spec"]
     assert spec["pools"] == {"cpu": {"minReplicas": 0, "maxReplicas": 4}, "gpu": {"enabled": False}}
     assert spec["autoscaling"]["enabled"] is True and spec["autoscaling"]["idleSeconds"] == 45
     assert spec["routing"]["gateway"]["parentRefs"]
-    assert bench.targets({"idle": {"idle_pods": 0}}, args)["idle_pods"]["pass"] is True
-    assert bench.targets({"idle": {"idle_pods": 3}}, args)["idle_pods"]["pass"] is False
-    assert bench.targets({}, args)["idle_pods"]["pass"] is False
-    awake = bench.parse_args(["--models", "10"])
-    assert "idleSeconds" not in bench.model_manifest("m-00000", "fleet-0000", awake)["spec"]["autoscaling"]
-    assert bench.targets({}, awake)["idle_pods"]["pass"] is None
+    assert targets({"idle": {"idle_pods": 0}}, args)["idle_pods"]["pass"] is True
+    assert targets({"idle": {"idle_pods": 3}}, args)["idle_pods"]["pass"] is False
+    assert targets({}, args)["idle_pods"]["pass"] is False
+    awake = parse_args(["--models", "10"])
+    assert "idleSeconds" not in model_manifest("m-00000", "fleet-0000", awake)["spec"]["autoscaling"]
+    assert targets({}, awake)["idle_pods"]["pass"] is None
 
 
 def test_route_headers_backends_and_phase_are_read_as_the_gateway_and_the_status_say() -> None:
@@ -167,8 +172,8 @@ def test_route_headers_backends_and_phase_are_read_as_the_gateway_and_the_status
         "filters": [{"type": "RequestHeaderModifier",
                      "requestHeaderModifier": {"set": [{"name": "X-A", "value": "1"}, {"name": "X-B", "value": "2"}]}}],
     }]}}
-    assert bench.route_backends(route) == [("rerank-system", "rerank-activator")]
-    assert bench.route_headers(route) == {"X-A": "1", "X-B": "2"}
-    assert bench.route_backends({}) == [] and bench.route_headers({}) == {}
-    assert bench.zero_phase({"status": {"autoscaling": {"lastDecision": {"scaleToZero": "asleep"}}}}) == "asleep"
-    assert bench.zero_phase({"status": {}}) is None
+    assert route_backends(route) == [("rerank-system", "rerank-activator")]
+    assert route_headers(route) == {"X-A": "1", "X-B": "2"}
+    assert route_backends({}) == [] and route_headers({}) == {}
+    assert zero_phase({"status": {"autoscaling": {"lastDecision": {"scaleToZero": "asleep"}}}}) == "asleep"
+    assert zero_phase({"status": {}}) is None

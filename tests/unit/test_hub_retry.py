@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import contract
+from rerank_contracts import quantize_job
 from rerank_operator.core import artifact, conditions, events, names
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
@@ -55,7 +55,7 @@ class Outage:
         job = self.running()
         job["status"] = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
                                                       "lastTransitionTime": _at(seconds)}]}
-        pod = job_pod(job, contract.EXIT_CODES[reason], refused(reason, message))
+        pod = job_pod(job, quantize_job.EXIT_CODES[reason], refused(reason, message))
         self.world.objects[("Pod", pod["metadata"]["name"])] = pod
         return job
 
@@ -141,8 +141,8 @@ def test_transient_failures_fail_the_job_at_once_for_the_operator_to_retry() -> 
     after minutes is the retry that spans an outage."""
     [fail_rule] = [r for r in jobs.pod_failure_policy()["rules"] if r["action"] == "FailJob"]
     codes = set(fail_rule["onExitCodes"]["values"])
-    assert contract.EXIT_CODES["HubUnavailable"] in codes and contract.EXIT_CODES["ExportFailed"] not in codes
-    assert set(contract.TRANSIENT_FAILURES).isdisjoint(contract.PERMANENT_FAILURES)
+    assert quantize_job.EXIT_CODES["HubUnavailable"] in codes and quantize_job.EXIT_CODES["ExportFailed"] not in codes
+    assert set(quantize_job.TRANSIENT_FAILURES).isdisjoint(quantize_job.PERMANENT_FAILURES)
 
 
 def test_backoff_doubles_and_is_capped() -> None:

@@ -6,20 +6,20 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import artifact, names
 from rerank_operator.core.builders import job
 from tests.unit.rerankmodel_gen import Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without
 
 
-def build(*mods: Mod, attempt: int = 1) -> tuple[dict[str, Any], contract.JobRequest]:
+def build(*mods: Mod, attempt: int = 1) -> tuple[dict[str, Any], quantize_job.JobRequest]:
     body = model(*mods)
     spec = spec_of(body)
     artifact_id = artifact.artifact_id(spec)
     assert artifact_id
     manifest = job.build_job(owner_of(body), spec, artifact_id, attempt, "bge-m3-models")
     container = manifest["spec"]["template"]["spec"]["containers"][0]
-    return manifest, contract.parse_args(container["args"])
+    return manifest, quantize_job.parse_args(container["args"])
 
 
 def container(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def test_args_round_trip_through_the_quantizers_parser(mods: tuple[Mod, ...], ex
     manifest, request = build(*mods)
     for key, value in expect.items():
         assert getattr(request, key) == value, key
-    assert request.output_root == contract.VOLUME_MOUNT_PATH
+    assert request.output_root == artifact_layout.VOLUME_MOUNT_PATH
     assert request.artifact_id == manifest["metadata"]["labels"][names.LABEL_ARTIFACT]
     assert request.keep_original is True
 
@@ -82,7 +82,7 @@ def test_config_map_data_is_mounted_where_the_args_point() -> None:
 def test_volume_token_and_hardening() -> None:
     manifest, _ = build()
     pod = manifest["spec"]["template"]["spec"]
-    model_mount = mounts(manifest)[contract.VOLUME_MOUNT_PATH]
+    model_mount = mounts(manifest)[artifact_layout.VOLUME_MOUNT_PATH]
     volume = next(v for v in pod["volumes"] if v["name"] == model_mount["name"])
     assert volume["persistentVolumeClaim"] == {"claimName": "bge-m3-models"}
     assert not model_mount.get("readOnly")
@@ -90,7 +90,7 @@ def test_volume_token_and_hardening() -> None:
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["restartPolicy"] == "Never"
     assert container(manifest)["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container(manifest)["terminationMessagePath"] == contract.TERMINATION_MESSAGE_PATH
+    assert container(manifest)["terminationMessagePath"] == quantize_job.TERMINATION_MESSAGE_PATH
     assert container(manifest)["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
@@ -159,7 +159,7 @@ def test_outcome_of_deadline_names_the_deadline() -> None:
     out = job.outcome(failed, [job_pod(JOB, 143, "terminated")])
     assert out.reason == "DeadlineExceeded" and "deadline" in out.message
     # What the real quantizer leaves when the kubelet stops it at the deadline: SIGTERM -> an InternalError result.
-    stopped = job_pod(JOB, contract.EXIT_CODES["InternalError"], refused("InternalError", "terminated (SIGTERM)"))
+    stopped = job_pod(JOB, quantize_job.EXIT_CODES["InternalError"], refused("InternalError", "terminated (SIGTERM)"))
     assert job.outcome(failed, [stopped]).reason == "DeadlineExceeded"
 
 
@@ -170,7 +170,8 @@ def oom_killed(pod: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("exit_code,message", [
     # cgroup v1 (seen on the node tier): the kernel kills the torch export child; the parent reports it and exits 12.
-    (contract.EXIT_CODES["ExportFailed"], refused("ExportFailed", "export child killed by signal 9 (out of memory?)")),
+    (quantize_job.EXIT_CODES["ExportFailed"],
+     refused("ExportFailed", "export child killed by signal 9 (out of memory?)")),
     (137, ""),  # the whole container killed: no result, no log tail
 ])
 def test_oom_killed_names_the_memory_limit_whatever_the_quantizer_reported(exit_code: int, message: str) -> None:
@@ -195,7 +196,6 @@ def test_success_carries_the_result() -> None:
 
 def test_permanent_failures_fail_the_job_at_once_and_others_retry() -> None:
     """The exit codes the quantizer uses for failures retrying cannot fix are exactly the FailJob rule's."""
-    from quantizer_job import contract
     from rerank_operator.core.builders import job as job_module
 
     rules = job_module.pod_failure_policy()["rules"]
@@ -204,8 +204,8 @@ def test_permanent_failures_fail_the_job_at_once_and_others_retry() -> None:
     codes = set(fail_job[0]["onExitCodes"]["values"])
     # The hub's 401/403/404 (ModelNotFound) and what the model is cannot change by retrying; an outage
     # (HubUnavailable) is retried by the operator with new Jobs after a backoff of minutes, not by the Job's pods.
-    assert codes == {contract.EXIT_CODES[r] for r in ("ModelNotFound", "UnsupportedModel", "QualityGateFailed",
+    assert codes == {quantize_job.EXIT_CODES[r] for r in ("ModelNotFound", "UnsupportedModel", "QualityGateFailed",
                                                       "InvalidInput", "HubUnavailable")}
-    assert contract.EXIT_CODES["InternalError"] not in codes
+    assert quantize_job.EXIT_CODES["InternalError"] not in codes
     assert 0 not in codes and 1 not in codes
     assert fail_job[0]["onExitCodes"]["containerName"] == job_module.CONTAINER

@@ -10,8 +10,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: What ruff checks; mypy's scope is `files` in [tool.mypy] (of the benchmarks: fleet, serving_e2e, guard_detection).
-RUFF_SCOPE = ["operator/rerank_operator", "operator/rerank_activator", "hack/rerank_devcluster", "hack/gen_api_docs.py",
-              "hack/lock_image_requirements.py", "quantizer_job", "quality_guard", "benchmarks", "tests"]
+RUFF_SCOPE = ["operator/rerank_operator", "operator/rerank_activator", "rerank_contracts", "hack/rerank_devcluster",
+              "hack/gen_api_docs.py", "hack/lock_image_requirements.py", "quantizer_job", "quality_guard", "benchmarks",
+              "tests"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:

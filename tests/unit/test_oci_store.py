@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import oci, store
+from rerank_contracts import oci, shared_store
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.registry import LocalRegistry, standalone
 
@@ -117,7 +117,7 @@ def test_push_is_an_oci_artifact_whose_config_is_manifest_json_and_whose_tag_com
         tmp_path: Path, local_registry: LocalRegistry) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "a1")
     reg = Recording(local_registry.host)
-    ref = store.push(artifact, "rerank/push", "a1", registry=reg, scratch=tmp_path / "scratch")
+    ref = shared_store.push(artifact, "rerank/push", "a1", registry=reg, scratch=tmp_path / "scratch")
 
     manifest_puts = [s for s in reg.sent if s[0] == "PUT" and "/manifests/" in s[1]]
     assert manifest_puts == [("PUT", "v2/rerank/push/manifests/a1")] and reg.sent[-1] == manifest_puts[0]
@@ -127,13 +127,13 @@ def test_push_is_an_oci_artifact_whose_config_is_manifest_json_and_whose_tag_com
 
     body, got_digest, media_type = reg.get_manifest("rerank/push", digest)
     manifest = json.loads(body)
-    assert (got_digest, media_type) == (digest, store.OCI_MANIFEST)
-    assert manifest["schemaVersion"] == 2 and manifest["artifactType"] == store.ARTIFACT_TYPE
-    assert manifest["config"] == {"mediaType": store.CONFIG_MEDIA_TYPE, "digest": "sha256:" + manifest_sha,
+    assert (got_digest, media_type) == (digest, shared_store.OCI_MANIFEST)
+    assert manifest["schemaVersion"] == 2 and manifest["artifactType"] == shared_store.ARTIFACT_TYPE
+    assert manifest["config"] == {"mediaType": shared_store.CONFIG_MEDIA_TYPE, "digest": "sha256:" + manifest_sha,
                                   "size": (artifact / "manifest.json").stat().st_size}
     assert [(la["annotations"]["org.opencontainers.image.title"], la["mediaType"]) for la in manifest["layers"]] == [
-        ("cpu-int8", store.PART_MEDIA_TYPE), ("evaluation.jsonl", store.PART_MEDIA_TYPE),
-        ("original", store.PART_MEDIA_TYPE)]
+        ("cpu-int8", shared_store.PART_MEDIA_TYPE), ("evaluation.jsonl", shared_store.PART_MEDIA_TYPE),
+        ("original", shared_store.PART_MEDIA_TYPE)]
     assert reg.get_blob_bytes("rerank/push", "sha256:" + manifest_sha) == (artifact / "manifest.json").read_bytes()
 
     layer = reg.get_blob_bytes("rerank/push", manifest["layers"][0]["digest"])
@@ -148,11 +148,11 @@ def test_push_is_an_oci_artifact_whose_config_is_manifest_json_and_whose_tag_com
 def test_pushing_the_same_directory_twice_gives_the_same_digest_and_uploads_nothing(
         tmp_path: Path, local_registry: LocalRegistry) -> None:
     artifact, _ = make_artifact(tmp_path / "a2")
-    first = store.push(artifact, "rerank/same", "one", registry=oci.Registry(local_registry.host, insecure=True),
+    first = shared_store.push(artifact, "rerank/same", "one", registry=oci.Registry(local_registry.host, insecure=True),
                        scratch=tmp_path / "s")
     os.utime(artifact / "cpu-int8" / "model.onnx", (1, 1))  # times and owners are not in the tar
     again = Recording(local_registry.host)
-    second = store.push(artifact, "rerank/same", "two", registry=again, scratch=tmp_path / "s")
+    second = shared_store.push(artifact, "rerank/same", "two", registry=again, scratch=tmp_path / "s")
     assert first == second
     assert [s for s in again.sent if s[0] in ("POST", "PATCH")] == []  # every blob was there: HEADs only
     assert sorted(again.tags("rerank/same")) == ["one", "two"]
@@ -161,8 +161,8 @@ def test_pushing_the_same_directory_twice_gives_the_same_digest_and_uploads_noth
 def test_a_symlink_in_an_artifact_is_refused(tmp_path: Path, reg: oci.Registry) -> None:
     artifact, _ = make_artifact(tmp_path / "a3")
     (artifact / "cpu-int8" / "link").symlink_to("model.onnx")
-    with pytest.raises(store.StoreError, match="only regular files"):
-        store.push(artifact, "rerank/link", "x", registry=reg, scratch=tmp_path / "s")
+    with pytest.raises(shared_store.StoreError, match="only regular files"):
+        shared_store.push(artifact, "rerank/link", "x", registry=reg, scratch=tmp_path / "s")
     assert reg.resolve("rerank/link", "x") is None
 
 
@@ -170,22 +170,22 @@ def test_a_symlink_in_an_artifact_is_refused(tmp_path: Path, reg: oci.Registry) 
 
 def test_fetch_gives_back_exactly_the_pushed_directory(tmp_path: Path, reg: oci.Registry) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "b1")
-    ref = store.push(artifact, "rerank/fetch", "b1", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/fetch", "b1", registry=reg, scratch=tmp_path / "s")
     into = tmp_path / "models" / "artifacts" / "b1"
-    got = store.fetch(ref, manifest_sha, ["cpu-int8", "original", "evaluation.jsonl"], into, registry=reg)
+    got = shared_store.fetch(ref, manifest_sha, ["cpu-int8", "original", "evaluation.jsonl"], into, registry=reg)
     assert got == json.loads((artifact / "manifest.json").read_bytes())
     assert tree(into) == tree(artifact)
     no_leftovers(into.parent)
 
     (artifact / "cpu-int8" / "model.onnx").unlink()  # a second fetch into the same place keeps what is there
-    assert store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=oci.Registry("127.0.0.1:1", True)) == got
+    assert shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=oci.Registry("127.0.0.1:1", True)) == got
 
 
 def test_fetch_of_one_part_leaves_the_others_out(tmp_path: Path, reg: oci.Registry) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "b2")
-    ref = store.push(artifact, "rerank/fetch", "b2", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/fetch", "b2", registry=reg, scratch=tmp_path / "s")
     into = tmp_path / "out" / "b2"
-    store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
+    shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
     assert sorted(tree(into)) == ["cpu-int8/model.onnx", "cpu-int8/sub/config.json", "cpu-int8/tokenizer.json",
                                   "manifest.json"]
     assert tree(into)["cpu-int8/model.onnx"] == (artifact / "cpu-int8" / "model.onnx").read_bytes()
@@ -193,16 +193,16 @@ def test_fetch_of_one_part_leaves_the_others_out(tmp_path: Path, reg: oci.Regist
 
 def test_fetch_refuses_a_tag_a_missing_part_and_another_manifest(tmp_path: Path, reg: oci.Registry) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "b3")
-    ref = store.push(artifact, "rerank/fetch", "b3", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/fetch", "b3", registry=reg, scratch=tmp_path / "s")
     into = tmp_path / "out" / "b3"
-    with pytest.raises(store.StoreError, match="by digest") as by_tag:
-        store.fetch(f"{reg.host}/rerank/fetch:b3", manifest_sha, ["cpu-int8"], into, registry=reg)
-    assert not isinstance(by_tag.value, store.ChecksumMismatch)
-    with pytest.raises(store.StoreError, match="no part 'gpu-fp16'"):
-        store.fetch(ref, manifest_sha, ["cpu-int8", "gpu-fp16"], into, registry=reg)
+    with pytest.raises(shared_store.StoreError, match="by digest") as by_tag:
+        shared_store.fetch(f"{reg.host}/rerank/fetch:b3", manifest_sha, ["cpu-int8"], into, registry=reg)
+    assert not isinstance(by_tag.value, shared_store.ChecksumMismatch)
+    with pytest.raises(shared_store.StoreError, match="no part 'gpu-fp16'"):
+        shared_store.fetch(ref, manifest_sha, ["cpu-int8", "gpu-fp16"], into, registry=reg)
     wrong = hashlib.sha256(b"another").hexdigest()
-    with pytest.raises(store.ChecksumMismatch, match=f"sha256:{manifest_sha}.*sha256:{wrong}"):
-        store.fetch(ref, wrong, ["cpu-int8"], into, registry=reg)
+    with pytest.raises(shared_store.ChecksumMismatch, match=f"sha256:{manifest_sha}.*sha256:{wrong}"):
+        shared_store.fetch(ref, wrong, ["cpu-int8"], into, registry=reg)
     assert not into.exists()
     no_leftovers(into.parent)
 
@@ -210,7 +210,7 @@ def test_fetch_refuses_a_tag_a_missing_part_and_another_manifest(tmp_path: Path,
 def test_a_blob_tampered_with_in_the_registrys_storage_is_caught(tmp_path: Path, reg: oci.Registry,
                                                                local_registry: LocalRegistry) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "b4")
-    ref = store.push(artifact, "rerank/fetch", "b4", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/fetch", "b4", registry=reg, scratch=tmp_path / "s")
     manifest = json.loads(reg.get_manifest("rerank/fetch", ref.split("@")[1])[0])
     layer = manifest["layers"][0]["digest"].removeprefix("sha256:")
     data = local_registry.root / "storage" / "docker/registry/v2/blobs/sha256" / layer[:2] / layer / "data"
@@ -218,8 +218,8 @@ def test_a_blob_tampered_with_in_the_registrys_storage_is_caught(tmp_path: Path,
     tampered[-2000] ^= 0xFF  # the same size: only the hash can tell
     data.write_bytes(bytes(tampered))
     into = tmp_path / "out" / "b4"
-    with pytest.raises(store.ChecksumMismatch, match=f"sha256:{layer}"):
-        store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
+    with pytest.raises(shared_store.ChecksumMismatch, match=f"sha256:{layer}"):
+        shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
     assert not into.exists()
     no_leftovers(into.parent)
 
@@ -240,10 +240,10 @@ def test_a_manifest_json_that_does_not_match_the_content_is_caught(tmp_path: Pat
         manifest["files"].remove(entry)
     body = json.dumps(manifest).encode()
     (artifact / "manifest.json").write_bytes(body)
-    ref = store.push(artifact, "rerank/lies", "b5", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/lies", "b5", registry=reg, scratch=tmp_path / "s")
     into = tmp_path / "out" / "b5"
-    with pytest.raises(store.ChecksumMismatch, match=r"part 'cpu-int8' differs from manifest\.json"):
-        store.fetch(ref, hashlib.sha256(body).hexdigest(), ["cpu-int8"], into, registry=reg)
+    with pytest.raises(shared_store.ChecksumMismatch, match=r"part 'cpu-int8' differs from manifest\.json"):
+        shared_store.fetch(ref, hashlib.sha256(body).hexdigest(), ["cpu-int8"], into, registry=reg)
     assert not into.exists()
     no_leftovers(into.parent)
 
@@ -258,12 +258,12 @@ def push_hand_made(tmp_path: Path, reg: oci.Registry, members: list[tarfile.TarI
     config = json.dumps({"files": [{"path": "cpu-int8/ok", "size": 5,
                                     "sha256": hashlib.sha256(b"evil!").hexdigest()}]}).encode()
     layer = reg.push_bytes("rerank/evil", buf.getvalue())
-    manifest = {"schemaVersion": 2, "mediaType": store.OCI_MANIFEST, "artifactType": store.ARTIFACT_TYPE,
-                "config": {"mediaType": store.CONFIG_MEDIA_TYPE, "digest": reg.push_bytes("rerank/evil", config),
+    manifest = {"schemaVersion": 2, "mediaType": shared_store.OCI_MANIFEST, "artifactType": shared_store.ARTIFACT_TYPE,
+                "config": {"mediaType": shared_store.CONFIG_MEDIA_TYPE, "digest": reg.push_bytes("rerank/evil", config),
                            "size": len(config)},
-                "layers": [{"mediaType": store.PART_MEDIA_TYPE, "digest": layer, "size": len(buf.getvalue()),
+                "layers": [{"mediaType": shared_store.PART_MEDIA_TYPE, "digest": layer, "size": len(buf.getvalue()),
                             "annotations": {"org.opencontainers.image.title": "cpu-int8"}}]}
-    digest = reg.put_manifest("rerank/evil", "x", json.dumps(manifest).encode(), store.OCI_MANIFEST)
+    digest = reg.put_manifest("rerank/evil", "x", json.dumps(manifest).encode(), shared_store.OCI_MANIFEST)
     return f"{reg.host}/rerank/evil@{digest}", hashlib.sha256(config).hexdigest()
 
 
@@ -282,8 +282,8 @@ def test_a_part_whose_tar_reaches_outside_or_holds_links_is_refused(tmp_path: Pa
     ref, manifest_sha = push_hand_made(tmp_path, reg, [_member("cpu-int8", tarfile.DIRTYPE), _member("cpu-int8/ok"),
                                                        bad])
     into = tmp_path / "out" / "evil"
-    with pytest.raises(store.ChecksumMismatch, match=r"outside the part|link or device|appears twice"):
-        store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
+    with pytest.raises(shared_store.ChecksumMismatch, match=r"outside the part|link or device|appears twice"):
+        shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
     assert not into.exists() and not (tmp_path / "out" / "escaped").exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
 
@@ -292,7 +292,7 @@ def test_the_hand_made_part_fetches_when_it_holds_no_trick(tmp_path: Path, reg: 
     """The refusals above are the bad member's doing, not the hand-made artifact's."""
     ref, manifest_sha = push_hand_made(tmp_path, reg, [_member("cpu-int8", tarfile.DIRTYPE), _member("cpu-int8/ok")])
     into = tmp_path / "out" / "fine"
-    store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
+    shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
     assert (into / "cpu-int8" / "ok").read_bytes() == b"evil!"
 
 
@@ -301,10 +301,10 @@ def test_the_hand_made_part_fetches_when_it_holds_no_trick(tmp_path: Path, reg: 
 def test_tags_and_delete(tmp_path: Path, reg: oci.Registry) -> None:
     artifact, _ = make_artifact(tmp_path / "c1")
     assert reg.tags("rerank/never-pushed") == []
-    ref = store.push(artifact, "rerank/gc", "v1", registry=reg, scratch=tmp_path / "s")
-    store.push(artifact, "rerank/gc", "v2", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/gc", "v1", registry=reg, scratch=tmp_path / "s")
+    shared_store.push(artifact, "rerank/gc", "v2", registry=reg, scratch=tmp_path / "s")
     other, _ = make_artifact(tmp_path / "c2")
-    kept = store.push(other, "rerank/gc", "v3", registry=reg, scratch=tmp_path / "s")
+    kept = shared_store.push(other, "rerank/gc", "v3", registry=reg, scratch=tmp_path / "s")
     assert sorted(reg.tags("rerank/gc")) == ["v1", "v2", "v3"]
 
     digest = ref.split("@")[1]
@@ -323,12 +323,12 @@ def test_tags_and_delete(tmp_path: Path, reg: oci.Registry) -> None:
 def test_main_fetches_and_says_what_it_fetched(tmp_path: Path, reg: oci.Registry,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "d1")
-    ref = store.push(artifact, "rerank/main", "d1", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/main", "d1", registry=reg, scratch=tmp_path / "s")
     into = tmp_path / "models" / "d1"
     log = tmp_path / "termination-log"
-    code = store.main(["--ref", ref, "--manifest-sha256", manifest_sha, "--part", "cpu-int8", "--part", "original",
-                       "--into", str(into), "--insecure", "--docker-config", str(tmp_path / "none.json"),
-                       "--termination-log", str(log)])
+    code = shared_store.main(["--ref", ref, "--manifest-sha256", manifest_sha, "--part", "cpu-int8",
+                              "--part", "original", "--into", str(into), "--insecure",
+                              "--docker-config", str(tmp_path / "none.json"), "--termination-log", str(log)])
     assert code == 0 and not log.exists()
     said = json.loads(capsys.readouterr().out)
     assert said["ref"] == ref and said["bytes"] > 5000
@@ -343,7 +343,7 @@ def test_main_fetches_and_says_what_it_fetched(tmp_path: Path, reg: oci.Registry
 def test_main_fails_with_a_reason_and_an_exit_code(tmp_path: Path, reg: oci.Registry, case: str, code: int,
                                                    reason: str, capsys: pytest.CaptureFixture[str]) -> None:
     artifact, manifest_sha = make_artifact(tmp_path / "d2")
-    ref = store.push(artifact, "rerank/main", "d2", registry=reg, scratch=tmp_path / "s")
+    ref = shared_store.push(artifact, "rerank/main", "d2", registry=reg, scratch=tmp_path / "s")
     if case == "wrong sha":
         manifest_sha = "f" * 64
     elif case == "nothing listens":
@@ -354,8 +354,8 @@ def test_main_fails_with_a_reason_and_an_exit_code(tmp_path: Path, reg: oci.Regi
         ref = ref.split("@")[0] + "@sha256:" + "e" * 64
     log = tmp_path / "termination-log"
     into = tmp_path / "models" / "d2"
-    assert store.main(["--ref", ref, "--manifest-sha256", manifest_sha, "--part", "cpu-int8", "--into", str(into),
-                       "--insecure", "--termination-log", str(log)]) == code
+    assert shared_store.main(["--ref", ref, "--manifest-sha256", manifest_sha, "--part", "cpu-int8",
+                              "--into", str(into), "--insecure", "--termination-log", str(log)]) == code
     message = json.loads(log.read_text())
     assert message["reason"] == reason and message["message"]
     assert log.read_text().count("\n") == 1 and json.loads(capsys.readouterr().err) == message
@@ -448,14 +448,14 @@ def test_a_bearer_challenge_is_answered_with_a_token_from_the_realm(stubs: list[
         "/v2/r/tags/list": lambda h: (page2 if "last=a" in h.path else (
             200, {"Link": '</v2/r/tags/list?n=1&last=a>; rel="next"'}, b'{"tags":["a"]}'))
         if h.headers.get("Authorization") == "Bearer T0KEN" else guarded(TAGS)(h),
-        f"/v2/r/manifests/{digest}": guarded((200, {"Content-Type": store.OCI_MANIFEST}, manifest)),
-        "/v2/r/manifests/sha256:" + "0" * 64: guarded((200, {"Content-Type": store.OCI_MANIFEST}, manifest))})
+        f"/v2/r/manifests/{digest}": guarded((200, {"Content-Type": shared_store.OCI_MANIFEST}, manifest)),
+        "/v2/r/manifests/sha256:" + "0" * 64: guarded((200, {"Content-Type": shared_store.OCI_MANIFEST}, manifest))})
     stubs += [auth, registry]
 
     client = oci.Registry(registry.host, insecure=True, credentials=("robot", "s3cret"))
     assert client.tags("r") == ["a", "b", "c"]  # every page, following Link
     assert auth.seen == [("GET", "/token?service=reg&scope=repository%3Ar%3Apull", BASIC)]
-    assert client.get_manifest("r", digest) == (manifest, digest, store.OCI_MANIFEST)
+    assert client.get_manifest("r", digest) == (manifest, digest, shared_store.OCI_MANIFEST)
     with pytest.raises(oci.DigestMismatch):
         client.get_manifest("r", "sha256:" + "0" * 64)
     with pytest.raises(oci.RegistryError, match=r"HTTP 401.*bad credentials"):

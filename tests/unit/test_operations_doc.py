@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from quantizer_job import contract
+from rerank_contracts import quantize_job
 from rerank_operator.core import conditions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_reasons_are_constants_in_one_module() -> None:
 
 def test_every_reason_is_documented() -> None:
     doc = DOC.read_text()
-    reasons = conditions.reasons() | literal_reasons() | set(contract.FAILURE_REASONS)
+    reasons = conditions.reasons() | literal_reasons() | set(quantize_job.FAILURE_REASONS)
     assert {"Serving", "QualityGateFailed"} <= reasons
     missing = sorted(r for r in reasons if f"`{r}`" not in doc)
     assert not missing, f"docs/operations.md does not explain: {missing}"

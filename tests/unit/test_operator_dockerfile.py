@@ -66,7 +66,7 @@ def test_entrypoint_is_a_console_script_of_the_package() -> None:
     runs = " ".join(a for k, a in stages()[0] if k == "RUN")
     assert "/opt/rerank/bin/rerank-activator --help" in runs, "the build stage runs the activator's entry point"
     # ... and the fetcher of shared artifacts (the pools' init container; the chart's --artifact-fetcher-image).
-    assert PYPROJECT["project"]["scripts"]["rerank-fetch-artifact"] == "quantizer_job.store:main"
+    assert PYPROJECT["project"]["scripts"]["rerank-fetch-artifact"] == "rerank_contracts.shared_store:main"
     assert "/opt/rerank/bin/rerank-fetch-artifact --help" in runs, "the build stage runs the fetcher's entry point"
 
 
@@ -89,7 +89,9 @@ def test_wheel_from_the_build_context_runs_the_entry_point(tmp_path: Path) -> No
     assert "rerank_operator/main.py" in names
     assert not any(n.startswith("rerank_devcluster/") for n in names), "the dev-cluster harness stays out"
     assert "rerank-operator = rerank_operator.main:main" in entry_points
-    assert "rerank_activator/main.py" in names and "rerank_activator/contract.py" in names
+    assert "rerank_activator/main.py" in names and "rerank_contracts/activator.py" in names
+    assert "rerank-fetch-artifact = rerank_contracts.shared_store:main" in entry_points
+    assert not any(n.startswith("quantizer_job/") for n in names), "the operator's image holds no quantizer code"
     assert "rerank-activator = rerank_activator.main:main" in entry_points
     # Run the entry point from the unpacked wheel (dependencies from this venv stand in for the `operator` extra)
     # and check it pulls in none of the quantizer's ML stack.

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core import plan as plans
 from rerank_operator.core.builders import deployment, pods, routing, service
@@ -30,13 +30,13 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
-@pytest.mark.parametrize("pool,subdir", [("cpu", contract.CPU_SUBDIR), ("gpu", contract.ORIGINAL_SUBDIR)])
+@pytest.mark.parametrize("pool,subdir", [("cpu", artifact_layout.CPU_SUBDIR), ("gpu", artifact_layout.ORIGINAL_SUBDIR)])
 def test_pool_serves_its_directory_of_the_artifact(pool: str, subdir: str) -> None:
     dep = build(pool)
     c = tei(dep)
     model_dir = flag(c["args"], "--model-id")
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] == model_dir)
-    assert mount["subPath"] == f"{contract.ARTIFACTS_DIR}/{ARTIFACT}/{subdir}" and mount["readOnly"] is True
+    assert mount["subPath"] == f"{artifact_layout.ARTIFACTS_DIR}/{ARTIFACT}/{subdir}" and mount["readOnly"] is True
     volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     assert volume["persistentVolumeClaim"]["claimName"] == "claim"
     assert dep["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_ARTIFACT] == ARTIFACT

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from quantizer_job import oci
+from rerank_contracts import oci
 from rerank_devcluster import ociimage, registry, release
 from rerank_devcluster.processes import free_port
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rerank_activator import contract
+from rerank_contracts import activator
 from rerank_operator import main
 from rerank_operator.core import conditions, readiness
 from rerank_operator.core import plan as plans
@@ -58,10 +58,11 @@ def test_a_model_going_to_at_or_waking_from_zero_is_routed_to_the_activator_with
     assert rule["backendRefs"] == [{"group": "", "kind": "Service", "name": "act", "namespace": "rerank-system",
                                     "port": 8080, "weight": 1}]
     headers = {h["name"]: h["value"] for f in rule["filters"] for h in f["requestHeaderModifier"]["set"]}
-    model_key, upstream = headers[contract.MODEL_HEADER], headers[contract.UPSTREAM_HEADER]
+    model_key, upstream = headers[activator.MODEL_HEADER], headers[activator.UPSTREAM_HEADER]
     assert model_key == "search/bge-m3" and upstream == "http://bge-m3-cpu.search.svc:80"
-    assert headers[contract.TOKEN_HEADER] == contract.token(KEY, model_key, upstream)  # verifies as the activator does
-    assert contract.upstream_allowed(model_key, upstream)
+    # Verifies as the activator does.
+    assert headers[activator.TOKEN_HEADER] == activator.token(KEY, model_key, upstream)
+    assert activator.upstream_allowed(model_key, upstream)
     assert plan.zero == phase
     assert plan.replicas["cpu"] == (0 if phase == "asleep" else 1)
 
@@ -105,11 +106,11 @@ def test_the_model_network_policy_admits_the_activator_only_for_models_that_may_
     settings = Settings(operator_namespace="rerank-system", activator=ACTIVATOR)
     peer = {"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                                         "values": ["rerank-system"]}]},
-            "podSelector": {"matchLabels": contract.POD_LABELS}}
+            "podSelector": {"matchLabels": activator.POD_LABELS}}
 
     def tei_peers(body: dict[str, Any]) -> list[Any]:
         effective = body["spec"]
-        policy = tenant.network_policy(body, tenant.Tenancy(rclass, effective), settings)
+        policy = tenant.network_policy(body, tenant.Tenancy(rclass, effective), settings, spec_of(body))
         assert policy is not None
         return list(policy["spec"]["ingress"][0]["from"])
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import artifact, conditions, names, sharing
 from rerank_operator.core import plan as plans
 from rerank_operator.core.artifact_decision import (
@@ -45,7 +45,7 @@ def publication(artifact_id: str) -> sharing.Published:
     return sharing.Published(ref=f"{REPOSITORY}@sha256:{'c' * 64}", manifest_sha256="d" * 64,
                              manifest={"size_bytes": 1000, "quality": {"spearman": 0.995}, "max_input_tokens": 512,
                                        "artifact_id": artifact_id},
-                             parts=(contract.CPU_SUBDIR, contract.ORIGINAL_SUBDIR))
+                             parts=(artifact_layout.CPU_SUBDIR, artifact_layout.ORIGINAL_SUBDIR))
 
 
 def decide(body: dict[str, Any], *, status: dict[str, Any] | None = None, store: sharing.ArtifactStore | None = STORE,
@@ -115,11 +115,11 @@ def test_the_shared_job_carries_nothing_of_the_tenant_and_pushes_with_the_stores
     assert credentials["readOnly"] is True
     assert by_name[credentials["name"]]["secret"] == {
         "secretName": "artifact-push", "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}
-    assert mounts[contract.VOLUME_MOUNT_PATH]["name"] == pods.MODEL_VOLUME
+    assert mounts[artifact_layout.VOLUME_MOUNT_PATH]["name"] == pods.MODEL_VOLUME
     args = quantizer["args"]
     assert after(args, "--push-repository") == REPOSITORY
     assert "--push-insecure" in args
-    request = contract.parse_args(args)
+    request = quantize_job.parse_args(args)
     assert (request.push_repository, request.push_insecure) == (REPOSITORY, True)
     assert request.artifact_id == shared_id(spec_of(body))
     assert request.eval_pairs is None and request.calibration_pairs is None
@@ -220,7 +220,7 @@ def test_a_permanently_failed_shared_job_fails_every_waiting_model_with_its_reas
     sid = shared_id(spec)
     built = shared_job_of(spec)
     failed = finish(built, ok=False)
-    message = contract.JobResult(ok=False, reason="QualityGateFailed", message="spearman 0.91 < 0.99").to_message()
+    message = quantize_job.JobResult(ok=False, reason="QualityGateFailed", message="spearman 0.91 < 0.99").to_message()
     pod = job_pod(built, 1, message)
     view = sharing.SharedView(sid, jobs=(failed,), pods={built["metadata"]["name"]: (pod,)})
     decision, new = decide(body, shared=view)
@@ -418,7 +418,7 @@ def test_without_a_store_the_pools_mount_the_claim() -> None:
     spec = spec_of(body)
     own = artifact.artifact_id(spec)
     assert own is not None
-    result = contract.parse_result(published(own))
+    result = quantize_job.parse_result(published(own))
     status = {"artifact": artifact_record(result, own, NOW, spec.model.display)}
     plan = compute(body, status=status, store=None)
     (pvc,) = [o for o in plan.apply if o["kind"] == "PersistentVolumeClaim"]
@@ -449,7 +449,7 @@ def test_a_first_plan_with_a_store_writes_no_claim_only_the_shared_job() -> None
 def built_status(spec: RerankModelSpec) -> dict[str, Any]:
     own = artifact.artifact_id(spec)
     assert own is not None
-    return {"artifact": artifact_record(contract.parse_result(published(own)), own, "earlier", spec.model.display)}
+    return {"artifact": artifact_record(quantize_job.parse_result(published(own)), own, "earlier", spec.model.display)}
 
 
 def test_a_built_artifact_keeps_its_claim_until_the_shared_one_is_published() -> None:

@@ -14,10 +14,10 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rerank_activator import contract
-from rerank_operator.adapters.signal_sources import ModelKey
+from rerank_contracts.activator import PENDING_PATH, TOKEN_HEADER, pending_token
 from rerank_operator.core.autoscale.signals import ActivatorDemand
 from rerank_operator.core.builders.activator import Activator
+from rerank_operator.core.names import ModelKey
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,12 @@ def parse(payload: Any) -> dict[ModelKey, ActivatorDemand]:
 
 def fetch(activator: Activator) -> dict[ModelKey, ActivatorDemand] | None:
     """The activator's pending models, or None when it could not be read (logged)."""
-    request = urllib.request.Request(activator.url + contract.PENDING_PATH,
-                                     headers={contract.TOKEN_HEADER: contract.pending_token(activator.key)})
+    request = urllib.request.Request(activator.url + PENDING_PATH,
+                                     headers={TOKEN_HEADER: pending_token(activator.key)})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
             return parse(json.loads(response.read(1 << 22)))
     except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors; bad JSON a ValueError
-        log.warning("activator %s%s unreadable: %s", activator.url, contract.PENDING_PATH,
+        log.warning("activator %s%s unreadable: %s", activator.url, PENDING_PATH,
                     exc.reason if isinstance(exc, urllib.error.URLError) else exc)
         return None

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantizer_job import oci, store
+from rerank_contracts import oci, shared_store
 from rerank_operator.adapters.kube_api import ApiError, Client, api_path
 from rerank_operator.core import names, sharing
 
@@ -103,7 +103,7 @@ class SharedArtifacts:
             manifest = json.loads(body)
             config = manifest.get("config") or {}
             config_digest = str(config.get("digest") or "")
-            if config.get("mediaType") != store.CONFIG_MEDIA_TYPE or not config_digest.startswith("sha256:"):
+            if config.get("mediaType") != shared_store.CONFIG_MEDIA_TYPE or not config_digest.startswith("sha256:"):
                 log.warning("store %s: tag %s is not a rerank artifact; ignored", where.repository, artifact_id)
                 return None
             content = json.loads(registry.get_blob_bytes(where.path, config_digest))

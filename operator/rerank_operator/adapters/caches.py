@@ -4,7 +4,7 @@ The children (Jobs and their pods, the pools' Deployments, ReplicaSets and pods,
 NetworkPolicy, the HTTPRoute) come from this module's informers, filtered by the API server to the operator's labels;
 the RerankModels from one more informer (every model of the watched namespaces). The models' stream is this module's
 rather than kopf's: kopf's per-event machinery (diff bases, per-object loggers, deep copies on its one asyncio loop)
-cost the operator more CPU than the whole reconcile in a burst of applies (py-spy, benchmarks/fleet.py), on the two
+cost the operator more CPU than the whole reconcile in a burst of applies (py-spy, benchmarks/fleet/), on the two
 cores the API server needs most then; an informer only parses and stores.
 
 A standby replica (leader election) runs the same caches, so when it takes over it decides from memory at once.

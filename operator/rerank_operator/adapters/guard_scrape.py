@@ -17,8 +17,6 @@ from rerank_operator.core import names
 from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.quality import assessment as quality
 
-ModelKey = tuple[str, str]
-
 
 @dataclass(frozen=True)
 class GuardTarget:
@@ -38,13 +36,13 @@ class GuardReader:
         self._fetch = fetch
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="guard-scrape")
 
-    def read(self, targets: Mapping[ModelKey, GuardTarget | None],
-             deadline_seconds: float = 2.0) -> dict[ModelKey, quality.Verdict | None]:
+    def read(self, targets: Mapping[names.ModelKey, GuardTarget | None],
+             deadline_seconds: float = 2.0) -> dict[names.ModelKey, quality.Verdict | None]:
         """A verdict per model (None: the model's guard has no ready pod)."""
-        futures: dict[ModelKey, Future[quality.Verdict]] = {
+        futures: dict[names.ModelKey, Future[quality.Verdict]] = {
             key: self._executor.submit(self._one, key, target) for key, target in targets.items() if target}
         wait(list(futures.values()), timeout=deadline_seconds)
-        found: dict[ModelKey, quality.Verdict | None] = {key: None for key in targets}
+        found: dict[names.ModelKey, quality.Verdict | None] = {key: None for key in targets}
         for key, future in futures.items():
             if future.done():
                 found[key] = future.result()
@@ -54,7 +52,7 @@ class GuardReader:
                                                    f"{deadline_seconds:g}s")
         return found
 
-    def _one(self, key: ModelKey, target: GuardTarget | None) -> quality.Verdict:
+    def _one(self, key: names.ModelKey, target: GuardTarget | None) -> quality.Verdict:
         assert target is not None
         address = f"{target.ip}:{target.port}"
         try:

@@ -43,11 +43,11 @@ from rerank_operator.adapters import operator_metrics
 from rerank_operator.core.autoscale import exposition
 from rerank_operator.core.autoscale.config import Pool
 from rerank_operator.core.autoscale.signals import PoolSignals, Signals
+from rerank_operator.core.names import ModelKey
 
 #: POST url, form-encoded body, timeout -> response body.
 Post = Callable[[str, bytes, float], bytes]
 #: A RerankModel: (namespace, name).
-ModelKey = tuple[str, str]
 #: One pool of a model for ``collect_many``: (ready replicas, names of the ready pods).
 PoolPods = tuple[int, tuple[str, ...]]
 #: One series of an instant vector: its labels and value.

@@ -18,7 +18,6 @@ from rerank_operator.core.autoscale import config
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.quality import assessment as quality
 
-ModelKey = tuple[str, str]
 PrometheusKey = tuple[str, str | None, str | None]  # url, GPU memory used query, total query
 
 
@@ -46,10 +45,10 @@ class Sources:
         self._servers: dict[PrometheusKey, prometheus_api.PrometheusSource] = {}
         self.deadline_seconds = deadline_seconds
 
-    def collect(self, batch: Mapping[ModelKey, Wanted]) -> dict[ModelKey, Signals]:
+    def collect(self, batch: Mapping[names.ModelKey, Wanted]) -> dict[names.ModelKey, Signals]:
         """Signals of every model in ``batch``: all direct scrapes at once, one set of queries per server."""
-        direct: dict[ModelKey, tei_scrape.ModelTargets] = {}
-        servers: dict[PrometheusKey, dict[ModelKey, prometheus_api.ModelPods]] = {}
+        direct: dict[names.ModelKey, tei_scrape.ModelTargets] = {}
+        servers: dict[PrometheusKey, dict[names.ModelKey, prometheus_api.ModelPods]] = {}
         for key, w in batch.items():
             if w.auto.source == "prometheus":
                 server = (str(w.auto.prometheus.url), w.auto.prometheus.gpu_memory_used_query,
@@ -61,7 +60,7 @@ class Sources:
                 direct[key] = tei_scrape.ModelTargets(tuple(
                     tei_scrape.PodTarget(x["metadata"]["name"], pool, x["status"]["podIP"], names.TEI_PORT)
                     for pool, found in w.pods.items() for x in found), dict(w.ready))
-        found: dict[ModelKey, Signals] = {}
+        found: dict[names.ModelKey, Signals] = {}
         if direct:
             found.update(self.scrape.collect(direct, self.deadline_seconds))
         for server, requests in servers.items():
@@ -70,10 +69,10 @@ class Sources:
             found.update(self._servers[server].collect_many(requests))
         return found
 
-    def verdicts(self, targets: Mapping[ModelKey, guard_scrape.GuardTarget | None]
-                 ) -> dict[ModelKey, quality.Verdict | None]:
+    def verdicts(self, targets: Mapping[names.ModelKey, guard_scrape.GuardTarget | None]
+                 ) -> dict[names.ModelKey, quality.Verdict | None]:
         """The quality guards' verdicts of the guarded models among ``targets`` (all read at once)."""
         return self.guards.read(targets) if targets else {}
 
-    def forget(self, key: ModelKey) -> None:
+    def forget(self, key: names.ModelKey) -> None:
         self.scrape.forget(key)

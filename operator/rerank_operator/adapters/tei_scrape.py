@@ -33,13 +33,13 @@ from typing import Protocol
 from rerank_operator.core.autoscale import exposition
 from rerank_operator.core.autoscale.config import Pool
 from rerank_operator.core.autoscale.signals import PoolSignals, Signals
+from rerank_operator.core.names import ModelKey
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 BACKOFF_BASE_SECONDS = 2.0
 
 Fetch = Callable[[str, float], str]
 #: A RerankModel: (namespace, name).
-ModelKey = tuple[str, str]
 #: A pod: (namespace, pod name); pod names are unique within a namespace, so one model owns each.
 PodKey = tuple[str, str]
 

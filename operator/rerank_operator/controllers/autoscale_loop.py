@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 from rerank_operator.adapters import activator_pending
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
-from rerank_operator.adapters.signal_sources import ModelKey, Sources
+from rerank_operator.adapters.signal_sources import Sources
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
 from rerank_operator.controllers.model_autoscaler import IDLE_POLL_SECONDS, ModelAutoscaler, Prepared
 from rerank_operator.core.autoscale.signals import ActivatorDemand
+from rerank_operator.core.names import ModelKey
 from rerank_operator.core.settings import Settings
 
 log = logging.getLogger(__name__)

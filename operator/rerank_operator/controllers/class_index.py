@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rerank_operator.core import spec_parse
+from rerank_operator.core.names import ModelKey
 from rerank_operator.core.spec import RerankModelSpec, SpecError
 from rerank_operator.core.tenancy import tenant
-from rerank_operator.core.tenancy.tenant import ModelKey, Obj
+from rerank_operator.core.tenancy.tenant import Obj
 
 
 class ClassIndex:

@@ -48,14 +48,13 @@ from rerank_operator.core.settings import Settings
 USER_AGENT = f"{names.OPERATOR_NAME}/{__version__}"
 #: Requests block on the API server, not the CPU: in a burst of applies every worker waits on it. A new model's
 #: reconcile holds a worker for its claim and Job (side by side; its status comes after the burst), ~0.3-0.5 s on a
-#: busy 2-core dev cluster (benchmarks/fleet.py): models/s ~ workers / 0.4, well above how fast 8 clients create
+#: busy 2-core dev cluster (benchmarks/fleet/): models/s ~ workers / 0.4, well above how fast 8 clients create
 #: models there (~50/s). Each worker costs a thread and up to two pooled connections of memory.
 RECONCILE_WORKERS = 64
 #: While new models wait for their Jobs, other models' background reconciles (pool roll-outs after a Job finished,
 #: status churn) use at most this many workers: their writes would compete with the new models' on the API server.
 BACKGROUND_WORKERS_IN_A_BURST = 4
 CACHE_SYNC_SECONDS = 120.0
-ModelKey = tuple[str, str]
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +67,10 @@ class Process:
         self.namespaces = list(namespaces)
         self.registry = class_index.Registry()
         self.handoff = Handoff()
-        self.queue: WorkQueue[ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS,
+        self.queue: WorkQueue[names.ModelKey] = WorkQueue(self._reconcile, RECONCILE_WORKERS,
                                                     waited=metrics.QUEUE_WAIT.observe,
                                                     background_while_urgent=BACKGROUND_WORKERS_IN_A_BURST)
-        self._triggers: dict[ModelKey, str] = {}  # why each queued model was queued first (the metrics' trigger)
+        self._triggers: dict[names.ModelKey, str] = {}  # why each queued model was queued first (the metrics' trigger)
         self._triggers_lock = threading.Lock()
         self.stop = threading.Event()
         self.client: Client | None = None
@@ -82,7 +81,7 @@ class Process:
         self.elector: leader.Elector | None = None
         self._electing: threading.Thread | None = None
         self.shared: SharedArtifacts | None = None
-        self._waiting: dict[str, set[ModelKey]] = {}  # shared artifact id -> models waiting on its Job
+        self._waiting: dict[str, set[names.ModelKey]] = {}  # shared artifact id -> models waiting on its Job
 
     # --- starting and stopping ----------------------------------------------------------------------------------------
 
@@ -145,14 +144,14 @@ class Process:
 
     # --- the reconcile ------------------------------------------------------------------------------------------------
 
-    def enqueue(self, key: ModelKey, trigger: str, urgent: bool = False) -> None:
+    def enqueue(self, key: names.ModelKey, trigger: str, urgent: bool = False) -> None:
         """Queue the model; the first trigger since its last reconcile names it in the metrics. ``urgent``: a spec
         nobody acted on yet, ahead of the background work (workqueue.py)."""
         with self._triggers_lock:
             self._triggers.setdefault(key, trigger)
         self.queue.add(key, urgent)
 
-    def _reconcile(self, key: ModelKey) -> float | None:
+    def _reconcile(self, key: names.ModelKey) -> float | None:
         """One reconcile of the model, under its status lock; returns when to resync it."""
         namespace, name = key
         assert self.cluster is not None
@@ -183,7 +182,7 @@ class Process:
             self.enqueue(key, "model", urgent=True)
         return result.requeue_after or self.settings.resync_seconds
 
-    def _wait_on(self, key: ModelKey, artifact_id: str | None) -> None:
+    def _wait_on(self, key: names.ModelKey, artifact_id: str | None) -> None:
         """Record which shared artifact's Job ``key`` waits for (None: none), so that Job's events queue it."""
         with self._triggers_lock:
             for waiting in self._waiting.values():

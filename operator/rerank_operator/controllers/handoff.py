@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 
-ModelKey = tuple[str, str]  # (namespace, name)
+from rerank_operator.core.names import ModelKey
 
 
 class Handoff:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from rerank_operator.adapters import guard_scrape, tei_scrape
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
-from rerank_operator.adapters.signal_sources import ModelKey, Sources, Wanted
+from rerank_operator.adapters.signal_sources import Sources, Wanted
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
 from rerank_operator.core import conditions, cost, events, leadership, names
@@ -40,7 +40,7 @@ from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
-from rerank_operator.core.names import ROUTED_TO_ACTIVATOR
+from rerank_operator.core.names import ROUTED_TO_ACTIVATOR, ModelKey
 from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.settings import Settings
@@ -321,7 +321,7 @@ class ModelAutoscaler:
         """Time at zero, and what one replica of the wake pool would have cost meanwhile at the class's price: the
         least the model would have kept without scale to zero (its minReplicas 0 were 1 before)."""
         seconds = self.metered_span
-        hourly = self.pricing.per_replica_hour(zeros.wake_pool(auto)) if self.pricing is not None else 0.0
+        hourly = self.pricing.per_replica_hour(names.wake_pool(auto.cpu.enabled)) if self.pricing is not None else 0.0
         metrics.count_zero(self.namespace, self.name, self.class_name, seconds, seconds / 3600 * hourly)
 
     def _meter(self, auto: config.AutoscalingSpec, view: PoolsView, signals: Signals | None) -> int | None:

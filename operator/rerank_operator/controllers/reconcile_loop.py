@@ -84,7 +84,7 @@ def status_can_wait(body: Mapping[str, Any], plan: plans.Plan, executed: Execute
 
     In a burst of applies the API server is the bottleneck, and a RerankModel's status patch is the dearest write
     of a new model (schema and CEL validation of the whole object: ~10 ms of API-server CPU on the dev cluster, vs
-    ~9 ms for its Job and ~5 ms for its claim; benchmarks/fleet.py). Writing it after the burst's Jobs lets every
+    ~9 ms for its Job and ~5 ms for its claim; benchmarks/fleet/). Writing it after the burst's Jobs lets every
     Job start sooner; the status follows within seconds, from a background reconcile of the same model (its Job is
     in the caches by then, so that reconcile writes only the status; often once instead of twice, as its pod has
     started meanwhile). Outside a burst nothing changes."""
@@ -122,7 +122,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
     store = sharing.ArtifactStore.from_class(class_spec) if shared is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
-                         network_policy=tenant.network_policy(body, tenancy, settings),
+                         network_policy=tenant.network_policy(body, tenancy, settings, spec),
                          guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
                          pull_secrets=settings.image_pull_secrets, activator=settings.activator,
                          store=store, shared=_look_up(shared, spec, store, previous),

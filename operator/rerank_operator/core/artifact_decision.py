@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import artifact, conditions, names, sharing
 from rerank_operator.core.builders import job, shared_job, storage
 from rerank_operator.core.observed import Obj, Observed
@@ -62,13 +62,13 @@ class ArtifactDecision:
 
 
 
-def artifact_record(result: contract.JobResult, artifact_id: str, now: str, weights: str = "") -> dict[str, Any]:
+def artifact_record(result: quantize_job.JobResult, artifact_id: str, now: str, weights: str = "") -> dict[str, Any]:
     """status.artifact from a Job's result; ``weights``: what it was made from (``spec.model.display``), which
     tells whether a canary can be judged against the GPU pool (the same weights) or not."""
     return {
         "id": result.artifact_id or artifact_id,
         "source": sharing.SOURCE_BUILT,
-        "path": result.path or contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id),
+        "path": result.path or artifact_layout.artifact_dir(artifact_layout.VOLUME_MOUNT_PATH, artifact_id),
         "sizeBytes": int(result.size_bytes),
         "manifestSha256": result.manifest_sha256,
         "quality": {k: float(v) for k, v in result.quality.items()},
@@ -194,7 +194,7 @@ def decide_artifact(
         return ArtifactDecision(desired, served, pending=Pending(
             desired, name, attempt, "Failed", out.reason,
             f"{out.message}; {MAX_RESULT_RECOVERIES} attempts in a row could not recover it")), None
-    if out.state == "Failed" and out.reason in contract.TRANSIENT_FAILURES:
+    if out.state == "Failed" and out.reason in quantize_job.TRANSIENT_FAILURES:
         return _retry_transient(owner, spec, desired, served, latest, out, claim, now, backoff)
     if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim)
@@ -270,7 +270,7 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
         return ArtifactDecision(desired, served, recheck_after=SHARED_LOOKUP_SECONDS, pending=Pending(
             desired, where, attempt, "Running", conditions.REASON_QUANTIZING,
             f"{where} pushed shared artifact {desired}: looking it up in the store")), None
-    if out.state == "Failed" and out.reason in contract.TRANSIENT_FAILURES:
+    if out.state == "Failed" and out.reason in quantize_job.TRANSIENT_FAILURES:
         in_a_row, _, left = _backoff_left(latest, now, backoff)
         if left <= 0:
             new = shared_job.build_shared_job(spec, desired, attempt + 1, store, transient_retries=in_a_row)

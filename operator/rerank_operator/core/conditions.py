@@ -28,7 +28,7 @@ AUTOSCALER_OWNED = (METRICS_AVAILABLE, TRAFFIC_ENFORCED, QUALITY_VERIFIED)
 
 # -- reasons ----------------------------------------------------------------------------------------------------
 # Every reason the operator itself sets, in one place: docs/operations.md explains each one (a test reads the
-# ``REASON_*`` names below). The quantizer's failure reasons are ``quantizer_job.contract.FAILURE_REASONS``; a
+# ``REASON_*`` names below). The quantizer's failure reasons are ``rerank_contracts.quantize_job.FAILURE_REASONS``; a
 # Job's or a container's own reason (BackoffLimitExceeded, OOMKilled, ...) is passed through as Kubernetes set it.
 # Ready (its False reasons are also those of the first failing check, readiness.py)
 REASON_SERVING = "Serving"

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from quantizer_job import contract
+from rerank_contracts import quantize_job
 from rerank_operator.core import conditions
 from rerank_operator.core.observed import ObjectRef, ref_of
 
@@ -48,7 +48,7 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
         # Waiting (quantizing, rolling out, awaiting the artifact) is not a warning; failing is (a class violation,
         # a quota refusing pods, the hub not answering the Job).
         failing = bad and (kind in (conditions.DEGRADED, conditions.CLASS_COMPLIANT)
-                           or after.get("reason") in ("QuotaExceeded", *contract.TRANSIENT_FAILURES)
+                           or after.get("reason") in ("QuotaExceeded", *quantize_job.TRANSIENT_FAILURES)
                            or _cond(new, conditions.DEGRADED).get("status") == "True")
         if not before and not failing:
             continue  # a condition's first value is in the status; only a change, or a failure, is news

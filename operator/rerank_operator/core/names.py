@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+#: A RerankModel by ``(namespace, name)``: the key of every per-model map the loops and the adapters keep.
+ModelKey = tuple[str, str]
+
 GROUP = "rerank.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -94,7 +97,8 @@ def deployment_name(model: str, pool: PoolName) -> str:
 
 def wake_pool(cpu_enabled: bool) -> PoolName:
     """The pool a request wakes a model at zero on: the CPU INT8 pool (it starts in seconds), the GPU pool for a
-    model without one (scale to zero: core/autoscale/zero.py, core/builders/activator.py)."""
+    model without one. The one definition: the autoscaler's phases, the activator's upstream and the plan's floor
+    all ask here."""
     return "cpu" if cpu_enabled else "gpu"
 
 

@@ -103,7 +103,7 @@ def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: Mapping[str
     if isinstance(decided, int) and not isinstance(decided, bool):
         return max(p.min_replicas, min(p.max_replicas, decided))
     # A model that may go to zero starts awake, on one replica of the pool a request wakes (``zero.awake_bounds``).
-    return max(p.min_replicas, int(spec.scales_to_zero and pool == activators.wake_pool(spec)))
+    return max(p.min_replicas, int(spec.scales_to_zero and pool == names.wake_pool(spec.cpu.enabled)))
 
 
 def _scale(owner: names.Owner, pool: names.PoolName, replicas: int | None, live: Obj | None) -> Scale | None:

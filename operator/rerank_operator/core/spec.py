@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from rerank_contracts import quantize_job
 from rerank_operator import __version__
 from rerank_operator.core import names
 
@@ -92,8 +93,8 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class QualityGate:
-    min_spearman: float = 0.99
-    min_topk_agreement: float = 0.9
+    min_spearman: float = quantize_job.DEFAULT_MIN_SPEARMAN
+    min_topk_agreement: float = quantize_job.DEFAULT_MIN_TOPK_AGREEMENT
     topk: int = 3
 
 
@@ -276,7 +277,18 @@ class RerankModelSpec:
         return all_at_zero(self.cpu, self.gpu)
 
 
-def all_at_zero(*pools: Pool) -> bool:
-    """Whether the enabled ones of ``pools`` (at least one) all have minReplicas 0 (``scales_to_zero``)."""
+class PoolFloor(Protocol):
+    """What decides whether a pool may go to zero: a spec's :class:`Pool` or the autoscaler's bounds of one."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def min_replicas(self) -> int: ...
+
+
+def all_at_zero(*pools: PoolFloor) -> bool:
+    """Whether the enabled ones of ``pools`` (at least one) all have minReplicas 0: the one rule of "this model
+    scales to zero" (``RerankModelSpec.scales_to_zero``, the autoscaler's idle period and ``may_sleep``)."""
     enabled = [p for p in pools if p.enabled]
     return bool(enabled) and all(p.min_replicas == 0 for p in enabled)

@@ -23,7 +23,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rerank_activator import contract, server
+from rerank_activator import server
+from rerank_contracts.activator import MODEL_HEADER, PENDING_PATH, TOKEN_HEADER, UPSTREAM_HEADER, pending_token
 from rerank_devcluster.processes import free_port
 
 KEY = secrets.token_hex(24).encode()  # 48 characters, as the chart's generated Secret
@@ -44,7 +45,7 @@ def upstream_of(port: int, namespace: str = "tenant-a", service: str = "m1-cpu")
 def signed(model: str, upstream: str, key: bytes = KEY) -> dict[str, str]:
     """The three headers the model's route sets; the token computed here by hand, as the contract describes it."""
     digest = hmac.new(key, f"{model}\n{upstream}".encode(), hashlib.sha256).hexdigest()
-    return {contract.MODEL_HEADER: model, contract.UPSTREAM_HEADER: upstream, contract.TOKEN_HEADER: digest}
+    return {MODEL_HEADER: model, UPSTREAM_HEADER: upstream, TOKEN_HEADER: digest}
 
 
 @contextlib.contextmanager
@@ -165,7 +166,7 @@ def raw(base: str, data: bytes, timeout: float = 10.0) -> bytes:
 
 
 def pending(base: str, key: bytes = KEY) -> dict[str, Any]:
-    reply = call(base, "GET", contract.PENDING_PATH, {contract.TOKEN_HEADER: contract.pending_token(key)})
+    reply = call(base, "GET", PENDING_PATH, {TOKEN_HEADER: pending_token(key)})
     assert reply.status == 200, reply
     models: dict[str, Any] = reply.json()["models"]
     return models

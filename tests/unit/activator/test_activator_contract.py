@@ -1,4 +1,4 @@
-"""The activator's contract with the operator (rerank_activator/contract.py): tokens, upstreams, the key file."""
+"""The activator's contract with the operator (rerank_activator/activator.py): tokens, upstreams, the key file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rerank_activator import contract
+from rerank_contracts import activator
 
 KEY = b"0123456789abcdef0123456789abcdef-and-more"
 
@@ -16,11 +16,11 @@ KEY = b"0123456789abcdef0123456789abcdef-and-more"
 def test_tokens_are_hmac_sha256_of_the_documented_messages() -> None:
     upstream = "http://m1-cpu.tenant-a.svc:8080"
     by_hand = hmac.new(KEY, b"tenant-a/m1\nhttp://m1-cpu.tenant-a.svc:8080", hashlib.sha256).hexdigest()
-    assert contract.token(KEY, "tenant-a/m1", upstream) == by_hand
-    assert contract.pending_token(KEY) == hmac.new(KEY, b"pending", hashlib.sha256).hexdigest()
-    assert len(by_hand) == 64 and contract.token(b"x" * 40, "tenant-a/m1", upstream) != by_hand
+    assert activator.token(KEY, "tenant-a/m1", upstream) == by_hand
+    assert activator.pending_token(KEY) == hmac.new(KEY, b"pending", hashlib.sha256).hexdigest()
+    assert len(by_hand) == 64 and activator.token(b"x" * 40, "tenant-a/m1", upstream) != by_hand
     # The separator keeps the pair unambiguous: moving the boundary changes the token.
-    assert contract.token(KEY, "tenant-a/m1", upstream) != contract.token(KEY, "tenant-a/m1\nhttp:", "//m1")
+    assert activator.token(KEY, "tenant-a/m1", upstream) != activator.token(KEY, "tenant-a/m1\nhttp:", "//m1")
 
 
 @pytest.mark.parametrize(("model", "upstream"), [
@@ -30,7 +30,7 @@ def test_tokens_are_hmac_sha256_of_the_documented_messages() -> None:
     ("a" * 63 + "/m", f"http://s.{'a' * 63}.svc:65535"),
 ])
 def test_upstreams_in_the_models_namespace_are_allowed(model: str, upstream: str) -> None:
-    assert contract.upstream_allowed(model, upstream)
+    assert activator.upstream_allowed(model, upstream)
 
 
 @pytest.mark.parametrize(("model", "upstream"), [
@@ -59,33 +59,33 @@ def test_upstreams_in_the_models_namespace_are_allowed(model: str, upstream: str
     ("a" * 64 + "/m", f"http://s.{'a' * 64}.svc:80"),            # a namespace is at most 63 characters
 ])
 def test_anything_else_is_refused(model: str, upstream: str) -> None:
-    assert not contract.upstream_allowed(model, upstream)
+    assert not activator.upstream_allowed(model, upstream)
 
 
 def test_upstream_address_splits_only_what_is_allowed() -> None:
-    assert contract.upstream_address("http://m1-cpu.tenant-a.svc:8080") == ("m1-cpu.tenant-a.svc", 8080)
+    assert activator.upstream_address("http://m1-cpu.tenant-a.svc:8080") == ("m1-cpu.tenant-a.svc", 8080)
     with pytest.raises(ValueError, match="not an activator upstream"):
-        contract.upstream_address("http://10.0.0.1:8080")
+        activator.upstream_address("http://10.0.0.1:8080")
 
 
 def test_the_key_is_the_files_content_stripped_and_long_enough(tmp_path: Path) -> None:
     path = tmp_path / "key"
     path.write_bytes(b"  " + b"k" * 48 + b"\n")
-    assert contract.read_key(str(path)) == b"k" * 48
+    assert activator.read_key(str(path)) == b"k" * 48
     path.write_bytes(b"\n")
     with pytest.raises(ValueError, match="empty"):
-        contract.read_key(str(path))
+        activator.read_key(str(path))
     path.write_bytes(b"k" * 31 + b"\n")
     with pytest.raises(ValueError, match="31 bytes"):
-        contract.read_key(str(path))
+        activator.read_key(str(path))
     path.write_bytes(b"k" * 32)
-    assert len(contract.read_key(str(path))) == 32
+    assert len(activator.read_key(str(path))) == 32
     with pytest.raises(FileNotFoundError):
-        contract.read_key(str(tmp_path / "missing"))
+        activator.read_key(str(tmp_path / "missing"))
 
 
 def test_the_chart_and_the_operator_agree_on_these_values() -> None:
     """The values other parts of the system spell again (the chart's templates, the operator's flags)."""
-    assert contract.PORT == 8080 and contract.PENDING_PATH == "/pending"
-    assert contract.KEY_FILE == "/var/run/rerank-activator/key"
-    assert contract.POD_LABELS == {"app.kubernetes.io/component": "rerank-activator"}
+    assert activator.PORT == 8080 and activator.PENDING_PATH == "/pending"
+    assert activator.KEY_FILE == "/var/run/rerank-activator/key"
+    assert activator.POD_LABELS == {"app.kubernetes.io/component": "rerank-activator"}

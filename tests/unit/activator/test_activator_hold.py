@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rerank_activator import contract
 from rerank_activator.hold import Board
+from rerank_contracts.activator import MODEL_HEADER, PENDING_PATH, TOKEN_HEADER, pending_token
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.waiting import eventually
 from tests.unit.activator.activator_helpers import (
@@ -84,12 +84,12 @@ def test_pending_lists_the_model_while_held_and_remembers_it_after(pool: Pool) -
 
 def test_pending_needs_the_operators_token() -> None:
     with activator() as act:
-        assert call(act.url, "GET", contract.PENDING_PATH).status == 401
-        wrong = call(act.url, "GET", contract.PENDING_PATH, {contract.TOKEN_HEADER: contract.pending_token(b"y" * 40)})
+        assert call(act.url, "GET", PENDING_PATH).status == 401
+        wrong = call(act.url, "GET", PENDING_PATH, {TOKEN_HEADER: pending_token(b"y" * 40)})
         assert wrong.status == 401
         # A model's own token does not open the list either.
-        model_token = signed(MODEL, upstream_of(8080))[contract.TOKEN_HEADER]
-        assert call(act.url, "GET", contract.PENDING_PATH, {contract.TOKEN_HEADER: model_token}).status == 401
+        model_token = signed(MODEL, upstream_of(8080))[TOKEN_HEADER]
+        assert call(act.url, "GET", PENDING_PATH, {TOKEN_HEADER: model_token}).status == 401
 
 
 def test_the_board_forgets_a_model_remember_seconds_after_its_last_request() -> None:
@@ -160,11 +160,11 @@ def test_a_wrong_token_is_refused_and_never_forwarded() -> None:
     try:
         eventually(lambda: pool.listening_at, timeout=5, every=0.02)
         with activator() as act:
-            forged = {**signed(MODEL, pool.upstream), contract.TOKEN_HEADER: "0" * 64}
+            forged = {**signed(MODEL, pool.upstream), TOKEN_HEADER: "0" * 64}
             other_key = signed(MODEL, pool.upstream, key=b"z" * 48)
-            missing = {k: v for k, v in signed(MODEL, pool.upstream).items() if k != contract.TOKEN_HEADER}
+            missing = {k: v for k, v in signed(MODEL, pool.upstream).items() if k != TOKEN_HEADER}
             # Signed for one model, presented for another.
-            swapped = {**signed("tenant-a/other", pool.upstream), contract.MODEL_HEADER: MODEL}
+            swapped = {**signed("tenant-a/other", pool.upstream), MODEL_HEADER: MODEL}
             statuses = [call(act.url, "POST", "/rerank", h, b"{}").status
                         for h in (forged, other_key, missing, swapped)]
             counts = outcome_counts(act.url)
@@ -183,7 +183,7 @@ def test_a_signed_upstream_in_another_namespace_is_refused() -> None:
         elsewhere = upstream_of(pool.port, namespace="tenant-b")
         with activator() as act:
             reply = call(act.url, "POST", "/rerank", signed(MODEL, elsewhere), b"{}")
-            no_model = {k: v for k, v in signed(MODEL, pool.upstream).items() if k != contract.MODEL_HEADER}
+            no_model = {k: v for k, v in signed(MODEL, pool.upstream).items() if k != MODEL_HEADER}
             unsigned = call(act.url, "POST", "/rerank", no_model, b"{}")
             counts = outcome_counts(act.url)
     finally:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rerank_activator import contract, logs, main, server
+from rerank_activator import logs, main, server
+from rerank_contracts.activator import PENDING_PATH, TOKEN_HEADER, pending_token
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.waiting import eventually
 from tests.unit.activator.activator_helpers import KEY, MODEL, activator, call, signed, upstream_of
@@ -61,7 +62,7 @@ def log_lines() -> Iterator[io.StringIO]:
 def test_one_json_line_per_held_request(log_lines: io.StringIO) -> None:
     with activator(hold_seconds=0.3) as act:
         call(act.url, "POST", "/rerank", signed(MODEL, upstream_of(free_port())), b"{}")
-        call(act.url, "POST", "/rerank", {**signed(MODEL, upstream_of(1)), contract.TOKEN_HEADER: "x"}, b"{}")
+        call(act.url, "POST", "/rerank", {**signed(MODEL, upstream_of(1)), TOKEN_HEADER: "x"}, b"{}")
     (line,) = log_lines.getvalue().splitlines()  # the refused one is counted, not logged
     record = json.loads(line)
     assert record["severity"] == "info" and record["message"] and record["timestamp"].endswith("+00:00")
@@ -85,7 +86,7 @@ def test_the_process_serves_its_routes_and_drains_on_sigterm(tmp_path: Path) -> 
 
         eventually(up, timeout=30, every=0.1)
         assert call(base, "GET", "/healthz").status == 200
-        listed = call(base, "GET", contract.PENDING_PATH, {contract.TOKEN_HEADER: contract.pending_token(KEY)})
+        listed = call(base, "GET", PENDING_PATH, {TOKEN_HEADER: pending_token(KEY)})
         assert (listed.status, listed.json()) == (200, {"models": {}})
         assert b"rerank_activator_waiting 0.0" in call(base, "GET", "/metrics").body
         held = call(base, "POST", "/rerank", signed(MODEL, upstream_of(free_port())), b"{}")

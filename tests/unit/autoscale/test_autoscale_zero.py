@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rerank_operator.core import names
 from rerank_operator.core.autoscale import zero
 from rerank_operator.core.autoscale.history import History, ZeroState
 from rerank_operator.core.autoscale.policy import Current, Decision, decide
@@ -99,9 +100,9 @@ def test_only_a_model_whose_every_enabled_pool_is_at_min_zero_may_sleep() -> Non
     gpu_kept = replace(spec(gpu=(1, 2), cpu=(0, 4)), idle_seconds=60.0)
     assert not zero.may_sleep(gpu_kept)
     both = replace(spec(gpu=(0, 2), cpu=(0, 4)), idle_seconds=60.0)
-    assert zero.may_sleep(both) and zero.wake_pool(both) == "cpu"
+    assert zero.may_sleep(both) and names.wake_pool(both.cpu.enabled) == "cpu"
     gpu_only = replace(spec(gpu=(0, 2), cpu=None, policy="gpu-only"), idle_seconds=60.0)
-    assert zero.wake_pool(gpu_only) == "gpu" and zero.awake_bounds(gpu_only).gpu.min_replicas == 1
+    assert names.wake_pool(gpu_only.cpu.enabled) == "gpu" and zero.awake_bounds(gpu_only).gpu.min_replicas == 1
     assert not zero.may_sleep(replace(SLEEPY, replica_management="external"))
 
 

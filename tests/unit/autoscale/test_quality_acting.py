@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from quality_guard import compare, detector, endpoints, replay
 from quality_guard.checks import Guard
 from quality_guard.config import Config
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
+from rerank_contracts.guard import MIRROR_TOKEN_HEADER
 from rerank_operator.core import artifact, conditions, names
 from rerank_operator.core import artifact_decision as decisions
 from rerank_operator.core import plan as plans
@@ -40,7 +41,7 @@ def guarded_model(*mods: Any) -> dict[str, Any]:
 
 
 def served(artifact_id: str) -> dict[str, Any]:
-    result = contract.parse_result(published(artifact_id, max_input_tokens=510))
+    result = quantize_job.parse_result(published(artifact_id, max_input_tokens=510))
     return {"artifact": decisions.artifact_record(result, artifact_id, NOW)}
 
 
@@ -88,7 +89,7 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts[guard.ARTIFACT_MOUNT] == {"name": "models", "mountPath": guard.ARTIFACT_MOUNT, "readOnly": True,
-                                            "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
+                                            "subPath": f"{artifact_layout.ARTIFACTS_DIR}/{served}"}
     assert volumes["models"]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
     # PyTorch needs a writable temporary directory under the read-only root filesystem (it creates one at import).
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -97,7 +98,7 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     assert env["HOME"] == "/tmp" and env["HF_HUB_OFFLINE"] == "1"
     # What the guard process makes of it: the FP32 reference over the mounted original/, and no GPU Service asked.
     assert config.reference == guard.LOCAL and config.reference_model == (
-        f"{guard.ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}")
+        f"{guard.ARTIFACT_MOUNT}/{artifact_layout.ORIGINAL_SUBDIR}")
     # It truncates long pairs as the checked pool does: the pool's token budget (the artifact's 510) and auto-truncate.
     cpu_args = by_kind(plan, "Deployment")["bge-m3-cpu"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert config.reference_max_batch_tokens == int(cpu_args[cpu_args.index("--max-batch-tokens") + 1]) == 510
@@ -176,7 +177,7 @@ def test_the_route_mirrors_the_class_fraction_to_the_guard_and_the_plan_adds_the
     assert "bge-m3-guard" in by_kind(plan, "Deployment") and "bge-m3-guard" in by_kind(plan, "Service")
     assert header["type"] == "RequestHeaderModifier" and list(header["requestHeaderModifier"]) == ["set"]
     ((sent,),) = [header["requestHeaderModifier"]["set"]]
-    assert sent["name"] == contract.MIRROR_TOKEN_HEADER and len(sent["value"]) >= 32
+    assert sent["name"] == MIRROR_TOKEN_HEADER and len(sent["value"]) >= 32
 
 
 def test_the_guard_takes_only_the_token_its_route_sets_and_keeps_it_across_reconciles() -> None:
@@ -218,11 +219,11 @@ def test_without_a_gateway_the_guard_replays_the_served_artifacts_evaluation_pai
     (mount,) = pod["containers"][0]["volumeMounts"]
     served = str(artifact.artifact_id(spec_of(body)))
     assert mount == {"name": "models", "mountPath": guard.ARTIFACT_MOUNT, "readOnly": True,
-                     "subPath": f"{contract.ARTIFACTS_DIR}/{served}"}
+                     "subPath": f"{artifact_layout.ARTIFACTS_DIR}/{served}"}
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": plan.claim, "readOnly": True}
     env = pod["containers"][0]["env"]
     config = Config.from_dict(json.loads(next(e["value"] for e in env if e["name"] == guard.CONFIG_ENV)))
-    assert config.replay == f"{guard.ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}"
+    assert config.replay == f"{guard.ARTIFACT_MOUNT}/{artifact_layout.EVALUATION_FILE}"
     assert config.replay_per_second == pytest.approx(3.0 / 2)  # the budget: a replay costs the pool + the reference
     assert "HTTPRoute" not in {o["kind"] for o in plan.apply}
     # With a Gateway it mirrors instead, and mounts nothing.

@@ -12,7 +12,7 @@ import pytest
 
 from quality_guard import sample
 from quality_guard.config import Config
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import artifact, conditions, spec
 from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import guard
@@ -135,9 +135,10 @@ def test_with_consent_the_guard_keeps_its_sample_in_its_own_directory_of_the_vol
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert not volume["persistentVolumeClaim"].get("readOnly")
     config = Config.from_dict(json.loads(next(e["value"] for e in c["env"] if e["name"] == guard.CONFIG_ENV)))
-    assert config.live_sample == sample.Settings(f"{guard.SAMPLE_MOUNT}/{contract.LIVE_SAMPLE_FILE}", 2000, 48 * 3600)
+    path = f"{guard.SAMPLE_MOUNT}/{artifact_layout.LIVE_SAMPLE_FILE}"
+    assert config.live_sample == sample.Settings(path, 2000, 48 * 3600)
     # The path the guard writes is the path the Job reads (both relative to the volume's root).
-    assert f"{mount['subPath']}/{contract.LIVE_SAMPLE_FILE}" == requantize.sample_path("bge-m3")
+    assert f"{mount['subPath']}/{artifact_layout.LIVE_SAMPLE_FILE}" == requantize.sample_path("bge-m3")
     # Without consent: no sample, no volume (a GPU pool is the reference, nothing to replay).
     plain = by_kind(plan_for(guarded_model(), {}), "Deployment")["bge-m3-guard"]["spec"]["template"]["spec"]
     assert "volumes" not in plain and "volumeMounts" not in plain["containers"][0]
@@ -181,12 +182,12 @@ def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_is_a_
     life.step()
     [job] = [j for j in life.world.of_kind("Job") if j["metadata"]["labels"]["rerank.io/artifact"] != stable]
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--eval-pairs") + 1] == f"{contract.VOLUME_MOUNT_PATH}/{SAMPLE}"
+    assert args[args.index("--eval-pairs") + 1] == f"{artifact_layout.VOLUME_MOUNT_PATH}/{SAMPLE}"
     assert "--calibration-pairs" not in args
     # The tenant's queries are not kept in the artifact (they expire with the sample); an ordinary Job keeps its pairs.
     assert "--no-keep-eval-pairs" in args
-    assert not contract.parse_args(args).keep_eval_pairs
-    assert contract.parse_args([a for a in args if a != "--no-keep-eval-pairs"]).keep_eval_pairs
+    assert not quantize_job.parse_args(args).keep_eval_pairs
+    assert quantize_job.parse_args([a for a in args if a != "--no-keep-eval-pairs"]).keep_eval_pairs
     [first] = [j for j in life.world.of_kind("Job") if j["metadata"]["labels"]["rerank.io/artifact"] == stable]
     assert "--no-keep-eval-pairs" not in first["spec"]["template"]["spec"]["containers"][0]["args"]
     # The next tick keeps the round (no second Job, no second Event) while the guard still says the same.

@@ -131,12 +131,14 @@ def test_class_events_reconcile_the_models_they_concern() -> None:
 # -- NetworkPolicy ----------------------------------------------------------------------------------------------------
 def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None:
     t = tenant.resolve_model(body(), [rclass(name="standard", default=True)])
-    policy = tenant.network_policy(body(), t, Settings.from_env({"POD_NAMESPACE": "rerank-system"}))
+    policy = tenant.network_policy(body(), t, Settings.from_env({"POD_NAMESPACE": "rerank-system"}),
+                                   spec_parse.parse(t.effective))
     assert policy is not None and policy["metadata"]["name"] == names.network_policy_name("bge") == "bge-tei"
     assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": DEFAULT_OPERATOR_POD_LABELS}
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT}]
     closed = rclass(at("network.allowSameNamespace", False), name="standard", default=True)
-    policy = tenant.network_policy(body(), tenant.resolve_model(body(), [closed]), Settings.from_env({}))
+    t = tenant.resolve_model(body(), [closed])
+    policy = tenant.network_policy(body(), t, Settings.from_env({}), spec_parse.parse(t.effective))
     assert policy is not None and "ingress" not in policy["spec"]  # deny all; the API server drops an empty list
     assert operator_pod_labels({"RERANK_OPERATOR_POD_LABELS": "app=op, tier=x"}) == {"app": "op", "tier": "x"}
     assert Settings.from_env({}).operator_namespace is None  # outside a pod: no operator peer
@@ -148,7 +150,7 @@ def test_the_plan_applies_the_policy_and_deletes_it_when_the_class_turns_it_off(
     served = body({"model": {"id": "BAAI/bge-reranker-v2-m3"}, "quantization": {"enabled": False}})
     t = tenant.resolve_model(served, [rclass(name="standard", default=True)])
     spec = spec_parse.parse(t.effective)
-    policy = tenant.network_policy(served, t, Settings.from_env({}))
+    policy = tenant.network_policy(served, t, Settings.from_env({}), spec)
     assert not [o for o in plans.compute(owner, spec_parse.parse(tenant.resolve_model(
         body(), [rclass(name="standard", default=True)]).effective), Observed(), {}, NOW,
         network_policy=policy).apply if o["kind"] == "NetworkPolicy"]  # before a first artifact: no pods to guard

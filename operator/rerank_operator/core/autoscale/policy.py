@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rerank_operator.core import names
 from rerank_operator.core.autoscale import load as loads
 from rerank_operator.core.autoscale import scaling
 from rerank_operator.core.autoscale import split as routing
@@ -192,7 +193,7 @@ def _scale_to_zero(spec: AutoscalingSpec, signals: Signals, current: Current, hi
     if state.phase != before.phase and (before.phase != "awake" or state.phase != "awake"):
         phase_event = (Event(ZERO_EVENTS[state.phase], zeros.why(state.phase, spec, state, now)
                              if state.phase in ROUTED_TO_ACTIVATOR
-                             else f"the {zeros.wake_pool(spec)} pool serves again"),)
+                             else f"the {names.wake_pool(spec.cpu.enabled)} pool serves again"),)
     if state.phase in ROUTED_TO_ACTIVATOR:
         gpu, cpu = zeros.replicas(spec, state.phase, current.gpu_replicas, current.cpu_replicas)
         decision = Decision(gpu, cpu, current.cpu_percent, zeros.why(state.phase, spec, state, now),

@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rerank_operator.core import names
-from rerank_operator.core.autoscale.config import AutoscalingSpec, Pool, PoolBounds
+from rerank_operator.core import spec as specs
+from rerank_operator.core.autoscale.config import AutoscalingSpec, PoolBounds
 from rerank_operator.core.autoscale.history import ZeroState
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.names import ZeroPhase
@@ -39,7 +40,7 @@ from rerank_operator.core.names import ZeroPhase
 #: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.
 DRAIN_SECONDS = 15.0
 #: Ticks come every intervalSeconds, give or take their own duration: a drain that ends "at" a tick must not wait for
-#: the next one (at 15 s ticks a 15 s drain took 30 s in benchmarks/fleet.py).
+#: the next one (at 15 s ticks a 15 s drain took 30 s in benchmarks/fleet/).
 TICK_SLACK_SECONDS = 1.0
 #: After a wake, how long the load must persist before the GPU pool is started (unless the CPU pool is over target):
 #: one query after a night asleep is served by the CPU pool alone, not by a GPU replica that takes minutes to start
@@ -50,20 +51,14 @@ GPU_WAKE_AFTER_SECONDS = 60.0
 def may_sleep(spec: AutoscalingSpec) -> bool:
     """Whether the policy may take this model to zero: every enabled pool at minReplicas 0, an idle period set
     (``AutoscalingSpec.idle_seconds``: None when the spec or the operator rules it out), replicas the operator's."""
-    pools = [spec.bounds(p) for p in ("gpu", "cpu") if spec.bounds(p).enabled]
-    return (spec.idle_seconds is not None and spec.replica_management == "operator" and bool(pools)
-            and all(b.min_replicas == 0 for b in pools))
-
-
-def wake_pool(spec: AutoscalingSpec) -> Pool:
-    """The pool a request wakes: the CPU INT8 pool (it starts in seconds), the GPU pool for a model without one."""
-    return names.wake_pool(spec.cpu.enabled)
+    return (spec.idle_seconds is not None and spec.replica_management == "operator"
+            and specs.all_at_zero(spec.cpu, spec.gpu))
 
 
 def awake_bounds(spec: AutoscalingSpec) -> AutoscalingSpec:
     """``spec`` with the wake pool kept at one replica or more: an awake model goes to zero only through the
     phases above (the activator first), never by the policy's scale-down of an idle pool."""
-    pool = wake_pool(spec)
+    pool = names.wake_pool(spec.cpu.enabled)
     bounds = spec.bounds(pool)
     if bounds.min_replicas >= 1:
         return spec
@@ -118,7 +113,7 @@ def step(state: ZeroState, spec: AutoscalingSpec, signals: Signals, measured: bo
             return ZeroState("waking", now, now)
         return ZeroState("asleep", state.since, last)
     # waking: until the wake pool has a ready replica
-    if signals.pool(wake_pool(spec)).ready_replicas > 0:
+    if signals.pool(names.wake_pool(spec.cpu.enabled)).ready_replicas > 0:
         return ZeroState("awake", now, last)
     return ZeroState("waking", state.since, last)
 
@@ -127,7 +122,8 @@ def gpu_waits(state: ZeroState, spec: AutoscalingSpec, gpu_replicas: int, now: f
     """Whether a model woken on its CPU pool less than GPU_WAKE_AFTER_SECONDS ago keeps its GPU pool at zero
     (the policy still starts it when the CPU pool is over target): waking is spillover from nothing."""
     woken = state.phase == "awake" and state.since is not None and now - state.since < GPU_WAKE_AFTER_SECONDS
-    return woken and may_sleep(spec) and wake_pool(spec) == "cpu" and spec.gpu.enabled and gpu_replicas == 0
+    return (woken and may_sleep(spec) and names.wake_pool(spec.cpu.enabled) == "cpu" and spec.gpu.enabled
+            and gpu_replicas == 0)
 
 
 def replicas(spec: AutoscalingSpec, phase: ZeroPhase, gpu: int, cpu: int) -> tuple[int, int]:
@@ -137,14 +133,14 @@ def replicas(spec: AutoscalingSpec, phase: ZeroPhase, gpu: int, cpu: int) -> tup
         return gpu, cpu
     if phase == "asleep":
         return 0, 0
-    if wake_pool(spec) == "cpu":
+    if names.wake_pool(spec.cpu.enabled) == "cpu":
         return gpu, max(cpu, 1)
     return max(gpu, 1), cpu
 
 
 def why(phase: ZeroPhase, spec: AutoscalingSpec, state: ZeroState, now: float) -> str:
     """The decision's reason in a phase routed to the activator."""
-    pool = wake_pool(spec)
+    pool = names.wake_pool(spec.cpu.enabled)
     if phase == "draining":
         idle = now - state.last_request if state.last_request is not None else 0.0
         return (f"scale to zero: no request for {idle:.0f}s (idleSeconds {spec.idle_seconds:.0f}): traffic to the "

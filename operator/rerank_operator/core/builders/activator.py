@@ -2,7 +2,7 @@
 
 While a model is going to, at or waking from zero (``autoscale/zero.py``), its HTTPRoute has one backend, the
 activator's Service in the operator's namespace, and sets the three headers of the activator's contract
-(``rerank_activator.contract``): which model, where it is served once awake (its wake pool's Service), and a token
+(``rerank_contracts.activator``): which model, where it is served once awake (its wake pool's Service), and a token
 over both made with the key only the operator and the activator hold. A route may name a Service in another
 namespace only where a ReferenceGrant there allows it: one per model namespace (``build_reference_grant``), which the
 operator writes when a model of that namespace may go to zero.
@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_activator import contract
+from rerank_contracts.activator import (
+    MIN_KEY_BYTES,
+    MODEL_HEADER,
+    POD_LABELS,
+    PORT,
+    TOKEN_HEADER,
+    UPSTREAM_HEADER,
+    token,
+)
 from rerank_operator.core import names
 from rerank_operator.core.spec import RerankModelSpec
 
@@ -31,10 +39,10 @@ class Activator:
     url: str            # where the operator polls GET /pending
     namespace: str      # the Service's namespace (the operator's, as the chart deploys it)
     service: str
-    port: int = contract.PORT
+    port: int = PORT
     key: bytes = field(default=b"", repr=False)
     #: The activator's pods' labels (the chart's), which a sleeping model's NetworkPolicy lets into its pools.
-    pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(contract.POD_LABELS))
+    pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(POD_LABELS))
 
     @classmethod
     def parse_service(cls, url: str, service: str, key: bytes) -> Activator:
@@ -47,19 +55,14 @@ class Activator:
             raise ValueError(f"--activator-service {service!r}: the port must be a number")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--activator-url {url!r} is not an http(s) URL")
-        if len(key) < contract.MIN_KEY_BYTES:
-            raise ValueError(f"the activator key must be at least {contract.MIN_KEY_BYTES} bytes")
-        return cls(url.rstrip("/"), namespace, name, int(port) if colon else contract.PORT, key)
-
-
-def wake_pool(spec: RerankModelSpec) -> names.PoolName:
-    """The pool a request wakes (``names.wake_pool``)."""
-    return names.wake_pool(spec.cpu.enabled)
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"the activator key must be at least {MIN_KEY_BYTES} bytes")
+        return cls(url.rstrip("/"), namespace, name, int(port) if colon else PORT, key)
 
 
 def upstream(owner: names.Owner, spec: RerankModelSpec) -> str:
     """Where the activator forwards the model's held requests: its wake pool's Service."""
-    service = names.pool_service_name(owner.name, wake_pool(spec))
+    service = names.pool_service_name(owner.name, names.wake_pool(spec.cpu.enabled))
     return f"http://{service}.{owner.namespace}.svc:{names.SERVICE_PORT}"
 
 
@@ -68,9 +71,9 @@ def route_filters(owner: names.Owner, spec: RerankModelSpec, activator: Activato
     model = f"{owner.namespace}/{owner.name}"
     target = upstream(owner, spec)
     return [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [
-        {"name": contract.MODEL_HEADER, "value": model},
-        {"name": contract.UPSTREAM_HEADER, "value": target},
-        {"name": contract.TOKEN_HEADER, "value": contract.token(activator.key, model, target)},
+        {"name": MODEL_HEADER, "value": model},
+        {"name": UPSTREAM_HEADER, "value": target},
+        {"name": TOKEN_HEADER, "value": token(activator.key, model, target)},
     ]}}]
 
 

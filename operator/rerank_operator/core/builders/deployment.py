@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import pods
@@ -37,8 +37,8 @@ TERMINATION_GRACE = PRESTOP_DELAY + 50
 
 
 def artifact_subdir(pool: Pool, artifact_id: str) -> str:
-    sub = contract.CPU_SUBDIR if pool.name == "cpu" else contract.ORIGINAL_SUBDIR
-    return f"{contract.ARTIFACTS_DIR}/{artifact_id}/{sub}"
+    sub = artifact_layout.CPU_SUBDIR if pool.name == "cpu" else artifact_layout.ORIGINAL_SUBDIR
+    return f"{artifact_layout.ARTIFACTS_DIR}/{artifact_id}/{sub}"
 
 
 def batch_tokens(tei: TeiSettings, max_input_tokens: int = 0) -> int:

@@ -1,7 +1,7 @@
 """The init container that puts a shared artifact where a pod reads it (``core/sharing.py``).
 
 A pod serving a shared artifact has no claim: its model volume is an emptyDir, filled before TEI (or the quality
-guard) starts by ``rerank-fetch-artifact`` (``quantizer_job/store.py``, in the operator image). It pulls the
+guard) starts by ``rerank-fetch-artifact`` (``rerank_contracts/shared_store.py``, in the operator image). It pulls the
 artifact's manifest by digest, checks that the manifest.json it names is the one the operator recorded
 (``status.artifact.manifestSha256``), verifies every file of the parts the pod needs against it and renames the
 whole into place: a pod sees all of a verified artifact or nothing. A mismatch stops the pod before it serves
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core.builders import pods
 
 CONTAINER = "fetch-artifact"
@@ -38,12 +38,12 @@ class Fetch:
 
 def init_container(fetch: Fetch, artifact_id: str, parts: tuple[str, ...]) -> dict[str, Any]:
     args = ["--ref", fetch.ref, "--manifest-sha256", fetch.manifest_sha256,
-            "--into", contract.artifact_dir(contract.VOLUME_MOUNT_PATH, artifact_id)]
+            "--into", artifact_layout.artifact_dir(artifact_layout.VOLUME_MOUNT_PATH, artifact_id)]
     for part in parts:
         args += ["--part", part]
     if fetch.insecure:
         args.append("--insecure")
-    mounts: list[dict[str, Any]] = [{"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
+    mounts: list[dict[str, Any]] = [{"name": pods.MODEL_VOLUME, "mountPath": artifact_layout.VOLUME_MOUNT_PATH},
                                     {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"}]
     if fetch.pull_secret:
         args += ["--docker-config", f"{REGISTRY_CONFIG_MOUNT}/config.json"]
@@ -54,7 +54,7 @@ def init_container(fetch: Fetch, artifact_id: str, parts: tuple[str, ...]) -> di
         "command": ["rerank-fetch-artifact"],
         "args": args,
         "volumeMounts": mounts,
-        "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePath": quantize_job.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": pods.container_security_context(),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
@@ -102,4 +102,4 @@ def failures(pods: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def part_of(pool: str) -> str:
     """The part of an artifact a pool serves: INT8 ONNX on CPU, the original weights on GPU."""
-    return contract.CPU_SUBDIR if pool == "cpu" else contract.ORIGINAL_SUBDIR
+    return artifact_layout.CPU_SUBDIR if pool == "cpu" else artifact_layout.ORIGINAL_SUBDIR

@@ -27,7 +27,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout
+from rerank_contracts.guard import MIRROR_TOKEN_HEADER
 from rerank_operator.core import names
 from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.builders import fetch as fetching
@@ -172,17 +173,17 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
     replay: dict[str, Any] = {}
     if samples_live(spec):
         policy = spec.quantization.requantize_on_drift
-        replay["live_sample"] = {"path": f"{SAMPLE_MOUNT}/{contract.LIVE_SAMPLE_FILE}", "max_pairs": policy.max_pairs,
-                                 "max_age_seconds": policy.max_age_hours * 3600}
+        replay["live_sample"] = {"path": f"{SAMPLE_MOUNT}/{artifact_layout.LIVE_SAMPLE_FILE}",
+                                 "max_pairs": policy.max_pairs, "max_age_seconds": policy.max_age_hours * 3600}
     if replays(spec):
-        replay = {"replay": f"{ARTIFACT_MOUNT}/{contract.EVALUATION_FILE}",
+        replay = {"replay": f"{ARTIFACT_MOUNT}/{artifact_layout.EVALUATION_FILE}",
                   "replay_per_second": settings.calls_per_second / (len(pools) + 1)}
     return {
         "namespace": owner.namespace,
         "model": owner.name,
         "pools": pools,
         "reference": LOCAL if local else service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
-        **({"reference_model": f"{ARTIFACT_MOUNT}/{contract.ORIGINAL_SUBDIR}",
+        **({"reference_model": f"{ARTIFACT_MOUNT}/{artifact_layout.ORIGINAL_SUBDIR}",
             "reference_max_batch_tokens": deployment.batch_tokens(spec.cpu.tei, max_input_tokens),
             "reference_auto_truncate": spec.cpu.tei.auto_truncate} if local else {}),
         "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
@@ -254,16 +255,16 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
     writes = samples_live(spec) and bool(claim) and not fetched  # a shared artifact's model keeps no sample
     if reads:
         mounts.append({"name": pods.MODEL_VOLUME, "mountPath": ARTIFACT_MOUNT, "readOnly": True,
-                       "subPath": f"{contract.ARTIFACTS_DIR}/{artifact_id}"})
+                       "subPath": f"{artifact_layout.ARTIFACTS_DIR}/{artifact_id}"})
     if writes:  # its own directory only: the artifacts stay read-only to it
         mounts.append({"name": pods.MODEL_VOLUME, "mountPath": SAMPLE_MOUNT,
-                       "subPath": f"{contract.SAMPLES_DIR}/{owner.name}"})
+                       "subPath": f"{artifact_layout.SAMPLES_DIR}/{owner.name}"})
     init: list[dict[str, Any]] = []
     if fetched:
         assert fetch is not None and artifact_id is not None
         volumes += fetching.volumes(fetch)
-        parts = ((contract.EVALUATION_FILE,) if replays(spec) else ()) + (
-            (contract.ORIGINAL_SUBDIR,) if local_reference(spec) else ())
+        parts = ((artifact_layout.EVALUATION_FILE,) if replays(spec) else ()) + (
+            (artifact_layout.ORIGINAL_SUBDIR,) if local_reference(spec) else ())
         init.append(fetching.init_container(fetch, artifact_id, parts))
         if not local:  # the init container writes under /tmp too
             volumes.append(pods.scratch_volume())
@@ -324,7 +325,7 @@ def route_filters(owner: names.Owner, settings: GuardSettings, token: str) -> li
     numerator = max(1, min(FRACTION_DENOMINATOR, round(settings.sample_fraction * FRACTION_DENOMINATOR)))
     return [
         {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-            "set": [{"name": contract.MIRROR_TOKEN_HEADER, "value": token}]}},
+            "set": [{"name": MIRROR_TOKEN_HEADER, "value": token}]}},
         {"type": "RequestMirror", "requestMirror": {
             "backendRef": {"name": names.guard_name(owner.name), "port": names.SERVICE_PORT},
             "fraction": {"numerator": numerator, "denominator": FRACTION_DENOMINATOR},

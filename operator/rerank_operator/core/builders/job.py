@@ -4,7 +4,7 @@ One Job per (artifact, attempt), named ``<model>-q-<hash8>-<attempt>``: a restar
 started by name and labels instead of starting another. Within one attempt Kubernetes retries failed pods with
 exponential backoff up to ``backoffLimit``; a new attempt starts when the spec changes after a failure, or when a
 Job succeeded but its result is gone (see ``ResultLost``).
-The command line comes from ``quantizer_job.contract.build_args`` and the outcome from ``contract.parse_result``
+The command line comes from ``rerank_contracts.quantize_job.build_args`` and the outcome from ``parse_result``
 applied to the container's termination message; nothing here spells a quantizer flag or result key.
 
 The termination message lives only as long as the pod. When a Job succeeds while the operator is down and its pod
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import conditions, names
 from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.spec import DataSource, HubAccess, RerankModelSpec
@@ -30,7 +30,7 @@ CONTAINER = "quantizer"
 EVAL_MOUNT = "/etc/rerank/evaluation"
 CALIBRATION_MOUNT = "/etc/rerank/calibration"
 PAIRS_FILE = "pairs.jsonl"
-HF_HOME = f"{contract.VOLUME_MOUNT_PATH}/.cache/huggingface"  # on the volume: retries do not download again
+HF_HOME = f"{artifact_layout.VOLUME_MOUNT_PATH}/.cache/huggingface"  # on the volume: retries do not download again
 
 
 def _data_path(source: DataSource | None, mount: str) -> str | None:
@@ -42,13 +42,13 @@ def _data_path(source: DataSource | None, mount: str) -> str | None:
     return pods.on_volume(source.path)
 
 
-def request(spec: RerankModelSpec, artifact_id: str) -> contract.JobRequest:
+def request(spec: RerankModelSpec, artifact_id: str) -> quantize_job.JobRequest:
     """The contract's request for ``spec``: what the Job is asked to build."""
     q = spec.quantization
     model = spec.model.id if spec.model.id else pods.on_volume(spec.model.path or "")
-    return contract.JobRequest(
+    return quantize_job.JobRequest(
         model=model,
-        output_root=contract.VOLUME_MOUNT_PATH,
+        output_root=artifact_layout.VOLUME_MOUNT_PATH,
         artifact_id=artifact_id,
         revision=spec.model.revision,
         mode=q.mode,
@@ -109,7 +109,7 @@ def build_job(
         env.append(pods.secret_env("HF_TOKEN", spec.model.token_secret.name, spec.model.token_secret.key))
     env += hub_env(spec.model.hub)
     mounts: list[dict[str, Any]] = [
-        {"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
+        {"name": pods.MODEL_VOLUME, "mountPath": artifact_layout.VOLUME_MOUNT_PATH},
         {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
     ]
     volumes: list[dict[str, Any]] = [pods.model_volume(claim, read_only=False), pods.scratch_volume()]
@@ -134,7 +134,8 @@ def build_job(
         },
     )
     pod_labels = {**names.labels(owner.name, names.COMPONENT_QUANTIZER), names.LABEL_ARTIFACT: artifact_id}
-    return manifest(spec, metadata, pod_labels, contract.build_args(request(spec, artifact_id)), env, mounts, volumes)
+    args = quantize_job.build_args(request(spec, artifact_id))
+    return manifest(spec, metadata, pod_labels, args, env, mounts, volumes)
 
 
 def manifest(spec: RerankModelSpec, metadata: dict[str, Any], pod_labels: dict[str, str], args: list[str],
@@ -144,7 +145,7 @@ def manifest(spec: RerankModelSpec, metadata: dict[str, Any], pod_labels: dict[s
     quantizer: dict[str, Any] = {
         "name": CONTAINER, "image": q.image, "command": ["rerank-quantize"], "args": args, "env": env,
         "volumeMounts": mounts,
-        "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePath": quantize_job.TERMINATION_MESSAGE_PATH,
         # A crash before the result is written still leaves the log tail in the message for status to show.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": pods.container_security_context(),
@@ -180,7 +181,8 @@ def pod_failure_policy() -> dict[str, Any]:
     operator retries it on its own schedule (the hub unavailable: the quantizer already retried within seconds, and
     a new Job after a backoff of minutes is the retry that spans an outage), and do not count an evicted or
     preempted pod against ``backoffLimit``."""
-    permanent = sorted(contract.EXIT_CODES[r] for r in (*contract.PERMANENT_FAILURES, *contract.TRANSIENT_FAILURES))
+    at_once = (*quantize_job.PERMANENT_FAILURES, *quantize_job.TRANSIENT_FAILURES)
+    permanent = sorted(quantize_job.EXIT_CODES[r] for r in at_once)
     return {"rules": [
         {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": permanent}},
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
@@ -199,7 +201,7 @@ class JobOutcome:
     state: JobState
     reason: str
     message: str
-    result: contract.JobResult | None = None
+    result: quantize_job.JobResult | None = None
 
 
 def _int_annotation(job: Mapping[str, Any], key: str) -> int:
@@ -228,7 +230,7 @@ def transient_retries_of(job: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class RetryBackoff:
-    """When the operator starts a new Job after one failed transiently (``contract.TRANSIENT_FAILURES``: the hub,
+    """When the operator starts a new Job after one failed transiently (``quantize_job.TRANSIENT_FAILURES``: the hub,
     or the mirror or proxy in front of it, did not answer): ``base_seconds`` after the first, doubling per failure
     in a row, at most ``max_seconds``; forever, since an outage ends without anyone editing the spec."""
 
@@ -287,12 +289,12 @@ def _newest_first(job_pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, An
     return sorted(job_pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
 
 
-def _from_message(term: Mapping[str, Any]) -> contract.JobResult | str:
+def _from_message(term: Mapping[str, Any]) -> quantize_job.JobResult | str:
     """The parsed result, or the raw text (a log tail through FallbackToLogsOnError) when it is not one."""
     text = term.get("message") or ""
     try:
-        return contract.parse_result(text)
-    except contract.ResultParseError:
+        return quantize_job.parse_result(text)
+    except quantize_job.ResultParseError:
         return text.strip()
 
 
@@ -306,9 +308,9 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
             term = _terminated(pod)
             if term and term.get("exitCode") == 0:
                 parsed = _from_message(term)
-                if isinstance(parsed, contract.JobResult) and parsed.ok:
+                if isinstance(parsed, quantize_job.JobResult) and parsed.ok:
                     return JobOutcome("Succeeded", parsed.reason, parsed.message, parsed)
-                if isinstance(parsed, contract.JobResult):
+                if isinstance(parsed, quantize_job.JobResult):
                     return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
                 return JobOutcome("Succeeded", RESULT_LOST,
                                   f"the Job succeeded but its pod left no readable result: {parsed[:300]!r}")
@@ -331,10 +333,10 @@ def outcome(job: Mapping[str, Any], job_pods: Sequence[Mapping[str, Any]]) -> Jo
     return JobOutcome("Running", conditions.REASON_QUANTIZING, "the quantization Job is running")
 
 
-def _out_of_memory(term: Mapping[str, Any], parsed: contract.JobResult | str) -> JobOutcome:
+def _out_of_memory(term: Mapping[str, Any], parsed: quantize_job.JobResult | str) -> JobOutcome:
     """The kubelet's OOMKilled, whatever the quantizer said: the kernel killed a process of the container (on cgroup
     v1 often only the export child, so the parent survives and reports ExportFailed), and the fix is the limit."""
-    said = f"{parsed.reason}: {parsed.message}" if isinstance(parsed, contract.JobResult) else parsed[-300:]
+    said = f"{parsed.reason}: {parsed.message}" if isinstance(parsed, quantize_job.JobResult) else parsed[-300:]
     return JobOutcome("Failed", conditions.REASON_OOM_KILLED,
                       f"the quantizer ran out of its memory limit (exit code {term.get('exitCode')}"
                       + (f"; it reported {said}" if said else "")
@@ -357,7 +359,7 @@ def _failure(failed: Mapping[str, Any], pods_newest: Sequence[Mapping[str, Any]]
         parsed = _from_message(term)
         if term.get("reason") == "OOMKilled":
             return _out_of_memory(term, parsed)
-        if isinstance(parsed, contract.JobResult):
+        if isinstance(parsed, quantize_job.JobResult):
             return JobOutcome("Failed", parsed.reason, parsed.message, parsed)
         if crashed is None:
             container_reason = term.get("reason") or "Error"

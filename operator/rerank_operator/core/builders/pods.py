@@ -10,7 +10,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout
 
 RUN_AS = 65532  # the conventional "nonroot" uid/gid of distroless images
 MODEL_VOLUME = "models"
@@ -48,7 +48,7 @@ def scratch_volume(name: str = SCRATCH_VOLUME) -> dict[str, Any]:
 
 def on_volume(relative: str) -> str:
     """Where a path relative to the volume root appears inside the Job's container."""
-    return f"{contract.VOLUME_MOUNT_PATH}/{relative}"
+    return f"{artifact_layout.VOLUME_MOUNT_PATH}/{relative}"
 
 
 def secret_env(name: str, secret: str, key: str) -> dict[str, Any]:

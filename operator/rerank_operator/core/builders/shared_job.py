@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import names, sharing
 from rerank_operator.core.builders import job, pods
 from rerank_operator.core.spec import RerankModelSpec
@@ -29,7 +29,7 @@ def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, stor
         *job.hub_env(spec.model.hub),
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": pods.MODEL_VOLUME, "mountPath": contract.VOLUME_MOUNT_PATH},
+        {"name": pods.MODEL_VOLUME, "mountPath": artifact_layout.VOLUME_MOUNT_PATH},
         {"name": pods.SCRATCH_VOLUME, "mountPath": "/tmp"},
     ]
     volumes: list[dict[str, Any]] = [pods.scratch_volume(pods.MODEL_VOLUME), pods.scratch_volume()]
@@ -49,5 +49,5 @@ def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, stor
             **({names.ANNOTATION_TRANSIENT_RETRIES: str(transient_retries)} if transient_retries else {}),
         },
     }
-    return job.manifest(spec, metadata, names.shared_labels(artifact_id), contract.build_args(req), env, mounts,
+    return job.manifest(spec, metadata, names.shared_labels(artifact_id), quantize_job.build_args(req), env, mounts,
                         volumes)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from quantizer_job import contract
+from rerank_contracts import artifact_layout
 from rerank_operator.core import conditions
 from rerank_operator.core.builders import guard
 from rerank_operator.core.events import Event
@@ -39,7 +39,7 @@ MIN_SAMPLE_PAIRS = 200
 
 def sample_path(model: str) -> str:
     """Where the guard keeps the model's live sample, relative to the volume's root."""
-    return f"{contract.SAMPLES_DIR}/{model}/{contract.LIVE_SAMPLE_FILE}"
+    return f"{artifact_layout.SAMPLES_DIR}/{model}/{artifact_layout.LIVE_SAMPLE_FILE}"
 
 
 def recorded(status: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -20,12 +20,13 @@ from typing import Any
 
 from rerank_operator.core import conditions, tenancy
 from rerank_operator.core.conditions import Condition
+from rerank_operator.core.names import ModelKey
 from rerank_operator.core.observed import Observed
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.spec import RerankModelSpec
 from rerank_operator.core.writes import Refused
 
 Obj = Mapping[str, Any]
-ModelKey = tuple[str, str]  # (namespace, name)
 
 
 def plain(value: Any) -> Any:
@@ -117,28 +118,19 @@ def resolve_model(body: Obj, classes: Sequence[Obj], quantizer_image: str | None
     return Tenancy(rclass, effective, violations=tuple(found))
 
 
-def network_policy(body: Obj, t: Tenancy, settings: Settings) -> dict[str, Any] | None:
+def network_policy(body: Obj, t: Tenancy, settings: Settings, spec: RerankModelSpec) -> dict[str, Any] | None:
     """The model's NetworkPolicy (None: its class turns it off, or no class applies), admitting the operator's pods
     (``settings``: outside a pod the operator has no namespace and the peer is left out)."""
     activator = settings.activator
     policy = tenancy.build_network_policy(body, t.rclass, operator_namespace=settings.operator_namespace,
                                           operator_pod_labels=dict(settings.operator_pod_labels),
                                           activator=((activator.namespace, dict(activator.pod_labels))
-                                                     if activator is not None and scales_to_zero(t.effective)
+                                                     if activator is not None and spec.scales_to_zero
                                                      else None))
     if policy is not None and not policy["spec"].get("ingress"):
         # The API server drops an empty list; leaving it in would look like drift on every reconcile.
         policy["spec"].pop("ingress", None)
     return policy
-
-
-def scales_to_zero(effective: Obj) -> bool:
-    """Whether a resolved spec may go to zero: every enabled pool at minReplicas 0 (``RerankModelSpec.scales_to_zero``
-    on the dict the class resolution works with)."""
-    pools = effective.get("pools") or {}
-    enabled = [p for name, p in ((n, pools.get(n) or {}) for n in ("cpu", "gpu"))
-               if p.get("enabled", name == "cpu")]
-    return bool(enabled) and all(p.get("minReplicas") == 0 for p in enabled)
 
 
 def is_quota_error(error: object) -> bool:

@@ -1,5 +1,5 @@
 """Artifacts in the shared store, an OCI registry: the quantization Job pushes one, a serving pod's init container
-fetches the parts it serves (``rerank-fetch-artifact``). Standard library only, like :mod:`quantizer_job.oci`.
+fetches the parts it serves (``rerank-fetch-artifact``). Standard library only, like :mod:`rerank_contracts.oci`.
 
 One artifact is one OCI image manifest (``artifactType`` ARTIFACT_TYPE): its config blob is the artifact's
 ``manifest.json`` byte for byte, so the digest the operator recorded (``manifest_sha256``) names the config; each

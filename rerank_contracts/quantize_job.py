@@ -1,19 +1,11 @@
-"""The contract between the operator and the quantization Job, in one place.
+"""The contract between the operator and the quantization Job: its command line and its result.
 
 The operator builds the Job's command line with :func:`build_args` and reads the Job's outcome back from the
 container's termination message with :func:`parse_result`; the quantizer parses that same command line with
 :func:`add_arguments` and writes its outcome with :meth:`JobResult.to_message`. Neither side spells a flag or a
-result key anywhere else.
+result key anywhere else. Where the Job publishes (the volume's layout) is :mod:`.artifact_layout`.
 
 This module must stay importable without torch, optimum or transformers: the operator imports it.
-
-Volume layout (``root`` is the mount point of the model volume)::
-
-    <root>/artifacts/<artifact-id>/            published atomically (rename of a sibling temp dir)
-        manifest.json                          files, sha256, recipe, quality, speed, versions, timings
-        cpu-int8/   model.onnx config.json tokenizer.json ...   what the CPU pool's TEI mounts
-        original/   model.safetensors config.json tokenizer.json ...   what the GPU pool serves in FP16
-    <root>/artifacts/.tmp-<artifact-id>-<random>/   work in progress; never read by TEI
 """
 
 from __future__ import annotations
@@ -24,27 +16,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-#: Where the model volume is mounted in the Job and in TEI pods.
-VOLUME_MOUNT_PATH = "/models"
-#: The header a model's HTTPRoute sets to its mirror token on what it routes, and so on the copies it mirrors to the
-#: quality guard, which counts only requests carrying it (quality_guard/intake.py; the route: core/builders/guard.py).
-MIRROR_TOKEN_HEADER = "X-Rerank-Mirror-Token"
-ARTIFACTS_DIR = "artifacts"
-CPU_SUBDIR = "cpu-int8"
-ORIGINAL_SUBDIR = "original"
-MANIFEST_FILE = "manifest.json"
-#: The evaluation pairs the artifact was verified on (JSONL of {"query", "text"}), beside its TEI directories: what
-#: the quality guard replays for a model without a Gateway to mirror live requests from.
-EVALUATION_FILE = "evaluation.jsonl"
-#: With the tenant's consent (``quantization.requantizeOnDrift``) the quality guard keeps a sample of a model's live
-#: requests at ``samples/<model>/live.jsonl`` (JSONL of {"query", "texts", "t"}): a re-quantization's evaluation and
-#: calibration data.
-SAMPLES_DIR = "samples"
-LIVE_SAMPLE_FILE = "live.jsonl"
 #: Kubernetes keeps at most 4096 bytes of a termination message.
 MAX_MESSAGE_BYTES = 4096
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 RESULT_VERSION = 1
+#: The quality gate's defaults, for the Job and for a RerankModel that leaves them out: the INT8 model's scores must
+#: rank the evaluation pairs as FP32's do (Spearman) and keep this share of FP32's top-k.
+DEFAULT_MIN_SPEARMAN = 0.99
+DEFAULT_MIN_TOPK_AGREEMENT = 0.9
 
 Mode = Literal["dynamic", "static"]
 Target = Literal["auto", "avx512_vnni", "avx2", "arm64"]
@@ -75,11 +54,6 @@ PERMANENT_FAILURES = ("ModelNotFound", "UnsupportedModel", "QualityGateFailed", 
 TRANSIENT_FAILURES = ("HubUnavailable",)
 
 
-def artifact_dir(root: str, artifact_id: str) -> str:
-    """Final path of an artifact on the volume."""
-    return f"{root.rstrip('/')}/{ARTIFACTS_DIR}/{artifact_id}"
-
-
 @dataclass(frozen=True)
 class JobRequest:
     """Everything the quantizer needs; the operator fills it from the RerankModel spec."""
@@ -97,8 +71,8 @@ class JobRequest:
     optimization_level: int = 1  # ORT transformer optimizer level before quantization; 0 disables
     eval_pairs: str | None = None  # JSONL of {"query", "text", ["label"]}
     calibration_pairs: str | None = None  # JSONL, static mode only
-    min_spearman: float = 0.99
-    min_topk_agreement: float = 0.9
+    min_spearman: float = DEFAULT_MIN_SPEARMAN
+    min_topk_agreement: float = DEFAULT_MIN_TOPK_AGREEMENT
     topk: int = 3
     time_budget_seconds: int = 900
     keep_original: bool = True  # also publish original/ (model.safetensors) for the GPU pool
@@ -140,8 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimization-level", type=int, choices=[0, 1, 2, 99], default=1)
     parser.add_argument("--eval-pairs", default=None, help="JSONL of query/text pairs used by the quality gate")
     parser.add_argument("--calibration-pairs", default=None, help="JSONL of query/text pairs for static quantization")
-    parser.add_argument("--min-spearman", type=float, default=0.99)
-    parser.add_argument("--min-topk-agreement", type=float, default=0.9)
+    parser.add_argument("--min-spearman", type=float, default=DEFAULT_MIN_SPEARMAN)
+    parser.add_argument("--min-topk-agreement", type=float, default=DEFAULT_MIN_TOPK_AGREEMENT)
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--time-budget-seconds", type=int, default=900)
     parser.add_argument("--keep-original", action=argparse.BooleanOptionalAction, default=True)

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-STAGES = ("download", "export", "optimize", "quantize", "verify", "publish")
-
 
 def peak_rss_bytes() -> int:
     """Peak RSS of this process and of its waited-for children (the export child)."""

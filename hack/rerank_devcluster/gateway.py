@@ -81,8 +81,10 @@ class TraefikGateway:
     def wait_route(self, namespace: str, route: str, timeout: float = 60.0) -> dict[str, Any]:
         """Wait until Traefik has accepted an HTTPRoute and resolved its backends (conditions Accepted and
         ResolvedRefs True for the route's current generation); returns that parent status. Traefik writes the
-        status while it builds the new routing configuration and applies the configuration right after, so the
-        first request may still miss by a few milliseconds: a test polls for the response it expects."""
+        status while it builds the new routing configuration and applies that configuration a little later (up to
+        ``providersThrottleDuration``), so the first requests may still miss: a test polls for the response it
+        expects. Accepted does not mean served: a rule with a filter Traefik does not implement (RequestMirror)
+        is accepted too, and answers 500 (Traefik logs "Unable to load HTTPRoute filters")."""
 
         def accepted() -> dict[str, Any] | None:
             body = _get(self.cluster, f"{GATEWAY_API}/namespaces/{namespace}/httproutes/{route}")
@@ -165,6 +167,8 @@ def _traefik_argv(cluster: Cluster, traefik: str, gw: TraefikGateway, instance: 
         f"--entryPoints.traefik.address=127.0.0.1:{gw.ping_port}",
         "--ping=true", "--ping.entryPoint=traefik",
         "--api=false",
+        # Traefik applies a new routing configuration at most every 2s by default; tests wait on each change.
+        "--providers.providersThrottleDuration=100ms",
         "--providers.kubernetesGateway=true",
         f"--providers.kubernetesGateway.labelSelector={INSTANCE_LABEL}={instance}",
         # Without it the Gateway's status has no address; with it, clients can read where to send requests.

@@ -43,7 +43,6 @@ from .relay import Answer, Held
 CLIENT_TIMEOUT_SECONDS = 10.0
 #: Methods whose requests carry a body: without a stated length they are refused (411), never read to the end.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-HOLD_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _DECIMAL = re.compile(r"[0-9]{1,15}")
 #: After /readyz starts failing, how long new requests are still taken while the endpoints catch up.
 DRAIN_DELAY_SECONDS = 5.0

@@ -14,7 +14,7 @@ import pytest
 from rerank_contracts import activator
 from rerank_operator.adapters import activator_pending
 from rerank_operator.core.autoscale.signals import ActivatorDemand
-from rerank_operator.core.builders.activator import Activator
+from rerank_operator.core.platform import Activator
 
 KEY = b"p" * 48
 BODY = {"models": {"team-a/m1": {"waiting": 2, "first": 100.0, "last": 105.5},

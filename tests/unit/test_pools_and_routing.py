@@ -9,6 +9,7 @@ import pytest
 from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core import plan as plans
+from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.builders import deployment, pods, routing, service
 from rerank_operator.core.observed import Observed
 from tests.unit.rerankmodel_gen import Mod, model, owner_of, set_, spec_of
@@ -148,14 +149,14 @@ BOTH_READY = (1, 1)
     ((set_("pools.cpu.enabled", False),), (0, 0), 100),
 ])
 def test_static_split(mods: tuple[Mod, ...], ready: tuple[int, int], gpu_percent: int) -> None:
-    t = routing.split(spec_of(model(*mods)), *ready)
+    t = splits.split(spec_of(model(*mods)), *ready)
     assert (t.gpu_percent, t.cpu_percent) == (gpu_percent, 100 - gpu_percent)
 
 
 def test_autoscaler_decision_is_applied_within_the_policy() -> None:
     decision = {"gpuPercent": 60, "reason": "spill"}
-    assert routing.split(spec_of(model()), 1, 1, decision).gpu_percent == 60
-    assert routing.split(spec_of(model(set_("routing", {"policy": "gpu-only"}))), 1, 1, decision).gpu_percent == 100
+    assert splits.split(spec_of(model()), 1, 1, decision).gpu_percent == 60
+    assert splits.split(spec_of(model(set_("routing", {"policy": "gpu-only"}))), 1, 1, decision).gpu_percent == 100
 
 
 def test_httproute_weights_follow_the_split() -> None:
@@ -163,13 +164,13 @@ def test_httproute_weights_follow_the_split() -> None:
                                   "gateway": {"parentRefs": [{"name": "edge", "namespace": "infra"}],
                                               "hostnames": ["rerank.example.com"]}}))
     spec = spec_of(body)
-    route = routing.build_httproute(owner_of(body), spec, routing.split(spec, 1, 1))
+    route = routing.build_httproute(owner_of(body), spec, splits.split(spec, 1, 1))
     assert route is not None
     weights = {b["name"]: b["weight"] for b in route["spec"]["rules"][0]["backendRefs"]}
     assert weights == {"bge-m3-gpu": 80, "bge-m3-cpu": 20}
     assert route["spec"]["parentRefs"] == [{"name": "edge", "namespace": "infra"}]
     assert route["spec"]["hostnames"] == ["rerank.example.com"]
-    assert routing.build_httproute(owner_of(body), spec_of(model()), routing.split(spec, 1, 1)) is None
+    assert routing.build_httproute(owner_of(body), spec_of(model()), splits.split(spec, 1, 1)) is None
 
 
 def test_model_service_selects_the_receiving_pools() -> None:

@@ -12,16 +12,15 @@ import pytest
 
 from rerank_contracts import activator
 from rerank_operator import main
-from rerank_operator.core import conditions, readiness
+from rerank_operator.core import conditions, platform, readiness
 from rerank_operator.core import plan as plans
-from rerank_operator.core.builders import activator as activators
 from rerank_operator.core.observed import Observed
 from rerank_operator.core.settings import Settings
 from rerank_operator.core.tenancy import tenant
 from tests.unit.rerankmodel_gen import FakeWorld, model, owner_of, set_, spec_of
 
 KEY = b"k" * 40
-ACTIVATOR = activators.Activator("http://act.rerank-system.svc:8080", "rerank-system", "act", 8080, KEY)
+ACTIVATOR = platform.Activator("http://act.rerank-system.svc:8080", "rerank-system", "act", 8080, KEY)
 NOW = "2026-12-05T00:00:00Z"
 GATEWAY = {"parentRefs": [{"name": "edge", "namespace": "infra"}]}
 
@@ -41,7 +40,7 @@ def status_at(phase: str | None, cpu: int) -> dict[str, Any]:
 
 
 def plan_for(body: dict[str, Any], status: dict[str, Any], observed: Observed | None = None,
-             activator: activators.Activator | None = ACTIVATOR) -> plans.Plan:
+             activator: platform.Activator | None = ACTIVATOR) -> plans.Plan:
     return plans.compute(owner_of(body), spec_of(body), observed or Observed(), status, NOW, activator=activator)
 
 
@@ -122,7 +121,7 @@ def test_the_operator_takes_the_activator_from_three_flags_together(tmp_path: Pa
     key = tmp_path / "key"
     key.write_bytes(KEY + b"\n")
 
-    def parsed(**flags: str) -> activators.Activator | None:
+    def parsed(**flags: str) -> platform.Activator | None:
         args = argparse.Namespace(activator_url="", activator_service="", activator_key_file="")
         for name, value in flags.items():
             setattr(args, name, value)
@@ -130,7 +129,7 @@ def test_the_operator_takes_the_activator_from_three_flags_together(tmp_path: Pa
 
     got = parsed(activator_url="http://act.ns.svc:8080/", activator_service="ns/act:8080",
                  activator_key_file=str(key))
-    assert got == activators.Activator("http://act.ns.svc:8080", "ns", "act", 8080, KEY)
+    assert got == platform.Activator("http://act.ns.svc:8080", "ns", "act", 8080, KEY)
     assert parsed() is None
     with pytest.raises(ValueError, match="go together"):
         parsed(activator_url="http://act.ns.svc:8080")

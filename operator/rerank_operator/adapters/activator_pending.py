@@ -16,8 +16,8 @@ from typing import Any
 
 from rerank_contracts.activator import PENDING_PATH, TOKEN_HEADER, pending_token
 from rerank_operator.core.autoscale.signals import ActivatorDemand
-from rerank_operator.core.builders.activator import Activator
 from rerank_operator.core.names import ModelKey
+from rerank_operator.core.platform import Activator
 
 log = logging.getLogger(__name__)
 

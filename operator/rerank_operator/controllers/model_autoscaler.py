@@ -32,7 +32,7 @@ from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.adapters.signal_sources import Sources, Wanted
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, cost, events, leadership, names
+from rerank_operator.core import conditions, cost, events, leadership, names, platform
 from rerank_operator.core import spec as specs
 from rerank_operator.core import status as statuses
 from rerank_operator.core.autoscale import config, endpoints, history, policy, record
@@ -43,6 +43,7 @@ from rerank_operator.core.conditions import Condition
 from rerank_operator.core.names import ROUTED_TO_ACTIVATOR, ModelKey
 from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.quality import assessment as quality
+from rerank_operator.core.quality import guard_policy
 from rerank_operator.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,9 @@ class ModelAutoscaler:
         self._memo: tuple[class_index.Understood, config.AutoscalingSpec] | None = None
         self._unchanged: tuple[Any, ...] | None = None  # what the last tick that wrote nothing saw
         self.pricing: cost.Pricing | None = None  # the model's RerankClass's prices (set with the parsed spec)
-        self.guard: guard.GuardSettings | None = None  # the class's quality guard, when it turns it on
+        self.guard: platform.GuardSettings | None = None  # the class's quality guard, when it turns it on
         self.guard_why_not: str | None = None  # why this model cannot be checked although its class guards it
-        self.guard_reference: str = guard.REFERENCE  # what its guard compares with (status.quality.reference)
+        self.guard_reference: str = platform.REFERENCE  # what its guard compares with (status.quality.reference)
         self.requantize_policy = specs.RequantizeOnDrift()  # the model's consent to re-quantize on drift
         self.class_name = ""
         self.metered_at: float | None = None
@@ -208,11 +209,11 @@ class ModelAutoscaler:
         tenancy, parsed = understood.tenancy, understood.spec
         class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
         self.pricing, self.class_name = cost.Pricing.from_class(class_spec), tenancy.class_name or ""
-        self.guard = guard.GuardSettings.from_class(class_spec)
+        self.guard = platform.GuardSettings.from_class(class_spec)
         try:
             if parsed is None:
                 raise specs.SpecError(str(understood.error))
-            self.guard_why_not = guard.unavailable(parsed)
+            self.guard_why_not = guard_policy.unavailable(parsed)
             self.guard_reference = guard.reference_of(parsed)
             self.requantize_policy = parsed.quantization.requantize_on_drift
             server = endpoints.prometheus_for(parsed.autoscaling.source, class_spec, self.settings.prometheus)

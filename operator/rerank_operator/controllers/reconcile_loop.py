@@ -18,10 +18,9 @@ import kopf
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
-from rerank_operator.core import events, names, sharing
+from rerank_operator.core import events, names, platform, sharing
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
-from rerank_operator.core.builders import guard
 from rerank_operator.core.builders import job as job_builder
 from rerank_operator.core.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from rerank_operator.core.observed import ObjectRef, ref_of
@@ -123,7 +122,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     store = sharing.ArtifactStore.from_class(class_spec) if shared is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=tenant.network_policy(body, tenancy, settings, spec),
-                         guard_settings=guard.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
+                         guard_settings=platform.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
                          pull_secrets=settings.image_pull_secrets, activator=settings.activator,
                          store=store, shared=_look_up(shared, spec, store, previous),
                          fetcher_image=settings.fetcher_image or "")

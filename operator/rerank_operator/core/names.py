@@ -161,11 +161,6 @@ def labels(model: str, component: Component) -> dict[str, str]:
     }
 
 
-def owned_selector(model: str) -> str:
-    """Label selector (string form) matching every child of ``model`` the operator manages."""
-    return f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}={model},{LABEL_MANAGED_BY}={OPERATOR_NAME}"
-
-
 def owner_reference(owner: Owner) -> dict[str, Any]:
     """Controller reference so garbage collection deletes the child with its RerankModel."""
     return {

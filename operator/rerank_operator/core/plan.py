@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_operator.core import drift, names, sharing
+from rerank_operator.core import drift, names, platform, sharing
 from rerank_operator.core.artifact_decision import (
     DEFAULT_BACKOFF,
     ArtifactDecision,
@@ -22,13 +22,15 @@ from rerank_operator.core.artifact_decision import (
     jobs_for,
     max_input_tokens,
 )
+from rerank_operator.core.autoscale import split as splits
+from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.builders import activator as activators
 from rerank_operator.core.builders import deployment, guard, job, pods, routing, service, storage
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import canary as canaries
-from rerank_operator.core.quality import requantize
+from rerank_operator.core.quality import guard_policy, requantize
 from rerank_operator.core.spec import RerankModelSpec
 
 DEFAULT_DEPLOYMENT_REPLICAS = 1  # what the API server gives a Deployment created without replicas
@@ -137,9 +139,9 @@ def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> 
 
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
-    network_policy: Obj | None = None, guard_settings: guard.GuardSettings | None = None,
+    network_policy: Obj | None = None, guard_settings: platform.GuardSettings | None = None,
     backoff: job.RetryBackoff = DEFAULT_BACKOFF, pull_secrets: tuple[str, ...] = (),
-    activator: activators.Activator | None = None, store: sharing.ArtifactStore | None = None,
+    activator: platform.Activator | None = None, store: sharing.ArtifactStore | None = None,
     shared: sharing.SharedView | None = None, fetcher_image: str = "",
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.
@@ -162,8 +164,8 @@ def compute(
     pools_deployed = decision.desired_id is None or serving is not None
     autoscaler = _autoscaler_decision(spec, status)
     below_floor = quality.below_floor_of(status)
-    traffic = routing.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler, below_floor)
-    guarding = guard_settings if pools_deployed and guard.applies(spec, guard_settings) else None
+    traffic = splits.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler, below_floor)
+    guarding = guard_settings if pools_deployed and guard_policy.applies(spec, guard_settings) else None
 
     desired: list[Obj] = []
     # A model whose artifact comes from the store needs no volume of its own (unless one still serves).
@@ -188,7 +190,7 @@ def compute(
     token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
     filters = guard.route_filters(owner, guarding, token) if guarding is not None and not guard.replays(spec) else []
     canary_share = canary.percent if canary_id and canary else 0
-    sleeping = activators.routing_to(spec, autoscaler, activator)
+    sleeping = zeros.routing_to(spec, autoscaler, activator)
     if sleeping is not None:  # the activator holds the requests; the guard gets no copy of what the pools never see
         filters = activators.route_filters(owner, spec, sleeping)
     route = (routing.build_httproute(owner, spec, traffic, filters, canary_share,
@@ -202,7 +204,7 @@ def compute(
                                                         claim=claim, artifact_id=serving,
                                                         max_input_tokens=max_input_tokens(decision.served), token=token,
                                                         fetch=served_fetch)
-        if sleeping is not None and activators.phase(autoscaler) == "asleep":
+        if sleeping is not None and zeros.recorded_phase(autoscaler) == "asleep":
             guard_deployment["spec"]["replicas"] = 0  # nothing to check at zero: the guard sleeps with the pools
         desired.append(guard_deployment)
         desired.append(guard.build_guard_service(owner))
@@ -247,7 +249,7 @@ def compute(
         traffic=traffic,
         claim=claim,
         scale=tuple(scales),
-        zero=activators.phase(autoscaler) if sleeping is not None else None,
+        zero=zeros.recorded_phase(autoscaler) if sleeping is not None else None,
         grants=((activators.build_reference_grant(activator, owner.namespace),)
                 if activator is not None and spec.scales_to_zero and spec.routing.gateway is not None else ()),
     )

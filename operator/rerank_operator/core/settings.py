@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 
 from rerank_operator.core import shapes
 from rerank_operator.core.autoscale.config import PrometheusSettings
-from rerank_operator.core.builders.activator import Activator
 from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import LeaderElectionSettings
+from rerank_operator.core.platform import Activator
 
 #: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
 #: so the autoscaler can scrape TEI. ``RERANK_OPERATOR_POD_LABELS=k=v,k=v`` overrides them.

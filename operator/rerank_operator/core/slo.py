@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from rerank_operator.core.autoscale.exposition import fraction_above
 from rerank_operator.core.autoscale.signals import PoolSignals
 
-OBJECTIVE = 0.95  # the share of requests within target (the target is a p95)
-
 
 @dataclass(frozen=True)
 class Served:

@@ -17,15 +17,17 @@ from quality_guard.checks import Guard
 from quality_guard.config import Config
 from rerank_contracts import artifact_layout, quantize_job
 from rerank_contracts.guard import MIRROR_TOKEN_HEADER
-from rerank_operator.core import artifact, conditions, names
+from rerank_operator.core import artifact, conditions, names, platform
 from rerank_operator.core import artifact_decision as decisions
 from rerank_operator.core import plan as plans
 from rerank_operator.core import status as statuses
+from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
-from rerank_operator.core.builders import guard, routing
+from rerank_operator.core.builders import guard
 from rerank_operator.core.quality import assessment as quality
+from rerank_operator.core.quality import guard_policy
 from rerank_operator.core.tenancy import network
 from tests.unit.autoscale.autoscale_helpers import pool, spec
 from tests.unit.rerankmodel_gen import FakeWorld, model, owner_of, published, set_, spec_of
@@ -33,7 +35,7 @@ from tests.unit.rerankmodel_gen import FakeWorld, model, owner_of, published, se
 NOW = "2025-01-01T00:00:00Z"
 GATEWAY = {"gateway": {"parentRefs": [{"name": "edge", "namespace": "infra"}]}}
 CLASS_SPEC: dict[str, Any] = {"qualityGuard": {"enabled": True, "sampleFraction": 0.02, "callsPerSecond": 3}}
-SETTINGS = guard.GuardSettings.from_class(CLASS_SPEC)
+SETTINGS = platform.GuardSettings.from_class(CLASS_SPEC)
 
 
 def guarded_model(*mods: Any) -> dict[str, Any]:
@@ -46,7 +48,7 @@ def served(artifact_id: str) -> dict[str, Any]:
 
 
 def plan_for(body: dict[str, Any], status: dict[str, Any], world: FakeWorld | None = None,
-             settings_: guard.GuardSettings | None = SETTINGS) -> plans.Plan:
+             settings_: platform.GuardSettings | None = SETTINGS) -> plans.Plan:
     world = world or FakeWorld()
     spec = spec_of(body)
     full = {**served(str(artifact.artifact_id(spec))), **status}
@@ -60,9 +62,9 @@ def by_kind(plan: plans.Plan, kind: str) -> dict[str, dict[str, Any]]:
 # --- who is guarded, and the guard's objects ------------------------------------------------------------------------
 
 def test_the_class_turns_the_guard_on_with_its_budget() -> None:
-    assert guard.GuardSettings.from_class({}) is None
-    assert guard.GuardSettings.from_class({"qualityGuard": {"enabled": False}}) is None
-    assert guard.GuardSettings(sample_fraction=0.02, calls_per_second=3.0) == SETTINGS
+    assert platform.GuardSettings.from_class({}) is None
+    assert platform.GuardSettings.from_class({"qualityGuard": {"enabled": False}}) is None
+    assert platform.GuardSettings(sample_fraction=0.02, calls_per_second=3.0) == SETTINGS
 
 
 @pytest.mark.parametrize("mods,why", [
@@ -71,11 +73,12 @@ def test_the_class_turns_the_guard_on_with_its_budget() -> None:
 ])
 def test_a_model_that_cannot_be_checked_gets_no_guard_and_says_why(mods: tuple[Any, ...], why: str) -> None:
     body = guarded_model(*mods)
-    reason = guard.unavailable(spec_of(body))
+    reason = guard_policy.unavailable(spec_of(body))
     assert reason is not None and why in reason
-    assert guard.unavailable(spec_of(guarded_model())) is None
-    assert guard.unavailable(spec_of(model())) is None  # without a Gateway: the guard replays (below)
-    assert guard.unavailable(spec_of(guarded_model(set_("pools.gpu.enabled", False)))) is None  # FP32 in the guard
+    assert guard_policy.unavailable(spec_of(guarded_model())) is None
+    assert guard_policy.unavailable(spec_of(model())) is None  # without a Gateway: the guard replays (below)
+    # FP32 in the guard:
+    assert guard_policy.unavailable(spec_of(guarded_model(set_("pools.gpu.enabled", False)))) is None
 
 
 @pytest.mark.parametrize("gateway", [True, False], ids=["mirrored", "replayed"])
@@ -110,7 +113,7 @@ def test_without_a_gpu_pool_the_guard_scores_fp32_from_the_served_artifacts_orig
     # The guard holds the weights: room for them, unless the class says otherwise.
     assert c["resources"] == {k: dict(v) for k, v in guard.LOCAL_REFERENCE_RESOURCES.items()}
     assert SETTINGS is not None
-    sized = guard.GuardSettings(resources={"limits": {"memory": "20Gi"}})
+    sized = platform.GuardSettings(resources={"limits": {"memory": "20Gi"}})
     own = guard.build_guard_deployment(owner_of(body), spec_of(body), sized, (), claim="c", artifact_id=served)
     assert own["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"memory": "20Gi"}}
 
@@ -275,7 +278,7 @@ def test_the_network_policy_admits_the_guard_when_the_namespace_is_not() -> None
     policy = network.build_network_policy(body, rclass)
     assert policy is not None
     peers = policy["spec"]["ingress"][0]["from"]
-    guard_pod = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS or guard.GuardSettings(),
+    guard_pod = guard.build_guard_deployment(owner_of(body), spec_of(body), SETTINGS or platform.GuardSettings(),
                                              ())["spec"]["template"]["metadata"]["labels"]
     assert any(all(guard_pod.get(k) == v for k, v in p.get("podSelector", {}).get("matchLabels", {}).items())
                and "namespaceSelector" not in p and p.get("podSelector", {}).get("matchLabels") for p in peers)
@@ -357,7 +360,7 @@ def test_assess_flips_the_condition_posts_events_and_keeps_the_verdict_when_the_
 
 def test_a_model_checked_against_fp32_in_the_guard_says_so() -> None:
     ref = guard.reference_of(spec_of(model(set_("pools.gpu.enabled", False))))
-    assert ref == guard.REFERENCE_FP32 and guard.reference_of(spec_of(model())) == guard.REFERENCE
+    assert ref == guard.REFERENCE_FP32 and guard.reference_of(spec_of(model())) == platform.REFERENCE
     out = quality.assess({}, below("cpu"), None, {"cpu": 1, "gpu": 0}, "bge-m3-guard", reference=ref)
     assert out.record["reference"] == "fp32" and "FP32 of the original weights" in out.condition.message
     assert "vs the GPU pool" not in out.condition.message
@@ -369,11 +372,11 @@ def test_a_model_checked_against_fp32_in_the_guard_says_so() -> None:
 
 def test_routing_keeps_traffic_away_from_a_pool_below_the_floor_only_while_the_other_can_serve() -> None:
     s = spec_of(guarded_model(set_("routing.policy", "fixed"), set_("routing.weights", {"gpu": 50, "cpu": 50})))
-    assert routing.split(s, 2, 2).cpu_percent == 50
-    assert (routing.split(s, 2, 2, below_floor={"cpu"}).cpu_percent,
-            routing.split(s, 2, 2, below_floor={"gpu"}).gpu_percent) == (0, 0)
-    assert routing.split(s, 0, 2, below_floor={"cpu"}).cpu_percent == 100  # a worse ranking beats no answer
-    assert routing.split(s, 2, 2, below_floor={"cpu", "gpu"}).cpu_percent == 50  # nothing better to send it to
+    assert splits.split(s, 2, 2).cpu_percent == 50
+    assert (splits.split(s, 2, 2, below_floor={"cpu"}).cpu_percent,
+            splits.split(s, 2, 2, below_floor={"gpu"}).gpu_percent) == (0, 0)
+    assert splits.split(s, 0, 2, below_floor={"cpu"}).cpu_percent == 100  # a worse ranking beats no answer
+    assert splits.split(s, 2, 2, below_floor={"cpu", "gpu"}).cpu_percent == 50  # nothing better to send it to
     # The reconcile loop reads it from the status the autoscaler recorded (once the pools have ready replicas).
     body = guarded_model(set_("routing.policy", "fixed"), set_("routing.weights", {"gpu": 50, "cpu": 50}))
     world = FakeWorld()
@@ -437,7 +440,7 @@ class GuardedLife:
     """plan -> fake API server -> status, for a guarded model (as test_lifecycle.Life, with the class's guard), and
     the autoscaler's half: the guard's verdict recorded as the autoscaler records it."""
 
-    def __init__(self, body: dict[str, Any], settings_: guard.GuardSettings | None = SETTINGS) -> None:
+    def __init__(self, body: dict[str, Any], settings_: platform.GuardSettings | None = SETTINGS) -> None:
         self.body, self.settings = body, settings_
         self.world = FakeWorld()
         self.status: dict[str, Any] = {}

@@ -21,20 +21,24 @@ gpu-first spills only what the GPU cannot serve, and recovers gradually:
   and back (damping); not sooner than the scale-down cooldown after the last spill unless the GPU has every replica it
   asked for ready and a capacity learned at saturation, so the projection is measured.
 Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU replica means 0%
-(``builders/routing.ready_pools_only``, the reconcile loop's rule too).
+(``ready_pools_only``, the reconcile loop's rule too).
 `Tuning` switches parts off for the simulator's ablation only; production always uses the defaults.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rerank_operator.core.autoscale.config import AutoscalingSpec
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.load import UTILIZATION, Load, keeping_up
 from rerank_operator.core.autoscale.signals import Signals
-from rerank_operator.core.builders import guard, routing
+from rerank_operator.core.builders.routing import Traffic
+from rerank_operator.core.quality import guard_policy
+from rerank_operator.core.spec import RerankModelSpec
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark
@@ -93,7 +97,7 @@ def route(spec: AutoscalingSpec, signals: Signals, cpu_percent: int, gpu: GpuSta
         return Split(100, "routing policy cpu-only")
     if policy == "gpu-only":
         return Split(0, "routing policy gpu-only")
-    forced = routing.ready_pools_only(gpu_ready, cpu_ready)  # the reconcile loop's rule too
+    forced = ready_pools_only(gpu_ready, cpu_ready)  # the reconcile loop's rule too
     if forced is not None:
         return Split(*forced)
     if gpu_ready <= 0 or cpu_ready <= 0:
@@ -114,7 +118,7 @@ def effective_policy(spec: AutoscalingSpec, signals: Signals | None = None) -> s
         return "gpu-only"
     if signals is not None:
         ready = {"gpu": signals.gpu.ready_replicas, "cpu": signals.cpu.ready_replicas}
-        out = guard.excluded(signals.below_floor, ready)
+        out = guard_policy.excluded(signals.below_floor, ready)
         if out is not None:
             return "gpu-only" if out == "cpu" else "cpu-only"
     return spec.routing_policy
@@ -275,3 +279,55 @@ def _projected_gpu_ratio(signals: Signals, gpu: GpuState, history: History, gpu_
     if gpu_percent <= 0:
         return None
     return gpu.load.ratio * after_percent / gpu_percent
+
+
+# -- The reconcile loop's split: the spec's policy, the autoscaler's decision, the guard's exclusion, ready pools --
+def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, Any] | None) -> Traffic:
+    if not spec.gpu.enabled:
+        return Traffic(0, 100, "only the CPU pool is enabled")
+    if not spec.cpu.enabled:
+        return Traffic(100, 0, "only the GPU pool is enabled")
+    policy = spec.routing.policy
+    if policy == "cpu-only":
+        return Traffic(0, 100, "routing policy cpu-only")
+    if policy == "gpu-only":
+        return Traffic(100, 0, "routing policy gpu-only")
+    if decision is not None and isinstance(decision.get("gpuPercent"), int):
+        gpu = max(0, min(100, int(decision["gpuPercent"])))
+        return Traffic(gpu, 100 - gpu, f"autoscaler: {decision.get('reason') or 'decision'}")
+    if policy == "fixed" and spec.routing.weights is not None:
+        w = spec.routing.weights
+        return Traffic(w.gpu, w.cpu, "routing policy fixed")
+    if gpu_ready > 0:
+        return Traffic(100, 0, "routing policy gpu-first: the GPU pool has ready replicas")
+    return Traffic(0, 100, "routing policy gpu-first: no GPU replica ready, serving from the CPU pool")
+
+
+def split(
+    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: Mapping[str, Any] | None = None,
+    below_floor: Collection[str] = (),
+) -> Traffic:
+    """The split for ``spec`` given ready replicas per pool, with autoscaling on the autoscaler's decision, and the
+    pools the quality guard finds below the floor."""
+    traffic = _policy_split(spec, gpu_ready, decision)
+    out = guard_policy.excluded(below_floor, {"gpu": gpu_ready, "cpu": cpu_ready})
+    if out == "cpu" and traffic.cpu_percent > 0:
+        traffic = Traffic(100, 0, "the CPU pool ranks below the quality floor: all traffic to the GPU pool")
+    elif out == "gpu" and traffic.gpu_percent > 0:
+        traffic = Traffic(0, 100, "the GPU pool ranks below the quality floor: all traffic to the CPU pool")
+    forced = ready_pools_only(gpu_ready, cpu_ready, gpu_enabled=spec.gpu.enabled, cpu_enabled=spec.cpu.enabled)
+    if forced is not None and forced[0] != traffic.cpu_percent:
+        return Traffic(100 - forced[0], forced[0], forced[1])
+    return traffic
+
+
+def ready_pools_only(gpu_ready: int, cpu_ready: int, *, gpu_enabled: bool = True,
+                     cpu_enabled: bool = True) -> tuple[int, str] | None:
+    """The rule every split obeys, the reconcile loop's and the autoscaler's (``autoscale/split.route``): a pool with
+    no ready replica gets no traffic while the other pool has ready ones. Returns the CPU share it forces and why, or
+    None when both pools (or neither) have ready replicas."""
+    if gpu_ready <= 0 and cpu_ready > 0 and cpu_enabled:
+        return 100, "no GPU replica ready: all traffic to the CPU pool"
+    if cpu_ready <= 0 and gpu_ready > 0 and gpu_enabled:
+        return 0, "no CPU replica ready: all traffic to the GPU pool"
+    return None

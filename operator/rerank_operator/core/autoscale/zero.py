@@ -27,14 +27,17 @@ sleeping model: stale metrics of its terminating pods do not (``step``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
-from rerank_operator.core import names
+from rerank_operator.core import names, platform
 from rerank_operator.core import spec as specs
 from rerank_operator.core.autoscale.config import AutoscalingSpec, PoolBounds
 from rerank_operator.core.autoscale.history import ZeroState
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.names import ZeroPhase
+from rerank_operator.core.spec import RerankModelSpec
 
 #: How long the route points at the activator before the pools go: one tick to apply the route plus the time a
 #: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.
@@ -148,3 +151,18 @@ def why(phase: ZeroPhase, spec: AutoscalingSpec, state: ZeroState, now: float) -
     if phase == "asleep":
         return f"scaled to zero: the activator holds requests and wakes the {pool} pool"
     return f"waking: requests wait at the activator until the {pool} pool has a ready replica"
+
+
+def recorded_phase(decision: Mapping[str, Any] | None) -> str | None:
+    """The scale-to-zero phase the autoscaler recorded (``lastDecision.scaleToZero``), None for other models."""
+    value = (decision or {}).get("scaleToZero")
+    return value if isinstance(value, str) else None
+
+
+def routing_to(spec: RerankModelSpec, decision: Mapping[str, Any] | None,
+               activator: platform.Activator | None) -> platform.Activator | None:
+    """The activator the model's route must point at now, or None (it routes to its pools): the autoscaler took
+    it towards zero, the operator knows an activator, and the model has a route to change."""
+    if activator is None or spec.routing.gateway is None or recorded_phase(decision) not in names.ROUTED_TO_ACTIVATOR:
+        return None
+    return activator

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rerank_contracts import artifact_layout
@@ -32,61 +31,8 @@ from rerank_contracts.guard import MIRROR_TOKEN_HEADER
 from rerank_operator.core import names
 from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.builders import fetch as fetching
+from rerank_operator.core.platform import CHECKED, REFERENCE, GuardSettings
 from rerank_operator.core.spec import RerankModelSpec
-
-#: The pool the guard checks and the one it checks against (the GPU pool serves the original weights in FP16).
-CHECKED: names.PoolName = "cpu"
-REFERENCE: names.PoolName = "gpu"
-DEFAULT_FRACTION = 0.05
-DEFAULT_CALLS_PER_SECOND = 1.0
-DEFAULT_CANARY_PERCENT = 5
-DEFAULT_CANARY_REQUESTS = 200
-
-
-@dataclass(frozen=True)
-class GuardSettings:
-    """A RerankClass's ``spec.qualityGuard`` when enabled: how much traffic is mirrored and what the guard may spend."""
-
-    sample_fraction: float = DEFAULT_FRACTION
-    calls_per_second: float = DEFAULT_CALLS_PER_SECOND
-    image: str | None = None
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    #: A new artifact first serves this share of the requests beside the stable one (0: no canary, roll at once),
-    #: and is promoted once the guard compared this many requests on it within the floor (``plan.py``).
-    canary_percent: int = DEFAULT_CANARY_PERCENT
-    canary_requests: int = DEFAULT_CANARY_REQUESTS
-
-    @classmethod
-    def from_class(cls, class_spec: Mapping[str, Any] | None) -> GuardSettings | None:
-        """None unless the class turns the guard on (the CRD's schema has validated the values)."""
-        section = (class_spec or {}).get("qualityGuard") or {}
-        if not section.get("enabled"):
-            return None
-        return cls(sample_fraction=float(section.get("sampleFraction", DEFAULT_FRACTION)),
-                   calls_per_second=float(section.get("callsPerSecond", DEFAULT_CALLS_PER_SECOND)),
-                   image=section.get("image") or None, resources=dict(section.get("resources") or {}),
-                   canary_percent=int(section.get("canaryPercent", DEFAULT_CANARY_PERCENT)),
-                   canary_requests=int(section.get("canaryRequests", DEFAULT_CANARY_REQUESTS)))
-
-
-def excluded(below_floor: Collection[str], ready: Mapping[str, int]) -> names.PoolName | None:
-    """The pool routing keeps traffic away from: one the guard finds below the floor while the other pool is not and
-    has ready replicas (a worse ranking beats a failed request, so not otherwise). Routing (``routing.split``) and the
-    autoscaler's policy (``split.effective_policy``) both follow it."""
-    for pool, other in ((CHECKED, REFERENCE), (REFERENCE, CHECKED)):
-        if pool in below_floor and other not in below_floor and ready.get(other, 0) > 0:
-            return pool
-    return None
-
-
-def unavailable(spec: RerankModelSpec) -> str | None:
-    """Why a guarded class's model cannot be checked (the guard is then not deployed), or None if it can."""
-    if not spec.cpu.enabled:
-        return "the model has no CPU pool: the guard checks the INT8 pool against the original weights"
-    if not spec.quantization.enabled:
-        return "quantization is disabled: both pools serve the original weights"
-    return None
-
 
 CONFIG_ENV = "RERANK_GUARD_CONFIG"
 #: The guard's environment variable holding the model's mirror token (``quality_guard.config.Config.mirror_token_env``).
@@ -331,8 +277,3 @@ def route_filters(owner: names.Owner, settings: GuardSettings, token: str) -> li
             "fraction": {"numerator": numerator, "denominator": FRACTION_DENOMINATOR},
         }},
     ]
-
-
-def applies(spec: RerankModelSpec, settings: GuardSettings | None) -> bool:
-    """Whether the model gets a guard: its class turns it on and the model can be checked."""
-    return settings is not None and unavailable(spec) is None

@@ -11,12 +11,11 @@ request, so not otherwise).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.builders import guard
 from rerank_operator.core.spec import RerankModelSpec
 
 
@@ -31,57 +30,6 @@ class Traffic:
         """Pools that get a share of requests."""
         shares: tuple[tuple[names.PoolName, int], ...] = (("cpu", self.cpu_percent), ("gpu", self.gpu_percent))
         return tuple(p for p, share in shares if share > 0)
-
-
-def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, Any] | None) -> Traffic:
-    if not spec.gpu.enabled:
-        return Traffic(0, 100, "only the CPU pool is enabled")
-    if not spec.cpu.enabled:
-        return Traffic(100, 0, "only the GPU pool is enabled")
-    policy = spec.routing.policy
-    if policy == "cpu-only":
-        return Traffic(0, 100, "routing policy cpu-only")
-    if policy == "gpu-only":
-        return Traffic(100, 0, "routing policy gpu-only")
-    if decision is not None and isinstance(decision.get("gpuPercent"), int):
-        gpu = max(0, min(100, int(decision["gpuPercent"])))
-        return Traffic(gpu, 100 - gpu, f"autoscaler: {decision.get('reason') or 'decision'}")
-    if policy == "fixed" and spec.routing.weights is not None:
-        w = spec.routing.weights
-        return Traffic(w.gpu, w.cpu, "routing policy fixed")
-    if gpu_ready > 0:
-        return Traffic(100, 0, "routing policy gpu-first: the GPU pool has ready replicas")
-    return Traffic(0, 100, "routing policy gpu-first: no GPU replica ready, serving from the CPU pool")
-
-
-def split(
-    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: Mapping[str, Any] | None = None,
-    below_floor: Collection[str] = (),
-) -> Traffic:
-    """The split for ``spec`` given ready replicas per pool, with autoscaling on the autoscaler's decision, and the
-    pools the quality guard finds below the floor."""
-    traffic = _policy_split(spec, gpu_ready, decision)
-    out = guard.excluded(below_floor, {"gpu": gpu_ready, "cpu": cpu_ready})
-    if out == "cpu" and traffic.cpu_percent > 0:
-        traffic = Traffic(100, 0, "the CPU pool ranks below the quality floor: all traffic to the GPU pool")
-    elif out == "gpu" and traffic.gpu_percent > 0:
-        traffic = Traffic(0, 100, "the GPU pool ranks below the quality floor: all traffic to the CPU pool")
-    forced = ready_pools_only(gpu_ready, cpu_ready, gpu_enabled=spec.gpu.enabled, cpu_enabled=spec.cpu.enabled)
-    if forced is not None and forced[0] != traffic.cpu_percent:
-        return Traffic(100 - forced[0], forced[0], forced[1])
-    return traffic
-
-
-def ready_pools_only(gpu_ready: int, cpu_ready: int, *, gpu_enabled: bool = True,
-                     cpu_enabled: bool = True) -> tuple[int, str] | None:
-    """The rule every split obeys, the reconcile loop's and the autoscaler's (``autoscale/split.route``): a pool with
-    no ready replica gets no traffic while the other pool has ready ones. Returns the CPU share it forces and why, or
-    None when both pools (or neither) have ready replicas."""
-    if gpu_ready <= 0 and cpu_ready > 0 and cpu_enabled:
-        return 100, "no GPU replica ready: all traffic to the CPU pool"
-    if cpu_ready <= 0 and gpu_ready > 0 and gpu_enabled:
-        return 0, "no CPU replica ready: all traffic to the GPU pool"
-    return None
 
 
 def build_httproute(owner: names.Owner, spec: RerankModelSpec, traffic: Traffic,

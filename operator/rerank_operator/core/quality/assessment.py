@@ -22,16 +22,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rerank_operator.core import conditions, names
+from rerank_operator.core import conditions, names, platform
 from rerank_operator.core.autoscale import exposition
-from rerank_operator.core.builders import guard
 from rerank_operator.core.conditions import Condition
 from rerank_operator.core.events import Event
 from rerank_operator.core.quality import requantize
 from rerank_operator.core.spec import RequantizeOnDrift
 
 QUALITY_VERIFIED = conditions.QUALITY_VERIFIED
-CHECKED, REFERENCE = guard.CHECKED, guard.REFERENCE
+CHECKED, REFERENCE = platform.CHECKED, platform.REFERENCE
 
 
 @dataclass(frozen=True)

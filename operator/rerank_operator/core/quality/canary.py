@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rerank_operator.core import platform
 from rerank_operator.core.builders import guard
+from rerank_operator.core.quality import guard_policy
 from rerank_operator.core.spec import RerankModelSpec
 
 
@@ -21,9 +23,11 @@ class CanaryPolicy:
     requests: int
 
 
-def policy(spec: RerankModelSpec, settings: guard.GuardSettings | None) -> CanaryPolicy | None:
+def policy(spec: RerankModelSpec, settings: platform.GuardSettings | None) -> CanaryPolicy | None:
     """The class's canary, for a guarded model with a Gateway (the canary is the route's third backend)."""
-    if settings is None or settings.canary_percent <= 0 or not guard.applies(spec, settings) or guard.replays(spec):
+    if settings is None or settings.canary_percent <= 0 or guard.replays(spec):
+        return None
+    if not guard_policy.applies(spec, settings):
         return None
     return CanaryPolicy(settings.canary_percent, settings.canary_requests)
 

@@ -26,8 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rerank_contracts import artifact_layout
-from rerank_operator.core import conditions
-from rerank_operator.core.builders import guard
+from rerank_operator.core import conditions, platform
 from rerank_operator.core.events import Event
 from rerank_operator.core.leadership import parse_micro_time
 from rerank_operator.core.spec import DataSource, RequantizeOnDrift, RerankModelSpec
@@ -110,7 +109,7 @@ def decide(policy: RequantizeOnDrift, previous: Mapping[str, Any], look: Look,
     artifact is on its way (the last round's Job or canary: a new round would replace its Job), and, after a round,
     never within ``minIntervalHours`` of its start or of the last artifact's promotion or rollback."""
     kept = dict(previous) or None
-    if not policy.enabled or guard.CHECKED not in look.below_floor or look.settling or look.served is None:
+    if not policy.enabled or platform.CHECKED not in look.below_floor or look.settling or look.served is None:
         return kept, None
     if look.sample_pairs < MIN_SAMPLE_PAIRS:
         return kept, None

@@ -1,0 +1,76 @@
+"""What the platform gives a model's children beyond its own spec, as plain data the builders read: the quality
+guard its RerankClass turns on (``spec.qualityGuard``) and the activator the operator's flags name (scale to zero).
+Which models they apply to, and when, is decided elsewhere (``quality/guard_policy.py``, ``autoscale/zero.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rerank_contracts.activator import MIN_KEY_BYTES, POD_LABELS, PORT
+from rerank_operator.core import names
+
+#: The pool the guard checks and the one it checks against (the GPU pool serves the original weights in FP16).
+CHECKED: names.PoolName = "cpu"
+REFERENCE: names.PoolName = "gpu"
+DEFAULT_FRACTION = 0.05
+DEFAULT_CALLS_PER_SECOND = 1.0
+DEFAULT_CANARY_PERCENT = 5
+DEFAULT_CANARY_REQUESTS = 200
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """A RerankClass's ``spec.qualityGuard`` when enabled: how much traffic is mirrored and what the guard may spend."""
+
+    sample_fraction: float = DEFAULT_FRACTION
+    calls_per_second: float = DEFAULT_CALLS_PER_SECOND
+    image: str | None = None
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    #: A new artifact first serves this share of the requests beside the stable one (0: no canary, roll at once),
+    #: and is promoted once the guard compared this many requests on it within the floor (``plan.py``).
+    canary_percent: int = DEFAULT_CANARY_PERCENT
+    canary_requests: int = DEFAULT_CANARY_REQUESTS
+
+    @classmethod
+    def from_class(cls, class_spec: Mapping[str, Any] | None) -> GuardSettings | None:
+        """None unless the class turns the guard on (the CRD's schema has validated the values)."""
+        section = (class_spec or {}).get("qualityGuard") or {}
+        if not section.get("enabled"):
+            return None
+        return cls(sample_fraction=float(section.get("sampleFraction", DEFAULT_FRACTION)),
+                   calls_per_second=float(section.get("callsPerSecond", DEFAULT_CALLS_PER_SECOND)),
+                   image=section.get("image") or None, resources=dict(section.get("resources") or {}),
+                   canary_percent=int(section.get("canaryPercent", DEFAULT_CANARY_PERCENT)),
+                   canary_requests=int(section.get("canaryRequests", DEFAULT_CANARY_REQUESTS)))
+
+
+
+@dataclass(frozen=True)
+class Activator:
+    """The platform's activator (``--activator-url``, ``--activator-service``, ``--activator-key-file``)."""
+
+    url: str            # where the operator polls GET /pending
+    namespace: str      # the Service's namespace (the operator's, as the chart deploys it)
+    service: str
+    port: int = PORT
+    key: bytes = field(default=b"", repr=False)
+    #: The activator's pods' labels (the chart's), which a sleeping model's NetworkPolicy lets into its pools.
+    pod_labels: Mapping[str, str] = field(default_factory=lambda: dict(POD_LABELS))
+
+    @classmethod
+    def parse_service(cls, url: str, service: str, key: bytes) -> Activator:
+        """From ``--activator-service`` ``<namespace>/<name>:<port>``; ValueError with what is wrong."""
+        namespace, sep, rest = service.partition("/")
+        name, colon, port = rest.partition(":")
+        if not sep or not namespace or not name:
+            raise ValueError(f"--activator-service {service!r} is not <namespace>/<name>[:<port>]")
+        if colon and not port.isdigit():
+            raise ValueError(f"--activator-service {service!r}: the port must be a number")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--activator-url {url!r} is not an http(s) URL")
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"the activator key must be at least {MIN_KEY_BYTES} bytes")
+        return cls(url.rstrip("/"), namespace, name, int(port) if colon else PORT, key)

@@ -20,8 +20,8 @@ import kopf
 from prometheus_client import start_http_server
 
 from rerank_contracts import activator
+from rerank_operator.core.artifacts.job_outcome import RetryBackoff
 from rerank_operator.core.autoscale.config import PrometheusSettings
-from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import DEFAULT_LEASE_NAME, LeaderElectionSettings
 from rerank_operator.core.platform import Activator
 from rerank_operator.core.settings import DEFAULT_RESYNC_SECONDS, Settings

@@ -10,11 +10,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.events import Event
-from rerank_operator.core.observed import ObjectRef, Observed, PoolsView, ref_of
-from rerank_operator.core.plan import Plan
-from rerank_operator.core.spec import RerankModelSpec
-from rerank_operator.core.writes import Executed
+from rerank_operator.core.reconcile.observed import ObjectRef, Observed, PoolsView, ref_of
+from rerank_operator.core.reconcile.plan import Plan
+from rerank_operator.core.reconcile.writes import Executed
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status.events import Event
 from tests.unit.rerankmodel_gen import FakeWorld
 
 

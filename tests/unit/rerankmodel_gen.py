@@ -13,10 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core import names, spec_parse
-from rerank_operator.core import spec as specs
-from rerank_operator.core.observed import Observed
-from rerank_operator.core.plan import Plan
+from rerank_operator.core import names
+from rerank_operator.core.reconcile.observed import Observed
+from rerank_operator.core.reconcile.plan import Plan
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import parse as spec_parse
 
 Mod = Callable[[dict[str, Any]], None]
 

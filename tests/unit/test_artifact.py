@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rerank_operator.core import artifact
+from rerank_operator.core.artifacts import identity as artifact
 from tests.unit.rerankmodel_gen import Mod, model, replicas, revision, set_, spec_of, without
 
 BASELINE = artifact.artifact_id(spec_of(model()))

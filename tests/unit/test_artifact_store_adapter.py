@@ -14,7 +14,7 @@ from rerank_devcluster.operator_process import shared_artifact
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.registry import LocalRegistry, standalone
 from rerank_operator.adapters.artifact_store import SharedArtifacts
-from rerank_operator.core import sharing
+from rerank_operator.core import platform
 
 REPO = "rerank/artifacts"
 
@@ -41,8 +41,8 @@ def push(registry: LocalRegistry, tmp: Path, artifact_id: str, repo: str = REPO)
                       registry=oci.Registry(registry.host, insecure=True), scratch=tmp / "scratch")
 
 
-def where(registry: LocalRegistry, grace: int = 0, repo: str = REPO) -> sharing.ArtifactStore:
-    return sharing.ArtifactStore(f"{registry.host}/{repo}", "rerank-artifacts", insecure=True,
+def where(registry: LocalRegistry, grace: int = 0, repo: str = REPO) -> platform.ArtifactStore:
+    return platform.ArtifactStore(f"{registry.host}/{repo}", "rerank-artifacts", insecure=True,
                                  unused_grace_seconds=grace)
 
 
@@ -60,7 +60,7 @@ def test_a_published_artifact_is_seen_with_its_checksum_and_parts(registry: Loca
 
 
 def test_a_store_that_does_not_answer_is_said_not_raised_and_not_cached() -> None:
-    down = sharing.ArtifactStore(f"127.0.0.1:{free_port()}/{REPO}", "rerank-artifacts", insecure=True)
+    down = platform.ArtifactStore(f"127.0.0.1:{free_port()}/{REPO}", "rerank-artifacts", insecure=True)
     shared = SharedArtifacts(NoJobs())  # type: ignore[arg-type]
     first = shared.view(down, "a1")
     assert first.published is None and first.unavailable and first.jobs == ()

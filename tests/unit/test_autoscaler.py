@@ -12,12 +12,13 @@ import pytest
 from rerank_operator.adapters import signal_sources, tei_scrape
 from rerank_operator.controllers import autoscale_loop, class_index, model_autoscaler
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, names
-from rerank_operator.core import status as statuses
+from rerank_operator.core import names
 from rerank_operator.core.autoscale import policy, record
-from rerank_operator.core.conditions import Condition
-from rerank_operator.core.observed import PoolsView
+from rerank_operator.core.reconcile.observed import PoolsView
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions
+from rerank_operator.core.status.conditions import Condition
 from tests.unit.fake_cluster import FakeCluster, merge
 
 NS, NAME = "ns", "m"

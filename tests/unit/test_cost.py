@@ -18,7 +18,7 @@ from rerank_operator.controllers import model_autoscaler
 from rerank_operator.core import cost, names, slo
 from rerank_operator.core.autoscale.exposition import Histogram, fraction_above, quantile
 from rerank_operator.core.autoscale.signals import PoolSignals
-from rerank_operator.core.observed import PoolsView
+from rerank_operator.core.reconcile.observed import PoolsView
 from tests.unit.fake_cluster import FakeCluster
 
 REPO = Path(__file__).resolve().parents[2]

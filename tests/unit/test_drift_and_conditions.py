@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from rerank_operator.core import conditions, drift, names
-from rerank_operator.core.conditions import Condition
+from rerank_operator.core import names
+from rerank_operator.core.reconcile import drift
+from rerank_operator.core.status import conditions
+from rerank_operator.core.status.conditions import Condition
 
 DESIRED = drift.stamp({
     "apiVersion": "apps/v1", "kind": "Deployment",

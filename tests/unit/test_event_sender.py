@@ -8,7 +8,7 @@ from typing import Any
 
 from rerank_devcluster.waiting import eventually
 from rerank_operator.adapters.event_sender import EventSender
-from rerank_operator.core.builders import job
+from rerank_operator.core.artifacts import job_outcome
 
 
 def test_events_are_posted_in_order_without_blocking_the_caller_and_flushed_on_stop() -> None:
@@ -52,7 +52,7 @@ def test_a_full_queue_drops_and_a_failing_post_does_not_stop_the_rest() -> None:
 def test_failed_create_events_are_read_only_for_a_job_pod_less_beyond_the_grace() -> None:
     created = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "status": {}}
     born = 1767225600.0  # 2026-01-01T00:00:00Z
-    assert not job.pod_long_missing(created, born + 1)                       # the Job controller is still at it
-    assert job.pod_long_missing(created, born + job.FAILED_CREATE_GRACE_SECONDS)
-    assert not job.pod_long_missing({**created, "status": {"active": 1}}, born + 60)  # its pod exists
-    assert job.pod_long_missing({"status": {}}, born)                        # no timestamp: treated as old
+    assert not job_outcome.pod_long_missing(created, born + 1)                       # the Job controller is still at it
+    assert job_outcome.pod_long_missing(created, born + job_outcome.FAILED_CREATE_GRACE_SECONDS)
+    assert not job_outcome.pod_long_missing({**created, "status": {"active": 1}}, born + 60)  # its pod exists
+    assert job_outcome.pod_long_missing({"status": {}}, born)                        # no timestamp: treated as old

@@ -9,16 +9,19 @@ from typing import Any
 import pytest
 
 from rerank_contracts import quantize_job
-from rerank_operator.core import artifact, conditions, events, names
-from rerank_operator.core import plan as plans
-from rerank_operator.core import status as statuses
+from rerank_operator.core import names
+from rerank_operator.core.artifacts import identity as artifact
+from rerank_operator.core.artifacts import job_outcome
 from rerank_operator.core.builders import job as jobs
-from rerank_operator.core.spec import HubAccess
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.spec.model import HubAccess
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions, events
 from rerank_operator.core.tenancy.resolve import resolve as resolve_spec
 from rerank_operator.core.tenancy.violations import violations
 from tests.unit.rerankmodel_gen import FakeWorld, job_pod, model, owner_of, published, refused, set_, spec_of
 
-BACKOFF = jobs.RetryBackoff(base_seconds=30, max_seconds=120)
+BACKOFF = job_outcome.RetryBackoff(base_seconds=30, max_seconds=120)
 
 
 def _at(seconds: int) -> str:
@@ -146,7 +149,7 @@ def test_transient_failures_fail_the_job_at_once_for_the_operator_to_retry() -> 
 
 
 def test_backoff_doubles_and_is_capped() -> None:
-    assert [jobs.RetryBackoff(30, 600).delay(n) for n in (1, 2, 3, 5, 6, 9)] == [30, 60, 120, 480, 600, 600]
+    assert [job_outcome.RetryBackoff(30, 600).delay(n) for n in (1, 2, 3, 5, 6, 9)] == [30, 60, 120, 480, 600, 600]
 
 
 # -- the class's way to the hub and its remote-code permission ---------------------------------------------------------

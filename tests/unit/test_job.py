@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core import artifact, names
+from rerank_operator.core import names
+from rerank_operator.core.artifacts import identity as artifact
+from rerank_operator.core.artifacts import job_outcome
 from rerank_operator.core.builders import job
 from tests.unit.rerankmodel_gen import Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without
 
@@ -149,18 +151,18 @@ def waiting_pod(reason: str, message: str) -> dict[str, Any]:
     (running({"failed": 1}), [job_pod(JOB, 1, refused("ExportFailed", "onnx"))], "Running", "Retrying"),
 ])
 def test_outcome(job_obj: dict[str, Any], pods: list[dict[str, Any]], state: str, reason: str) -> None:
-    out = job.outcome(job_obj, pods)
+    out = job_outcome.outcome(job_obj, pods)
     assert (out.state, out.reason) == (state, reason)
 
 
 def test_outcome_of_deadline_names_the_deadline() -> None:
     failed = {**JOB, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
                                                "message": "Job was active longer than specified deadline"}]}}
-    out = job.outcome(failed, [job_pod(JOB, 143, "terminated")])
+    out = job_outcome.outcome(failed, [job_pod(JOB, 143, "terminated")])
     assert out.reason == "DeadlineExceeded" and "deadline" in out.message
     # What the real quantizer leaves when the kubelet stops it at the deadline: SIGTERM -> an InternalError result.
     stopped = job_pod(JOB, quantize_job.EXIT_CODES["InternalError"], refused("InternalError", "terminated (SIGTERM)"))
-    assert job.outcome(failed, [stopped]).reason == "DeadlineExceeded"
+    assert job_outcome.outcome(failed, [stopped]).reason == "DeadlineExceeded"
 
 
 def oom_killed(pod: dict[str, Any]) -> dict[str, Any]:
@@ -175,22 +177,22 @@ def oom_killed(pod: dict[str, Any]) -> dict[str, Any]:
     (137, ""),  # the whole container killed: no result, no log tail
 ])
 def test_oom_killed_names_the_memory_limit_whatever_the_quantizer_reported(exit_code: int, message: str) -> None:
-    out = job.outcome(finish(JOB, ok=False), [oom_killed(job_pod(JOB, exit_code, message))])
+    out = job_outcome.outcome(finish(JOB, ok=False), [oom_killed(job_pod(JOB, exit_code, message))])
     assert (out.state, out.reason) == ("Failed", "OOMKilled")
     assert "resources.limits.memory" in out.message and f"exit code {exit_code}" in out.message
-    retrying = job.outcome(running({"failed": 1}), [oom_killed(job_pod(JOB, exit_code, message))])
+    retrying = job_outcome.outcome(running({"failed": 1}), [oom_killed(job_pod(JOB, exit_code, message))])
     assert retrying.reason == "Retrying" and "OOMKilled" in retrying.message
 
 
 def test_outcome_reads_the_newest_pod() -> None:
     old = job_pod(JOB, 1, refused("ExportFailed", "first try"), created="2025-01-01T00:00:00Z")
     new = job_pod(JOB, 1, refused("QualityGateFailed", "second try"), created="2025-01-01T00:05:00Z")
-    assert job.outcome(finish(JOB, ok=False), [old, new]).reason == "QualityGateFailed"
-    assert job.outcome(finish(JOB, ok=False), [new, old]).reason == "QualityGateFailed"
+    assert job_outcome.outcome(finish(JOB, ok=False), [old, new]).reason == "QualityGateFailed"
+    assert job_outcome.outcome(finish(JOB, ok=False), [new, old]).reason == "QualityGateFailed"
 
 
 def test_success_carries_the_result() -> None:
-    out = job.outcome(finish(JOB, ok=True), [job_pod(JOB, 0, published("f" * 16))])
+    out = job_outcome.outcome(finish(JOB, ok=True), [job_pod(JOB, 0, published("f" * 16))])
     assert out.result is not None and out.result.quality["spearman"] == 0.995
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rerank_operator.core import artifact, conditions, events, names, readiness
-from rerank_operator.core import artifact_decision as decisions
-from rerank_operator.core import plan as plans
-from rerank_operator.core import status as statuses
+from rerank_operator.core import names
+from rerank_operator.core.artifacts import decision as decisions
+from rerank_operator.core.artifacts import identity as artifact
 from rerank_operator.core.builders import deployment
-from rerank_operator.core.observed import ref_of
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.reconcile.observed import ref_of
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions, events, readiness
 from tests.unit.rerankmodel_gen import (
     FakeWorld,
     finish,

@@ -1,5 +1,6 @@
-"""docs/architecture.md's module map is the newcomer's index of the operator: it must name every module of
-operator/rerank_operator, each under its folder, and nothing that does not exist."""
+"""docs/architecture.md's module maps are the newcomer's index: the operator's (operator/rerank_operator) and the
+quantization Job's (quantizer_job) must name every module and folder, each under its folder, and nothing that does
+not exist; the flat packages' maps (rerank_contracts, quality_guard, benchmarks) name exactly their modules."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "operator" / "rerank_operator"
+#: The packages whose maps nest folders: the map section's name, the package's directory.
+NESTED = {"operator/rerank_operator": ROOT / "operator" / "rerank_operator", "quantizer_job": ROOT / "quantizer_job"}
 
 
-def mapped() -> set[str]:
-    """The paths the map names: indentation (two spaces a level) says which folder a name is in."""
+def mapped(section: str) -> set[str]:
+    """The paths a map names: indentation (two spaces a level) says which folder a name is in."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## Module map (operator/rerank_operator)", 1)[1]
-    block = section.split("```", 2)[1]
+    block = text.split(f"## Module map ({section})", 1)[1].split("```", 2)[1]
     found: set[str] = set()
     folders: list[str] = []
     for line in block.splitlines():
@@ -33,20 +34,28 @@ def mapped() -> set[str]:
     return found
 
 
-def on_disk() -> set[str]:
-    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
-    folders = {str(p.relative_to(PACKAGE)) + "/" for p in PACKAGE.rglob("*") if (p / "__init__.py").is_file()}
+def on_disk(package: Path) -> set[str]:
+    """Every module and folder below ``package`` (its own ``__init__.py`` files aside), as paths relative to it."""
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if p.name != "__init__.py"}
+    folders = {str(p.relative_to(package)) + "/" for p in package.rglob("*") if (p / "__init__.py").is_file()}
     return modules | folders
 
 
-def test_the_map_names_every_module_and_folder() -> None:
-    missing = on_disk() - mapped()
-    assert not missing, f"add to docs/architecture.md's module map: {sorted(missing)}"
+def test_the_walk_sees_nested_modules() -> None:
+    assert {"core/", "core/quality/", "core/quality/canary.py"} <= on_disk(NESTED["operator/rerank_operator"])
+    assert {"stages/", "steps/graph/", "steps/graph/export.py", "cli.py"} <= on_disk(NESTED["quantizer_job"])
 
 
-def test_the_map_names_nothing_that_is_gone() -> None:
-    stale = mapped() - on_disk()
-    assert not stale, f"docs/architecture.md's module map names what does not exist: {sorted(stale)}"
+@pytest.mark.parametrize("section", sorted(NESTED))
+def test_the_map_names_every_module_and_folder(section: str) -> None:
+    missing = on_disk(NESTED[section]) - mapped(section)
+    assert not missing, f"add to docs/architecture.md's {section} map: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("section", sorted(NESTED))
+def test_the_map_names_nothing_that_is_gone(section: str) -> None:
+    stale = mapped(section) - on_disk(NESTED[section])
+    assert not stale, f"docs/architecture.md's {section} map names what does not exist: {sorted(stale)}"
 
 
 def named_in(section: str) -> set[str]:
@@ -56,8 +65,8 @@ def named_in(section: str) -> set[str]:
     return set(re.findall(r"(?<![\w/.])(\w+\.py)\b", block))
 
 
-@pytest.mark.parametrize("package", ["rerank_contracts", "quantizer_job", "quality_guard", "benchmarks"])
-def test_the_maps_of_the_contracts_job_guard_and_benchmarks_name_exactly_their_modules(package: str) -> None:
+@pytest.mark.parametrize("package", ["rerank_contracts", "quality_guard", "benchmarks"])
+def test_the_maps_of_the_contracts_guard_and_benchmarks_name_exactly_their_modules(package: str) -> None:
     modules = {p.name for p in (ROOT / package).glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
     named = named_in(package)
     missing, stale = sorted(modules - named), sorted(named - modules)

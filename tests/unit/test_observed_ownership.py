@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rerank_operator.core.observed import owned_pods
+from rerank_operator.core.reconcile.observed import owned_pods
 
 
 def obj(name: str, uid: str, controller: str | None = None, *, controller_flag: bool = True) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from rerank_devcluster.processes import free_port
 from rerank_devcluster.registry import LocalRegistry, standalone
 
 try:  # the inventory the quantizer writes (layout imports numpy; the same function inline when it is absent)
-    from quantizer_job.layout import file_inventory
+    from quantizer_job.steps.tei.layout import file_inventory
 except ImportError:  # pragma: no cover
     def file_inventory(root: Path) -> list[dict[str, Any]]:
         return [{"path": p.relative_to(root).as_posix(), "size": p.stat().st_size,

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from rerank_contracts import quantize_job
-from rerank_operator.core import conditions
+from rerank_operator.core.status import conditions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_SRC = REPO_ROOT / "operator" / "rerank_operator"

@@ -8,10 +8,10 @@ import pytest
 
 from rerank_contracts import artifact_layout
 from rerank_operator.core import names
-from rerank_operator.core import plan as plans
 from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.builders import deployment, pods, routing, service
-from rerank_operator.core.observed import Observed
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.reconcile.observed import Observed
 from tests.unit.rerankmodel_gen import Mod, model, owner_of, set_, spec_of
 
 ARTIFACT = "0123456789abcdef"

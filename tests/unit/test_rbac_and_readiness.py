@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rerank_operator.core import readiness
-from rerank_operator.core.artifact_decision import ArtifactDecision, Pending
+from rerank_operator.core.artifacts.decision import ArtifactDecision, Pending
 from rerank_operator.core.builders.routing import Traffic
-from rerank_operator.core.observed import Observed
-from rerank_operator.core.plan import Plan
+from rerank_operator.core.reconcile.observed import Observed
+from rerank_operator.core.reconcile.plan import Plan
+from rerank_operator.core.status import readiness
 from tests.unit.rerankmodel_gen import model, set_, spec_of
 
 RULES = yaml.safe_load((Path(__file__).resolve().parents[2] / "operator/rerank_operator/rbac_rules.yaml").read_text())

@@ -11,8 +11,8 @@ import pytest
 
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.reconcile_loop import reconcile
-from rerank_operator.core import conditions
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.status import conditions
 from tests.unit.fake_cluster import FakeCluster
 from tests.unit.rerankmodel_gen import model, set_
 
@@ -74,8 +74,8 @@ def test_in_a_burst_a_new_models_status_follows_its_job_in_a_second_reconcile() 
 
 def test_only_a_new_spec_whose_job_started_cleanly_leaves_its_status_for_later() -> None:
     from rerank_operator.controllers.reconcile_loop import status_can_wait
-    from rerank_operator.core.observed import ObjectRef, ref_of
-    from rerank_operator.core.writes import Executed, Refused
+    from rerank_operator.core.reconcile.observed import ObjectRef, ref_of
+    from rerank_operator.core.reconcile.writes import Executed, Refused
 
     fake = FakeCluster(model())
     run(fake)  # the plan of a new model, from a calm reconcile

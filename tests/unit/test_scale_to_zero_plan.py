@@ -12,10 +12,11 @@ import pytest
 
 from rerank_contracts import activator
 from rerank_operator import main
-from rerank_operator.core import conditions, platform, readiness
-from rerank_operator.core import plan as plans
-from rerank_operator.core.observed import Observed
+from rerank_operator.core import platform
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.reconcile.observed import Observed
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.status import conditions, readiness
 from rerank_operator.core.tenancy import tenant
 from tests.unit.rerankmodel_gen import FakeWorld, model, owner_of, set_, spec_of
 

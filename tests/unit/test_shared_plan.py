@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core import artifact, conditions, names, sharing
-from rerank_operator.core import plan as plans
-from rerank_operator.core.artifact_decision import (
+from rerank_operator.core import names, platform
+from rerank_operator.core.artifacts import identity as artifact
+from rerank_operator.core.artifacts import sharing
+from rerank_operator.core.artifacts.decision import (
     SHARED_LOOKUP_SECONDS,
     SHARED_RECHECK_SECONDS,
     ArtifactDecision,
@@ -21,13 +22,15 @@ from rerank_operator.core.artifact_decision import (
     decide_artifact,
 )
 from rerank_operator.core.builders import pods, shared_job
-from rerank_operator.core.observed import Obj, Observed
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.reconcile.observed import Obj, Observed
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status import conditions
 from tests.unit.rerankmodel_gen import Mod, finish, job_pod, model, owner_of, published, refused, set_, spec_of, without
 
 NOW = "2026-12-05T00:00:00Z"
 REPOSITORY = "registry.platform.svc:5000/rerank/artifacts"
-STORE = sharing.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="artifact-push",
+STORE = platform.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="artifact-push",
                               insecure=True)
 FETCHER = "registry.example/rerank-operator:1.2.3"
 PUBLIC = without("model.tokenSecretRef")  # the fixtures' base model has a hub token: private
@@ -37,7 +40,7 @@ def body_of(*mods: Mod) -> dict[str, Any]:
     return model(PUBLIC, *mods)
 
 
-def shared_id(spec: RerankModelSpec, store: sharing.ArtifactStore = STORE) -> str:
+def shared_id(spec: RerankModelSpec, store: platform.ArtifactStore = STORE) -> str:
     return sharing.shared_id(spec, store)
 
 
@@ -48,7 +51,7 @@ def publication(artifact_id: str) -> sharing.Published:
                              parts=(artifact_layout.CPU_SUBDIR, artifact_layout.ORIGINAL_SUBDIR))
 
 
-def decide(body: dict[str, Any], *, status: dict[str, Any] | None = None, store: sharing.ArtifactStore | None = STORE,
+def decide(body: dict[str, Any], *, status: dict[str, Any] | None = None, store: platform.ArtifactStore | None = STORE,
            shared: sharing.SharedView | None = None,
            observed: Observed | None = None) -> tuple[ArtifactDecision, Obj | None]:
     return decide_artifact(owner_of(body), spec_of(body), observed or Observed(), status or {}, NOW, store=store,
@@ -67,7 +70,7 @@ def after(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-def shared_job_of(spec: RerankModelSpec, attempt: int = 1, store: sharing.ArtifactStore = STORE) -> Obj:
+def shared_job_of(spec: RerankModelSpec, attempt: int = 1, store: platform.ArtifactStore = STORE) -> Obj:
     """The builder's Job as the API server returns it: with a uid (its pods name it as their owner)."""
     built = shared_job.build_shared_job(spec, shared_id(spec, store), attempt, store)
     built["metadata"]["uid"] = f"job-uid-{attempt}"
@@ -310,7 +313,7 @@ def test_without_a_store_the_model_builds_its_own() -> None:
 # --- the plan: pools that fetch ------------------------------------------------------------------------------------
 
 def compute(body: dict[str, Any], *, status: dict[str, Any] | None = None,
-            store: sharing.ArtifactStore | None = STORE, shared: sharing.SharedView | None = None,
+            store: platform.ArtifactStore | None = STORE, shared: sharing.SharedView | None = None,
             fetcher_image: str = FETCHER) -> plans.Plan:
     return plans.compute(owner_of(body), spec_of(body), Observed(), status or {}, NOW, store=store, shared=shared,
                          fetcher_image=fetcher_image)
@@ -324,7 +327,7 @@ def claims_in(obj: Obj) -> list[dict[str, Any]]:
     return [v for v in pod_spec(obj)["volumes"] if "persistentVolumeClaim" in v]
 
 
-def published_plan(*mods: Mod, store: sharing.ArtifactStore = STORE, fetcher_image: str = FETCHER) -> plans.Plan:
+def published_plan(*mods: Mod, store: platform.ArtifactStore = STORE, fetcher_image: str = FETCHER) -> plans.Plan:
     body = body_of(*mods)
     sid = shared_id(spec_of(body), store)
     return compute(body, store=store, shared=sharing.SharedView(sid, published=publication(sid)),

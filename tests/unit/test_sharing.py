@@ -1,5 +1,5 @@
-"""Shared artifacts, the pure part (``core/sharing.py``): the class's store, which specs may share, the shared id,
-the record of a published artifact and the collector's lifecycle."""
+"""Shared artifacts, the pure part (``core/artifacts/sharing.py``): the class's store, which specs may share, the
+shared id, the record of a published artifact and the collector's lifecycle."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from rerank_operator.core import artifact, sharing
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core import platform
+from rerank_operator.core.artifacts import identity as artifact
+from rerank_operator.core.artifacts import sharing
+from rerank_operator.core.spec.model import RerankModelSpec
 from tests.unit.rerankmodel_gen import Mod, model, replicas, revision, set_, spec_of, without
 
 REPOSITORY = "registry.platform.svc:5000/rerank/artifacts"
-STORE = sharing.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="artifact-push")
+STORE = platform.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="artifact-push")
 GATEWAY = {"parentRefs": [{"name": "edge", "namespace": "infra"}]}
 #: The fixtures' base model reads the hub with a token: a model without one is the plain, shareable hub model.
 PUBLIC = without("model.tokenSecretRef")
@@ -33,25 +35,25 @@ def shareable(*mods: Mod) -> RerankModelSpec:
     {"artifactStore": {"namespace": "rerank-artifacts"}},  # no repository: nothing to share through
 ])
 def test_a_class_without_an_enabled_store_has_none(class_spec: dict[str, Any] | None) -> None:
-    assert sharing.ArtifactStore.from_class(class_spec) is None
+    assert platform.ArtifactStore.from_class(class_spec) is None
 
 
 def test_the_store_is_read_from_the_class() -> None:
-    store = sharing.ArtifactStore.from_class({"artifactStore": {
+    store = platform.ArtifactStore.from_class({"artifactStore": {
         "enabled": True, "repository": REPOSITORY + "/", "namespace": "rerank-artifacts", "pushSecret": "push",
         "pullSecret": "pull", "insecure": True, "unusedGraceSeconds": 600}})
-    assert store == sharing.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="push",
+    assert store == platform.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="push",
                                           pull_secret="pull", insecure=True, unused_grace_seconds=600)
     assert store.host == "registry.platform.svc:5000"
     assert store.path == "rerank/artifacts"
 
 
 def test_the_stores_defaults() -> None:
-    store = sharing.ArtifactStore.from_class({"artifactStore": {"repository": "registry.example/a",
+    store = platform.ArtifactStore.from_class({"artifactStore": {"repository": "registry.example/a",
                                                                 "namespace": "store"}})
     assert store is not None
     assert (store.push_secret, store.pull_secret, store.insecure) == (None, None, False)
-    assert store.unused_grace_seconds == sharing.DEFAULT_UNUSED_GRACE_SECONDS == 86400
+    assert store.unused_grace_seconds == platform.DEFAULT_UNUSED_GRACE_SECONDS == 86400
     assert (store.host, store.path) == ("registry.example", "a")
 
 

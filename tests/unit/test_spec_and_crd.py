@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rerank_operator.core import spec as specs
-from rerank_operator.core import spec_parse
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import parse as spec_parse
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "rerankmodel.yaml"
 CRD = yaml.safe_load(CRD_PATH.read_text())
@@ -72,7 +72,7 @@ def test_printer_columns_point_at_declared_status_fields() -> None:
 
 def test_status_fields_the_operator_writes_are_declared() -> None:
     status = SCHEMA["properties"]["status"]["properties"]
-    from rerank_operator.core.status import OWNED_KEYS
+    from rerank_operator.core.status.compute import OWNED_KEYS
     assert set(OWNED_KEYS) <= set(status)
     assert {"id", "path", "sizeBytes", "manifestSha256", "quality", "speed", "recipe", "publishedAt"} <= set(
         status["artifact"]["properties"])

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rerank_operator.core import spec as specs
-from rerank_operator.core import spec_parse
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import parse as spec_parse
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**63) | st.floats(allow_nan=True)

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rerank_operator.core import spec as specs
-from rerank_operator.core import spec_parse, tei_flags
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import parse as spec_parse
+from rerank_operator.core.spec import tei_flags
 
 CRD = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "rerankmodel.yaml").read_text())
 POOLS = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["pools"]

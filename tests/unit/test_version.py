@@ -12,7 +12,7 @@ import yaml
 
 from rerank_operator import __version__
 from rerank_operator.controllers import handlers
-from rerank_operator.core import spec as specs
+from rerank_operator.core.spec import model as specs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""What the operator sees of the artifact stores (``core/sharing.py``): the registry's tags and the Jobs that build
-them, and the deletion of artifacts nobody uses.
+"""What the operator sees of the artifact stores (``core/artifacts/sharing.py``): the registry's tags and the Jobs
+that build them, and the deletion of artifacts nobody uses.
 
 Models waiting on a shared artifact look again when its Job changes (and every
 ``artifact_decision.SHARED_RECHECK_SECONDS`` at least); a thousand models share a few ids, so the answers are kept
@@ -24,11 +24,12 @@ from typing import Any
 
 from rerank_contracts import oci, shared_store
 from rerank_operator.adapters.kube_api import ApiError, Client, api_path
-from rerank_operator.core import names, sharing
+from rerank_operator.core import names, platform
+from rerank_operator.core.artifacts import sharing
 
 log = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
-RegistryFactory = Callable[[sharing.ArtifactStore], oci.Registry]
+RegistryFactory = Callable[[platform.ArtifactStore], oci.Registry]
 #: An artifact a reconcile looked up this recently is not collected, whatever the statuses say yet.
 RECENTLY_ASKED_SECONDS = 30.0
 
@@ -53,7 +54,7 @@ class SharedArtifacts:
         self._lock = threading.Lock()
         self.unused_since: dict[tuple[str, str], float] = {}  # (repository, tag) -> unix time (the collector's)
 
-    def _connect(self, where: sharing.ArtifactStore) -> oci.Registry:
+    def _connect(self, where: platform.ArtifactStore) -> oci.Registry:
         creds = None
         if self._credentials is not None and self._credentials.is_file():
             creds = oci.docker_credentials(self._credentials, where.host)
@@ -61,7 +62,7 @@ class SharedArtifacts:
 
     # --- looking up -------------------------------------------------------------------------------------------------
 
-    def view(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.SharedView:
+    def view(self, where: platform.ArtifactStore, artifact_id: str) -> sharing.SharedView:
         """The store's artifact ``artifact_id`` if published, else the Jobs building it in the store's namespace."""
         key = (where.repository, artifact_id)
         now = self._clock()
@@ -83,7 +84,7 @@ class SharedArtifacts:
             self._seen[key] = (now, seen)
         return seen
 
-    def forget(self, where: sharing.ArtifactStore, artifact_id: str) -> None:
+    def forget(self, where: platform.ArtifactStore, artifact_id: str) -> None:
         with self._lock:
             self._seen.pop((where.repository, artifact_id), None)
 
@@ -93,7 +94,7 @@ class SharedArtifacts:
             for key in [k for k in self._seen if k[1] == artifact_id]:
                 del self._seen[key]
 
-    def _published(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.Published | None:
+    def _published(self, where: platform.ArtifactStore, artifact_id: str) -> sharing.Published | None:
         registry = self._registry(where)
         try:
             digest = registry.resolve(where.path, artifact_id)
@@ -114,7 +115,7 @@ class SharedArtifacts:
         return sharing.Published(ref=f"{where.repository}@{digest}", manifest_sha256=config_digest.split(":", 1)[1],
                                  manifest=content, parts=tuple(p for p in parts if p))
 
-    def _jobs(self, where: sharing.ArtifactStore,
+    def _jobs(self, where: platform.ArtifactStore,
               artifact_id: str) -> tuple[tuple[Obj, ...], dict[str, tuple[Obj, ...]]]:
         selector = f"{names.LABEL_SHARED}=true,{names.LABEL_ARTIFACT}={artifact_id}"
         jobs = self.client.list_objects("batch/v1", "Job", where.namespace, selector) or []
@@ -127,7 +128,7 @@ class SharedArtifacts:
 
     # --- collecting -------------------------------------------------------------------------------------------------
 
-    def collect(self, stores: Iterable[sharing.ArtifactStore], statuses: Iterable[Mapping[str, Any]],
+    def collect(self, stores: Iterable[platform.ArtifactStore], statuses: Iterable[Mapping[str, Any]],
                 now: float) -> list[str]:
         """Delete what no model has used for its store's grace period (``sharing.collect``): the manifest in the
         registry (its blobs go with the registry's own garbage collection) and the Jobs that built it. Returns the
@@ -164,7 +165,7 @@ class SharedArtifacts:
                          where.unused_grace_seconds)
         return deleted
 
-    def _delete_jobs(self, where: sharing.ArtifactStore, artifact_id: str) -> None:
+    def _delete_jobs(self, where: platform.ArtifactStore, artifact_id: str) -> None:
         selector = f"{names.LABEL_SHARED}=true,{names.LABEL_ARTIFACT}={artifact_id}"
         for job in self.client.list_objects("batch/v1", "Job", where.namespace, selector) or ():
             try:

@@ -11,7 +11,7 @@ a reason retrying will not fix (422, 403, a missing Gateway API) are returned as
 status; transient failures (connection, 5xx, 429) raise :class:`TransientApiError` so the caller can retry with
 backoff; any other refusal of a read raises :class:`ApiError` (never the client library's own exception).
 What to read is decided by pure functions (``observed.controlled_by``, ``observed.short_of_replicas``,
-``job.waiting_for_pods``); this module only runs the requests, through the client. What it reads and writes are
+``job_outcome.waiting_for_pods``); this module only runs the requests, through the client. What it reads and writes are
 the core's plain data: ``observed.Observed``/``PoolsView`` in, ``plan.Plan`` and ``writes.Executed`` out.
 """
 
@@ -29,10 +29,9 @@ from rerank_operator.adapters.caches import Caches
 from rerank_operator.adapters.event_sender import EventSender
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
 from rerank_operator.core import names
+from rerank_operator.core.artifacts import job_outcome
 from rerank_operator.core.builders import fetch as fetching
-from rerank_operator.core.builders import job
-from rerank_operator.core.events import Event
-from rerank_operator.core.observed import (
+from rerank_operator.core.reconcile.observed import (
     Obj,
     ObjectRef,
     Observed,
@@ -42,9 +41,10 @@ from rerank_operator.core.observed import (
     ref_of,
     short_of_replicas,
 )
-from rerank_operator.core.plan import Plan, Scale
-from rerank_operator.core.spec import RerankModelSpec
-from rerank_operator.core.writes import Executed, Refused
+from rerank_operator.core.reconcile.plan import Plan, Scale
+from rerank_operator.core.reconcile.writes import Executed, Refused
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Cluster:
             replica_sets = [r for d in deployments.values()
                             for r in c.store("ReplicaSet").controlled_by(d["metadata"]["uid"])]
         job_events: list[Obj] = []
-        if any(job.pod_long_missing(j, time.time()) for j in jobs):
+        if any(job_outcome.pod_long_missing(j, time.time()) for j in jobs):
             job_events = self._failed_create_events(ns)
         if spec.storage.existing_claim:  # the user's own claim carries none of our labels: read it
             claim = self.client.get("v1", "PersistentVolumeClaim", ns, spec.storage.existing_claim)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from rerank_operator.adapters import tei_scrape
 from rerank_operator.core import names
-from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.quality import assessment as quality
+from rerank_operator.core.reconcile.observed import PoolsView
 
 
 @dataclass(frozen=True)

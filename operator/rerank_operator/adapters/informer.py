@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, WatchExpired
 from rerank_operator.core import names
-from rerank_operator.core.observed import Obj
+from rerank_operator.core.reconcile.observed import Obj
 
 log = logging.getLogger(__name__)
 

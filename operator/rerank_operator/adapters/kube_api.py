@@ -29,7 +29,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.core import names
-from rerank_operator.core.observed import Obj
+from rerank_operator.core.reconcile.observed import Obj
 
 _PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",

@@ -14,16 +14,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rerank_operator.adapters.artifact_store import SharedArtifacts
-from rerank_operator.core import sharing
+from rerank_operator.core import platform
 
 log = logging.getLogger(__name__)
 
 
-def stores_of(classes: Iterable[Mapping[str, Any]]) -> list[sharing.ArtifactStore]:
+def stores_of(classes: Iterable[Mapping[str, Any]]) -> list[platform.ArtifactStore]:
     """The distinct stores the classes name (the first class's grace wins for a store two classes share)."""
-    found: dict[str, sharing.ArtifactStore] = {}
+    found: dict[str, platform.ArtifactStore] = {}
     for rclass in classes:
-        where = sharing.ArtifactStore.from_class(rclass.get("spec"))
+        where = platform.ArtifactStore.from_class(rclass.get("spec"))
         if where is not None:
             found.setdefault(where.repository, where)
     return list(found.values())

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_operator.core import spec_parse
 from rerank_operator.core.names import ModelKey
-from rerank_operator.core.spec import RerankModelSpec, SpecError
+from rerank_operator.core.spec import parse as spec_parse
+from rerank_operator.core.spec.model import RerankModelSpec, SpecError
 from rerank_operator.core.tenancy import tenant
 from rerank_operator.core.tenancy.tenant import Obj
 

@@ -40,10 +40,10 @@ from rerank_operator.controllers.handoff import Handoff
 from rerank_operator.controllers.reconcile_loop import reconcile
 from rerank_operator.controllers.workqueue import RetryAfter, WorkQueue
 from rerank_operator.core import names
-from rerank_operator.core import status as statuses
 from rerank_operator.core.builders import fetch as fetching
-from rerank_operator.core.observed import Obj
+from rerank_operator.core.reconcile.observed import Obj
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.status import compute as statuses
 
 USER_AGENT = f"{names.OPERATOR_NAME}/{__version__}"
 #: Requests block on the API server, not the CPU: in a burst of applies every worker waits on it. A new model's

@@ -9,8 +9,8 @@ threads and meet on the same RerankModel in three ways, all kept here:
   workers, and a trigger arriving while one runs makes it run once more.
 - **The decision hand-off.** The autoscale loop never writes a Deployment or an HTTPRoute. It records its decision
   in ``status.autoscaling.lastDecision`` (under the status lock), then asks for a reconcile (its
-  ``after_decision``); the reconcile loop's pure plan (``core/plan.py``) reads the decision from the status and
-  applies replicas and weights. The status is the only channel between the loops, so a restarted operator, or a
+  ``after_decision``); the reconcile loop's pure plan (``core/reconcile/plan.py``) reads the decision from the status
+  and applies replicas and weights. The status is the only channel between the loops, so a restarted operator, or a
   second one taking over, finds every decision where the first left it.
 """
 

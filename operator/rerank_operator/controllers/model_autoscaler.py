@@ -32,19 +32,20 @@ from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.adapters.signal_sources import Sources, Wanted
 from rerank_operator.controllers import class_index
 from rerank_operator.controllers.handoff import Handoff
-from rerank_operator.core import conditions, cost, events, leadership, names, platform
-from rerank_operator.core import spec as specs
-from rerank_operator.core import status as statuses
+from rerank_operator.core import cost, leadership, names, platform
 from rerank_operator.core.autoscale import config, endpoints, history, policy, record
 from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
-from rerank_operator.core.conditions import Condition
 from rerank_operator.core.names import ROUTED_TO_ACTIVATOR, ModelKey
-from rerank_operator.core.observed import PoolsView
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import guard_policy
+from rerank_operator.core.reconcile.observed import PoolsView
 from rerank_operator.core.settings import Settings
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions, events
+from rerank_operator.core.status.conditions import Condition
 
 log = logging.getLogger(__name__)
 

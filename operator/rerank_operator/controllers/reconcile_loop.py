@@ -18,16 +18,17 @@ import kopf
 from rerank_operator.adapters import operator_metrics as metrics
 from rerank_operator.adapters.cluster import ClusterAccess, TransientApiError
 from rerank_operator.controllers import class_index
-from rerank_operator.core import events, names, platform, sharing
-from rerank_operator.core import plan as plans
-from rerank_operator.core import status as statuses
-from rerank_operator.core.builders import job as job_builder
-from rerank_operator.core.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
-from rerank_operator.core.observed import ObjectRef, ref_of
+from rerank_operator.core import names, platform
+from rerank_operator.core.artifacts import job_outcome, sharing
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.reconcile.observed import ObjectRef, ref_of
+from rerank_operator.core.reconcile.writes import Executed
 from rerank_operator.core.settings import Settings
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import events
+from rerank_operator.core.status.conditions import READY, REASON_CLASS_NOT_FOUND, REASON_INVALID_SPEC
 from rerank_operator.core.tenancy import tenant
-from rerank_operator.core.writes import Executed
 
 log = logging.getLogger(__name__)
 JOB_WAIT_RECHECK_SECONDS = 10.0
@@ -119,7 +120,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
     observed = cluster.observe(owner, spec)
     timestamp = now()
     class_spec = tenancy.rclass.get("spec") if tenancy.rclass is not None else None
-    store = sharing.ArtifactStore.from_class(class_spec) if shared is not None else None
+    store = platform.ArtifactStore.from_class(class_spec) if shared is not None else None
     plan = plans.compute(owner, spec, observed, previous, timestamp,
                          network_policy=tenant.network_policy(body, tenancy, settings, spec),
                          guard_settings=platform.GuardSettings.from_class(class_spec), backoff=settings.hub_retry,
@@ -156,7 +157,7 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
         raise TransientApiError(f"{quota.message if quota else 'refused by a ResourceQuota'}")
     # A Job without pods changes nothing we watch while a quota refuses them (their FailedCreate Events are read,
     # not watched): look again soon.
-    waiting = any(job_builder.waiting_for_pods(j) for j in observed.jobs)
+    waiting = any(job_outcome.waiting_for_pods(j) for j in observed.jobs)
     recheck = [t for t in (JOB_WAIT_RECHECK_SECONDS if waiting else None, plan.artifact.recheck_after) if t is not None]
     pending = plan.artifact.pending
     shared_pending = pending is not None and pending.state != "Failed" and sharing.store_for(spec, store) is not None
@@ -166,10 +167,10 @@ def _reconcile(cluster: ClusterAccess, namespace: str, name: str, now: Callable[
 
 
 class SharedLookup(Protocol):
-    def view(self, where: sharing.ArtifactStore, artifact_id: str) -> sharing.SharedView: ...
+    def view(self, where: platform.ArtifactStore, artifact_id: str) -> sharing.SharedView: ...
 
 
-def _look_up(shared: SharedLookup | None, spec: RerankModelSpec, store: sharing.ArtifactStore | None,
+def _look_up(shared: SharedLookup | None, spec: RerankModelSpec, store: platform.ArtifactStore | None,
              previous: Mapping[str, Any]) -> sharing.SharedView | None:
     """What the store holds of the model's shared id; no request when the model already serves it (at rest)."""
     where = sharing.store_for(spec, store)

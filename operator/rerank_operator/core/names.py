@@ -49,7 +49,8 @@ ANNOTATION_SPEC_GENERATION = f"{GROUP}/spec-generation"  # on Jobs: the RerankMo
 ANNOTATION_RECOVERS = f"{GROUP}/recovers-result"  # on Jobs: how many attempts in a row lost a finished result
 ANNOTATION_TRANSIENT_RETRIES = f"{GROUP}/transient-retries"  # on Jobs: transient failures in a row before it
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: hash of what the operator applied
-#: On the Jobs that build a shared artifact in a store's namespace (core/sharing.py): "true". They belong to no model.
+#: On the Jobs that build a shared artifact in a store's namespace (core/artifacts/sharing.py): "true". They belong to
+#: no model.
 LABEL_SHARED = f"{GROUP}/shared"
 ANNOTATION_SOURCE = f"{GROUP}/source"  # on a shared artifact's Job: the weights it builds from (for people)
 

@@ -1,5 +1,6 @@
 """What the platform gives a model's children beyond its own spec, as plain data the builders read: the quality
-guard its RerankClass turns on (``spec.qualityGuard``) and the activator the operator's flags name (scale to zero).
+guard its RerankClass turns on (``spec.qualityGuard``), the store its class shares artifacts through
+(``spec.artifactStore``) and the activator the operator's flags name (scale to zero).
 Which models they apply to, and when, is decided elsewhere (``quality/guard_policy.py``, ``autoscale/zero.py``).
 """
 
@@ -74,3 +75,42 @@ class Activator:
         if len(key) < MIN_KEY_BYTES:
             raise ValueError(f"the activator key must be at least {MIN_KEY_BYTES} bytes")
         return cls(url.rstrip("/"), namespace, name, int(port) if colon else PORT, key)
+
+
+DEFAULT_UNUSED_GRACE_SECONDS = 86400
+
+
+@dataclass(frozen=True)
+class ArtifactStore:
+    """A class's ``spec.artifactStore``. ``repository``: ``host[:port]/path`` (tags are artifact ids);
+    ``namespace``: where shared Jobs run; ``push_secret``: a ``kubernetes.io/dockerconfigjson`` Secret there, the
+    only credentials that may write the store; ``pull_secret``: one the platform keeps in every model namespace
+    when the registry needs credentials to read (none: anonymous pull); ``insecure``: plain HTTP (a registry inside
+    the cluster)."""
+
+    repository: str
+    namespace: str
+    push_secret: str | None = None
+    pull_secret: str | None = None
+    insecure: bool = False
+    unused_grace_seconds: int = DEFAULT_UNUSED_GRACE_SECONDS
+
+    @property
+    def host(self) -> str:
+        return self.repository.split("/", 1)[0]
+
+    @property
+    def path(self) -> str:
+        """The repository without its host, as the registry's API names it."""
+        return self.repository.split("/", 1)[1] if "/" in self.repository else ""
+
+    @classmethod
+    def from_class(cls, class_spec: Mapping[str, Any] | None) -> ArtifactStore | None:
+        """The class's store, or None when it has none (or turns sharing off with ``enabled: false``)."""
+        raw = (class_spec or {}).get("artifactStore")
+        if not isinstance(raw, Mapping) or raw.get("enabled") is False or not raw.get("repository"):
+            return None
+        return cls(repository=str(raw["repository"]).rstrip("/"), namespace=str(raw.get("namespace") or ""),
+                   push_secret=raw.get("pushSecret") or None, pull_secret=raw.get("pullSecret") or None,
+                   insecure=bool(raw.get("insecure", False)),
+                   unused_grace_seconds=int(raw.get("unusedGraceSeconds", DEFAULT_UNUSED_GRACE_SECONDS)))

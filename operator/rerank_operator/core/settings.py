@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from rerank_operator.core import shapes
+from rerank_operator.core.artifacts.job_outcome import RetryBackoff
 from rerank_operator.core.autoscale.config import PrometheusSettings
-from rerank_operator.core.builders.job import RetryBackoff
 from rerank_operator.core.leadership import LeaderElectionSettings
 from rerank_operator.core.platform import Activator
+from rerank_operator.core.spec import shapes
 
 #: Labels of the operator's own pods (the chart's, whatever the release is called): the NetworkPolicy admits them
 #: so the autoscaler can scrape TEI. ``RERANK_OPERATOR_POD_LABELS=k=v,k=v`` overrides them.

@@ -44,7 +44,7 @@ def test_operator_flags_reach_the_autoscaler() -> None:
 def test_the_direct_source_never_scrapes_a_pod_on_the_host_network() -> None:
     """A look-alike pod a tenant labels as a pool pod, on the host's network, would point the operator at a node
     address: only pod-network addresses are scraped."""
-    from rerank_operator.core.observed import PoolsView
+    from rerank_operator.core.reconcile.observed import PoolsView
 
     def pod(name: str, ip: str, host_network: bool = False) -> dict:
         return {"metadata": {"name": name, "labels": {"rerank.io/pool": "cpu"}},

@@ -17,10 +17,9 @@ from quality_guard.checks import Guard
 from quality_guard.config import Config
 from rerank_contracts import artifact_layout, quantize_job
 from rerank_contracts.guard import MIRROR_TOKEN_HEADER
-from rerank_operator.core import artifact, conditions, names, platform
-from rerank_operator.core import artifact_decision as decisions
-from rerank_operator.core import plan as plans
-from rerank_operator.core import status as statuses
+from rerank_operator.core import names, platform
+from rerank_operator.core.artifacts import decision as decisions
+from rerank_operator.core.artifacts import identity as artifact
 from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.policy import Current, decide
@@ -28,6 +27,9 @@ from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import guard_policy
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions
 from rerank_operator.core.tenancy import network
 from tests.unit.autoscale.autoscale_helpers import pool, spec
 from tests.unit.rerankmodel_gen import FakeWorld, model, owner_of, published, set_, spec_of
@@ -447,7 +449,7 @@ class GuardedLife:
         self.events: list[str] = []
 
     def step(self, body: dict[str, Any] | None = None) -> plans.Plan:
-        from rerank_operator.core import events
+        from rerank_operator.core.status import events
         self.body = body or self.body
         owner, spec = owner_of(self.body), spec_of(self.body)
         observed = self.world.observed()

@@ -13,11 +13,13 @@ import pytest
 from quality_guard import sample
 from quality_guard.config import Config
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core import artifact, conditions, spec
-from rerank_operator.core import status as statuses
+from rerank_operator.core.artifacts import identity as artifact
 from rerank_operator.core.builders import guard
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import requantize
+from rerank_operator.core.spec import model as spec
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions
 from tests.unit.autoscale.test_quality_acting import NOW, GuardedLife, by_kind, guarded_model, plan_for
 from tests.unit.rerankmodel_gen import finish, job_pod, model, published, set_, spec_of
 

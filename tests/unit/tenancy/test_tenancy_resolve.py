@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from rerank_operator.core import spec_parse, tenancy
+from rerank_operator.core import tenancy
+from rerank_operator.core.spec import parse as spec_parse
 from tests.unit.tenancy.tenancy_helpers import at, model_spec, rclass
 
 GPU_NODES = {"pool": "gpu"}

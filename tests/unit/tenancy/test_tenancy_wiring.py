@@ -9,16 +9,19 @@ from typing import Any
 import pytest
 
 from rerank_operator.controllers import class_index
-from rerank_operator.core import conditions, drift, names, spec_parse, tenancy
-from rerank_operator.core import plan as plans
-from rerank_operator.core import spec as specs
-from rerank_operator.core import status as statuses
+from rerank_operator.core import names, tenancy
 from rerank_operator.core.builders import deployment
-from rerank_operator.core.conditions import Condition
-from rerank_operator.core.observed import ObjectRef, Observed
+from rerank_operator.core.reconcile import drift
+from rerank_operator.core.reconcile import plan as plans
+from rerank_operator.core.reconcile.observed import ObjectRef, Observed
+from rerank_operator.core.reconcile.writes import Executed, Refused
 from rerank_operator.core.settings import DEFAULT_OPERATOR_POD_LABELS, Settings, operator_pod_labels
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import parse as spec_parse
+from rerank_operator.core.status import compute as statuses
+from rerank_operator.core.status import conditions
+from rerank_operator.core.status.conditions import Condition
 from rerank_operator.core.tenancy import tenant
-from rerank_operator.core.writes import Executed, Refused
 from tests.unit import rerankmodel_gen
 from tests.unit.tenancy.tenancy_helpers import at, rclass
 

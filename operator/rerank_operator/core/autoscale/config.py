@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rerank_operator.core import names, spec_serving
-from rerank_operator.core import spec as specs
-from rerank_operator.core.spec import (
+from rerank_operator.core import names
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import serving as spec_serving
+from rerank_operator.core.spec.model import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,
     SCALE_DOWN,

@@ -14,11 +14,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rerank_operator.core import conditions, events, names
+from rerank_operator.core import names
 from rerank_operator.core.autoscale import config, history, policy, split
-from rerank_operator.core.conditions import Condition
-from rerank_operator.core.observed import PoolsView
-from rerank_operator.core.spec import Routing
+from rerank_operator.core.reconcile.observed import PoolsView
+from rerank_operator.core.spec.model import Routing
+from rerank_operator.core.status import conditions, events
+from rerank_operator.core.status.conditions import Condition
 
 HISTORY_ANNOTATION = f"autoscaler.{names.GROUP}/history"  # outside kopf's own rerank.io/ keys
 MAX_REASON = 1024  # a reason or message longer than this is cut (a status and an Event stay small)

@@ -38,7 +38,7 @@ from rerank_operator.core.autoscale.load import UTILIZATION, Load, keeping_up
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders.routing import Traffic
 from rerank_operator.core.quality import guard_policy
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 RECOVER_RATIO = 0.8          # without a learned capacity, recover only if the GPU would stay under 80% of target
 MEMORY_HYSTERESIS = 0.05     # recover from a memory spill only 5 points under the watermark

@@ -32,12 +32,12 @@ from dataclasses import replace
 from typing import Any
 
 from rerank_operator.core import names, platform
-from rerank_operator.core import spec as specs
 from rerank_operator.core.autoscale.config import AutoscalingSpec, PoolBounds
 from rerank_operator.core.autoscale.history import ZeroState
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.names import ZeroPhase
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec.model import RerankModelSpec
 
 #: How long the route points at the activator before the pools go: one tick to apply the route plus the time a
 #: Gateway takes to program it (seconds for Envoy-based ones); requests meanwhile are served either way.

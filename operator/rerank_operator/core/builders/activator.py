@@ -20,7 +20,7 @@ from rerank_contracts.activator import (
 )
 from rerank_operator.core import names
 from rerank_operator.core.platform import Activator
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 #: The route's request timeout while the activator holds the model's requests: its hold (the chart's

@@ -20,8 +20,8 @@ from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import pods
-from rerank_operator.core.quantities import parse_quantity
-from rerank_operator.core.spec import TEI_MAX_BATCH_TOKENS, Pool, RerankModelSpec, TeiSettings
+from rerank_operator.core.spec.model import TEI_MAX_BATCH_TOKENS, Pool, RerankModelSpec, TeiSettings
+from rerank_operator.core.spec.quantities import parse_quantity
 
 CONTAINER = "tei"
 MODEL_MOUNT = "/model"

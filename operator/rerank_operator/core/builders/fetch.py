@@ -1,4 +1,4 @@
-"""The init container that puts a shared artifact where a pod reads it (``core/sharing.py``).
+"""The init container that puts a shared artifact where a pod reads it (``core/artifacts/sharing.py``).
 
 A pod serving a shared artifact has no claim: its model volume is an emptyDir, filled before TEI (or the quality
 guard) starts by ``rerank-fetch-artifact`` (``rerank_contracts/shared_store.py``, in the operator image). It pulls the

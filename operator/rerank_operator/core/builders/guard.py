@@ -32,7 +32,7 @@ from rerank_operator.core import names
 from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.platform import CHECKED, REFERENCE, GuardSettings
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 CONFIG_ENV = "RERANK_GUARD_CONFIG"
 #: The guard's environment variable holding the model's mirror token (``quality_guard.config.Config.mirror_token_env``).

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 
 @dataclass(frozen=True)

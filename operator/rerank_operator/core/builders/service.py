@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.spec import Pool
+from rerank_operator.core.spec.model import Pool
 
 
 def _service(owner: names.Owner, name: str, component: names.Component, selector: dict[str, str]) -> dict[str, Any]:

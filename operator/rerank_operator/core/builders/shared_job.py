@@ -1,4 +1,4 @@
-"""The Job that builds a shared artifact (``core/sharing.py``) in its store's namespace, and pushes it there.
+"""The Job that builds a shared artifact (``core/artifacts/sharing.py``) in its store's namespace, and pushes it there.
 
 It is the model's quantization Job (``job.py``) with nothing of a tenant's: no claim (an emptyDir holds the build and
 its download), no hub token and no data ConfigMaps (a model with them is never shared), no owner (it serves every
@@ -12,15 +12,15 @@ from dataclasses import replace
 from typing import Any
 
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core import names, sharing
+from rerank_operator.core import names, platform
 from rerank_operator.core.builders import job, pods
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 #: Where a shared artifact's Job finds the store's push credentials (a Docker config.json, ``$DOCKER_CONFIG``).
 REGISTRY_CONFIG_MOUNT = "/etc/rerank/registry"
 
 
-def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, store: sharing.ArtifactStore,
+def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, store: platform.ArtifactStore,
                      transient_retries: int = 0) -> dict[str, Any]:
     """Attempt ``attempt`` of the Job building shared artifact ``artifact_id`` as ``spec`` asks for it."""
     env: list[dict[str, Any]] = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 
 def claim_name(owner: names.Owner, spec: RerankModelSpec) -> str:

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rerank_operator.core import conditions, names, platform
+from rerank_operator.core import names, platform
 from rerank_operator.core.autoscale import exposition
-from rerank_operator.core.conditions import Condition
-from rerank_operator.core.events import Event
 from rerank_operator.core.quality import requantize
-from rerank_operator.core.spec import RequantizeOnDrift
+from rerank_operator.core.spec.model import RequantizeOnDrift
+from rerank_operator.core.status import conditions
+from rerank_operator.core.status.conditions import Condition
+from rerank_operator.core.status.events import Event
 
 QUALITY_VERIFIED = conditions.QUALITY_VERIFIED
 CHECKED, REFERENCE = platform.CHECKED, platform.REFERENCE

@@ -12,7 +12,7 @@ from typing import Any
 from rerank_operator.core import platform
 from rerank_operator.core.builders import guard
 from rerank_operator.core.quality import guard_policy
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 
 from rerank_operator.core import names
 from rerank_operator.core.platform import CHECKED, REFERENCE, GuardSettings
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 
 def excluded(below_floor: Collection[str], ready: Mapping[str, int]) -> names.PoolName | None:

@@ -26,10 +26,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rerank_contracts import artifact_layout
-from rerank_operator.core import conditions, platform
-from rerank_operator.core.events import Event
+from rerank_operator.core import platform
 from rerank_operator.core.leadership import parse_micro_time
-from rerank_operator.core.spec import DataSource, RequantizeOnDrift, RerankModelSpec
+from rerank_operator.core.spec.model import DataSource, RequantizeOnDrift, RerankModelSpec
+from rerank_operator.core.status import conditions
+from rerank_operator.core.status.events import Event
 
 #: The least sample a round quantizes on: the Job's gate needs enough pairs to be meaningful (its default
 #: evaluation set has 840), and the canary's default needs 200 compared requests.

@@ -18,7 +18,7 @@ calls them and unit tests drive them with tables.
 
 from __future__ import annotations
 
-from rerank_operator.core.quantities import parse_quantity
+from rerank_operator.core.spec.quantities import parse_quantity
 from rerank_operator.core.tenancy.network import build_network_policy
 from rerank_operator.core.tenancy.quota import QuotaBlock, is_quota_message, quota_blocked
 from rerank_operator.core.tenancy.resolve import resolve

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.tenancy import fields
+from rerank_operator.core.tenancy import lookups as fields
 
 Obj = Mapping[str, Any]
 

@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rerank_operator.core import conditions
-from rerank_operator.core.builders import job
+from rerank_operator.core.artifacts import job_outcome
+from rerank_operator.core.status import conditions
 
 Obj = Mapping[str, Any]
 
@@ -47,7 +47,7 @@ def quota_blocked(
             failing = cond.get("type") == "ReplicaFailure" and cond.get("status") == "True"
             if failing and is_quota_message(cond.get("message")):
                 return _block(f"ReplicaSet/{rs['metadata']['name']}", cond["message"])
-    stuck = {j["metadata"]["name"] for j in jobs if job.waiting_for_pods(j)}
+    stuck = {j["metadata"]["name"] for j in jobs if job_outcome.waiting_for_pods(j)}
     for event in sorted(events, key=_event_time, reverse=True):
         involved = event.get("involvedObject") or {}
         if (involved.get("kind") == "Job" and involved.get("name") in stuck

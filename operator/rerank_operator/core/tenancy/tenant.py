@@ -18,13 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_operator.core import conditions, tenancy
-from rerank_operator.core.conditions import Condition
+from rerank_operator.core import tenancy
 from rerank_operator.core.names import ModelKey
-from rerank_operator.core.observed import Observed
+from rerank_operator.core.reconcile.observed import Observed
+from rerank_operator.core.reconcile.writes import Refused
 from rerank_operator.core.settings import Settings
-from rerank_operator.core.spec import RerankModelSpec
-from rerank_operator.core.writes import Refused
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status import conditions
+from rerank_operator.core.status.conditions import Condition
 
 Obj = Mapping[str, Any]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rerank_operator.core import names, quantities
-from rerank_operator.core.tenancy import fields
+from rerank_operator.core import names
+from rerank_operator.core.spec import quantities
+from rerank_operator.core.tenancy import lookups as fields
 
 Obj = Mapping[str, Any]
 

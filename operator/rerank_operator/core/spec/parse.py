@@ -1,4 +1,4 @@
-"""Parse a RerankModel's ``spec`` into the frozen dataclasses of ``core/spec.py``, section by section.
+"""Parse a RerankModel's ``spec`` into the frozen dataclasses of ``core/spec/model.py``, section by section.
 
 ``parse`` refuses, with a ``SpecError`` naming the field and the offending value, what crds/rerankmodel.yaml refuses
 at apply time and what would reach a command line or a child object unsafely (TEI flags outside
@@ -15,10 +15,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from rerank_operator.core import shapes
-from rerank_operator.core import spec_fields as fields
-from rerank_operator.core.quantities import parse_quantity
-from rerank_operator.core.spec import (
+from rerank_operator.core.spec import fields, shapes
+from rerank_operator.core.spec.model import (
     ConfigMapKeyRef,
     DataSource,
     HubAccess,
@@ -30,7 +28,8 @@ from rerank_operator.core.spec import (
     SpecError,
     Storage,
 )
-from rerank_operator.core.spec_serving import parse_autoscaling, parse_pool, parse_routing
+from rerank_operator.core.spec.quantities import parse_quantity
+from rerank_operator.core.spec.serving import parse_autoscaling, parse_pool, parse_routing
 
 
 def parse(spec: Mapping[str, Any]) -> RerankModelSpec:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rerank_operator.core import names, shapes, tei_flags
-from rerank_operator.core import spec_fields as fields
-from rerank_operator.core.spec import (
+from rerank_operator.core import names
+from rerank_operator.core.spec import fields, shapes, tei_flags
+from rerank_operator.core.spec.model import (
     DEFAULT_CPU_RESOURCES,
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,

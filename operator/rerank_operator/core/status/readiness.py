@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rerank_operator.core import conditions
 from rerank_operator.core.builders import deployment
-from rerank_operator.core.observed import Observed
-from rerank_operator.core.plan import Plan
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.reconcile.observed import Observed
+from rerank_operator.core.reconcile.plan import Plan
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status import conditions
 
 
 @dataclass(frozen=True)

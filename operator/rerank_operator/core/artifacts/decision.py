@@ -11,7 +11,7 @@ Pure; ``plan.py`` builds everything else on it.
   artifact published on the volume and returns its manifest at once (at most ``MAX_RESULT_RECOVERIES`` in a row);
   failed -> stay failed, unless the spec changed since that Job started (a fix retries at once, as attempt n+1).
   Deleting a failed Job by hand also retries. Failed transiently (the hub unavailable) -> wait, then attempt n+1
-  after a backoff that doubles per transient failure in a row (``job.RetryBackoff``), with no spec edit.
+  after a backoff that doubles per transient failure in a row (``job_outcome.RetryBackoff``), with no spec edit.
 """
 
 from __future__ import annotations
@@ -21,18 +21,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core import artifact, conditions, names, sharing
+from rerank_operator.core import names, platform
+from rerank_operator.core.artifacts import identity as artifact
+from rerank_operator.core.artifacts import job_outcome, sharing
 from rerank_operator.core.builders import job, shared_job, storage
-from rerank_operator.core.observed import Obj, Observed
 from rerank_operator.core.quality import canary as canaries
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.reconcile.observed import Obj, Observed
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status import conditions
 
 PendingState = Literal["Creating", "Running", "Waiting", "Failed", "Canary", "RolledBack"]
 #: Attempts in a row that may be started to recover a finished Job's lost result; beyond, the model reports
 #: ResultLost as a failure (a message that is never a result would otherwise start Jobs forever).
 MAX_RESULT_RECOVERIES = 3
 #: The operator's default retry of a Job that failed transiently (``--hub-retry-*``).
-DEFAULT_BACKOFF = job.RetryBackoff()
+DEFAULT_BACKOFF = job_outcome.RetryBackoff()
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def max_input_tokens(record: Mapping[str, Any] | None) -> int:
 
 def jobs_for(observed: Observed, artifact_id: str | None) -> list[Obj]:
     mine = [j for j in observed.jobs if j["metadata"].get("labels", {}).get(names.LABEL_ARTIFACT) == artifact_id]
-    return sorted(mine, key=job.attempt_of)
+    return sorted(mine, key=job_outcome.attempt_of)
 
 
 def _canary_step(desired: str, served: Mapping[str, Any] | None, status: Mapping[str, Any], now: str,
@@ -116,23 +119,23 @@ def _canary_step(desired: str, served: Mapping[str, Any] | None, status: Mapping
         desired, "", 0, "Canary", conditions.REASON_CANARY, canaries.message(desired, served, canary, verdict)))
 
 
-def _backoff_left(latest: Mapping[str, Any], now: str, backoff: job.RetryBackoff) -> tuple[int, float, float]:
+def _backoff_left(latest: Mapping[str, Any], now: str, backoff: job_outcome.RetryBackoff) -> tuple[int, float, float]:
     """(transient failures in a row with this one, the backoff after them, seconds of it left) for a Job that failed
     transiently; the whole backoff when its failure time or ``now`` does not parse."""
-    in_a_row = job.transient_retries_of(latest) + 1
+    in_a_row = job_outcome.transient_retries_of(latest) + 1
     wait = backoff.delay(in_a_row)
-    at, now_s = job.failed_at(latest), job.unix_time(now)
+    at, now_s = job_outcome.failed_at(latest), job_outcome.unix_time(now)
     return in_a_row, wait, (at + wait - now_s if at is not None and now_s is not None else wait)
 
 
 def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
-                     latest: Obj, out: job.JobOutcome, claim: str, now: str,
-                     backoff: job.RetryBackoff) -> tuple[ArtifactDecision, Obj | None]:
+                     latest: Obj, out: job_outcome.JobOutcome, claim: str, now: str,
+                     backoff: job_outcome.RetryBackoff) -> tuple[ArtifactDecision, Obj | None]:
     """A Job that failed transiently: the next attempt once its backoff has passed, else wait for it (a spec change
     meanwhile starts it at once: the hub may be the fix's)."""
-    name, attempt = latest["metadata"]["name"], job.attempt_of(latest)
+    name, attempt = latest["metadata"]["name"], job_outcome.attempt_of(latest)
     in_a_row, wait, left = _backoff_left(latest, now, backoff)
-    if left <= 0 or job.spec_generation_of(latest) < owner.generation:
+    if left <= 0 or job_outcome.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim, transient_retries=in_a_row)
         return ArtifactDecision(desired, served, pending=Pending(
             desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_QUANTIZING,
@@ -145,8 +148,8 @@ def _retry_transient(owner: names.Owner, spec: RerankModelSpec, desired: str, se
 
 def decide_artifact(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
-    canary: canaries.CanaryPolicy | None = None, backoff: job.RetryBackoff = DEFAULT_BACKOFF,
-    store: sharing.ArtifactStore | None = None, shared: sharing.SharedView | None = None,
+    canary: canaries.CanaryPolicy | None = None, backoff: job_outcome.RetryBackoff = DEFAULT_BACKOFF,
+    store: platform.ArtifactStore | None = None, shared: sharing.SharedView | None = None,
 ) -> tuple[ArtifactDecision, Obj | None]:
     """The artifact decision and the Job to create (if any). ``canary``: new artifacts first serve as a canary.
     ``backoff``: when a Job that failed transiently is retried (the operator's ``--hub-retry-*`` flags).
@@ -173,8 +176,8 @@ def decide_artifact(
             desired, new["metadata"]["name"], 1, "Creating", conditions.REASON_QUANTIZING,
             "starting the quantization Job")), new
     latest = jobs[-1]
-    attempt = job.attempt_of(latest)
-    out = job.outcome(latest, observed.pods_of(latest))
+    attempt = job_outcome.attempt_of(latest)
+    out = job_outcome.outcome(latest, observed.pods_of(latest))
     name = latest["metadata"]["name"]
     if out.state == "Succeeded" and out.result is not None:
         record = artifact_record(out.result, desired, now, weights=spec.model.display)
@@ -185,7 +188,7 @@ def decide_artifact(
                 canaries.message(desired, served, canary, {}))), None
         return ArtifactDecision(desired, record, published=True), None
     if out.state == "Succeeded":  # the result died with the pod: the manifest on the volume is read by a new attempt
-        recovers = job.recovers_of(latest) + 1
+        recovers = job_outcome.recovers_of(latest) + 1
         if recovers <= MAX_RESULT_RECOVERIES:
             new = job.build_job(owner, spec, desired, attempt + 1, claim, recovers=recovers)
             return ArtifactDecision(desired, served, pending=Pending(
@@ -196,14 +199,14 @@ def decide_artifact(
             f"{out.message}; {MAX_RESULT_RECOVERIES} attempts in a row could not recover it")), None
     if out.state == "Failed" and out.reason in quantize_job.TRANSIENT_FAILURES:
         return _retry_transient(owner, spec, desired, served, latest, out, claim, now, backoff)
-    if out.state == "Failed" and job.spec_generation_of(latest) < owner.generation:
+    if out.state == "Failed" and job_outcome.spec_generation_of(latest) < owner.generation:
         new = job.build_job(owner, spec, desired, attempt + 1, claim)
         return ArtifactDecision(desired, served, pending=Pending(
             desired, new["metadata"]["name"], attempt + 1, "Creating", conditions.REASON_QUANTIZING,
             f"the spec changed after {name} failed ({out.reason}): retrying")), new
     state: PendingState = "Failed" if out.state == "Failed" else "Running"
     reason, message = out.reason, out.message
-    if out.state == "Running" and out.reason == conditions.REASON_QUANTIZING and job.recovers_of(latest):
+    if out.state == "Running" and out.reason == conditions.REASON_QUANTIZING and job_outcome.recovers_of(latest):
         reason = conditions.REASON_RECOVERING_RESULT
         message = ("the result of an earlier attempt was lost with its pod: this attempt reads the published "
                    "artifact's manifest")
@@ -222,8 +225,8 @@ SHARED_PUSH_VISIBLE_SECONDS = 60.0
 
 
 def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
-                   store: sharing.ArtifactStore, view: sharing.SharedView, now: str,
-                   canary: canaries.CanaryPolicy | None, backoff: job.RetryBackoff) -> tuple[ArtifactDecision,
+                   store: platform.ArtifactStore, view: sharing.SharedView, now: str,
+                   canary: canaries.CanaryPolicy | None, backoff: job_outcome.RetryBackoff) -> tuple[ArtifactDecision,
                                                                                               Obj | None]:
     """A shared artifact: served from the store when published there (no Job); else the one Job in the store's
     namespace that builds it, started by the first model that asks, waited on by all of them. A failure is every
@@ -240,7 +243,7 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
                 desired, "", 0, "Canary", conditions.REASON_CANARY,
                 canaries.message(desired, served, canary, {}))), None
         return ArtifactDecision(desired, record, published=True), None
-    jobs = sorted(view.jobs, key=job.attempt_of)
+    jobs = sorted(view.jobs, key=job_outcome.attempt_of)
     if not jobs:
         new = shared_job.build_shared_job(spec, desired, 1, store)
         return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(
@@ -248,10 +251,10 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
             f"building shared artifact {desired} for the store {store.repository}: every model that asks for it "
             "waits on this one Job")), new
     latest = jobs[-1]
-    attempt, where = job.attempt_of(latest), _where(latest)
-    out = job.outcome(latest, view.pods_of(latest))
-    finished = job.unix_time((latest.get("status") or {}).get("completionTime"))
-    now_s = job.unix_time(now)
+    attempt, where = job_outcome.attempt_of(latest), _where(latest)
+    out = job_outcome.outcome(latest, view.pods_of(latest))
+    finished = job_outcome.unix_time((latest.get("status") or {}).get("completionTime"))
+    now_s = job_outcome.unix_time(now)
     gone = out.result is None or (finished is not None and now_s is not None
                                   and now_s - finished > SHARED_PUSH_VISIBLE_SECONDS)
     if out.state == "Succeeded" and gone and attempt <= MAX_RESULT_RECOVERIES:

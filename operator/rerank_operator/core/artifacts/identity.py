@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-from rerank_operator.core.spec import DataSource, RerankModelSpec
+from rerank_operator.core.spec.model import DataSource, RerankModelSpec
 
 #: Bump when the meaning of the hashed inputs changes (e.g. the quantizer's layout), to force new artifacts.
 SCHEMA = 1

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rerank_contracts import quantize_job
-from rerank_operator.core import conditions
-from rerank_operator.core.observed import ObjectRef, ref_of
+from rerank_operator.core.reconcile.observed import ObjectRef, ref_of
+from rerank_operator.core.status import conditions
 
 EventType = Literal["Normal", "Warning"]
 

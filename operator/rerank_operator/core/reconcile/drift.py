@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from rerank_operator.core import names
-from rerank_operator.core.quantities import parse_quantity
+from rerank_operator.core.spec.quantities import parse_quantity
 
 _QUANTITY_PARENTS = {"limits", "requests"}
 _LIST_KEYS = ("uid", "mountPath", "name")

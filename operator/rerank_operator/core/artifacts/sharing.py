@@ -30,50 +30,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_operator.core import artifact
+from rerank_operator.core import platform
+from rerank_operator.core.artifacts import identity as artifact
 from rerank_operator.core.builders import deployment
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.spec.model import RerankModelSpec
 
 #: ``status.artifact.source``: built by a Job of the model's own (on its volume), or fetched from the store.
 SOURCE_BUILT = "built"
 SOURCE_SHARED = "shared"
-DEFAULT_UNUSED_GRACE_SECONDS = 86400
-
-
-@dataclass(frozen=True)
-class ArtifactStore:
-    """A class's ``spec.artifactStore``. ``repository``: ``host[:port]/path`` (tags are artifact ids);
-    ``namespace``: where shared Jobs run; ``push_secret``: a ``kubernetes.io/dockerconfigjson`` Secret there, the
-    only credentials that may write the store; ``pull_secret``: one the platform keeps in every model namespace
-    when the registry needs credentials to read (none: anonymous pull); ``insecure``: plain HTTP (a registry inside
-    the cluster)."""
-
-    repository: str
-    namespace: str
-    push_secret: str | None = None
-    pull_secret: str | None = None
-    insecure: bool = False
-    unused_grace_seconds: int = DEFAULT_UNUSED_GRACE_SECONDS
-
-    @property
-    def host(self) -> str:
-        return self.repository.split("/", 1)[0]
-
-    @property
-    def path(self) -> str:
-        """The repository without its host, as the registry's API names it."""
-        return self.repository.split("/", 1)[1] if "/" in self.repository else ""
-
-    @classmethod
-    def from_class(cls, class_spec: Mapping[str, Any] | None) -> ArtifactStore | None:
-        """The class's store, or None when it has none (or turns sharing off with ``enabled: false``)."""
-        raw = (class_spec or {}).get("artifactStore")
-        if not isinstance(raw, Mapping) or raw.get("enabled") is False or not raw.get("repository"):
-            return None
-        return cls(repository=str(raw["repository"]).rstrip("/"), namespace=str(raw.get("namespace") or ""),
-                   push_secret=raw.get("pushSecret") or None, pull_secret=raw.get("pullSecret") or None,
-                   insecure=bool(raw.get("insecure", False)),
-                   unused_grace_seconds=int(raw.get("unusedGraceSeconds", DEFAULT_UNUSED_GRACE_SECONDS)))
 
 
 def private_reason(spec: RerankModelSpec) -> str | None:
@@ -94,7 +58,7 @@ def private_reason(spec: RerankModelSpec) -> str | None:
     return None
 
 
-def shared_inputs(spec: RerankModelSpec, store: ArtifactStore) -> dict[str, Any]:
+def shared_inputs(spec: RerankModelSpec, store: platform.ArtifactStore) -> dict[str, Any]:
     """The built id's inputs plus what changes the bytes across namespaces (see the module docstring)."""
     hub = spec.model.hub
     cpu = spec.cpu
@@ -111,12 +75,12 @@ def shared_inputs(spec: RerankModelSpec, store: ArtifactStore) -> dict[str, Any]
     }
 
 
-def shared_id(spec: RerankModelSpec, store: ArtifactStore) -> str:
+def shared_id(spec: RerankModelSpec, store: platform.ArtifactStore) -> str:
     canonical = json.dumps(shared_inputs(spec, store), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:artifact.ID_LENGTH]
 
 
-def store_for(spec: RerankModelSpec, store: ArtifactStore | None) -> ArtifactStore | None:
+def store_for(spec: RerankModelSpec, store: platform.ArtifactStore | None) -> platform.ArtifactStore | None:
     """The store this spec's artifact comes from (None: the model builds its own)."""
     return store if store is not None and private_reason(spec) is None else None
 
@@ -149,7 +113,7 @@ class SharedView:
 
 
 def record(published: Published, artifact_id: str, now: str, weights: str,
-           store: ArtifactStore | None = None) -> dict[str, Any]:
+           store: platform.ArtifactStore | None = None) -> dict[str, Any]:
     """``status.artifact`` for a shared artifact: the figures of its manifest.json, where it lives (``ref``) and how
     its registry is read (``insecure``, ``pullSecret``: kept with the record, so pods that serve it keep fetching it
     the same way after the class changes or drops its store)."""

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from rerank_operator.core import shapes
-from rerank_operator.core.quantities import parse_quantity
-from rerank_operator.core.spec import SecretKeyRef, SpecError
+from rerank_operator.core.spec import shapes
+from rerank_operator.core.spec.model import SecretKeyRef, SpecError
+from rerank_operator.core.spec.quantities import parse_quantity
 
 
 def show(value: Any) -> str:

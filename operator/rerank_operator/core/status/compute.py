@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rerank_operator.core import conditions, readiness
 from rerank_operator.core.builders import deployment
-from rerank_operator.core.conditions import Condition
-from rerank_operator.core.observed import Observed
-from rerank_operator.core.plan import Plan
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.reconcile.observed import Observed
+from rerank_operator.core.reconcile.plan import Plan
+from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.status import conditions, readiness
+from rerank_operator.core.status.conditions import Condition
 from rerank_operator.core.tenancy import QuotaBlock
 
 AUTOSCALER_KEYS = ("autoscaling", "quality")  # and the conditions in conditions.AUTOSCALER_OWNED

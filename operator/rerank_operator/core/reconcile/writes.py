@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rerank_operator.core import tenancy
-from rerank_operator.core.observed import ObjectRef
+from rerank_operator.core.reconcile.observed import ObjectRef
 
 Verb = str  # "apply" | "create" | "scale" | "delete"
 

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_operator.core import drift, names, platform, sharing
-from rerank_operator.core.artifact_decision import (
+from rerank_operator.core import names, platform
+from rerank_operator.core.artifacts import job_outcome, sharing
+from rerank_operator.core.artifacts.decision import (
     DEFAULT_BACKOFF,
     ArtifactDecision,
     decide_artifact,
@@ -25,13 +26,14 @@ from rerank_operator.core.artifact_decision import (
 from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.builders import activator as activators
-from rerank_operator.core.builders import deployment, guard, job, pods, routing, service, storage
+from rerank_operator.core.builders import deployment, guard, pods, routing, service, storage
 from rerank_operator.core.builders import fetch as fetching
-from rerank_operator.core.observed import Obj, ObjectRef, Observed, ref_of
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import canary as canaries
 from rerank_operator.core.quality import guard_policy, requantize
-from rerank_operator.core.spec import RerankModelSpec
+from rerank_operator.core.reconcile import drift
+from rerank_operator.core.reconcile.observed import Obj, ObjectRef, Observed, ref_of
+from rerank_operator.core.spec.model import RerankModelSpec
 
 DEFAULT_DEPLOYMENT_REPLICAS = 1  # what the API server gives a Deployment created without replicas
 
@@ -81,7 +83,7 @@ def _obsolete_jobs(observed: Observed, decision: ArtifactDecision) -> list[Objec
             if j["metadata"]["name"] not in keep and not j["metadata"].get("deletionTimestamp")]
 
 
-def _fetch(record: Mapping[str, Any] | None, store: sharing.ArtifactStore | None,
+def _fetch(record: Mapping[str, Any] | None, store: platform.ArtifactStore | None,
            image: str) -> fetching.Fetch | None:
     """How the pods get a shared artifact record (None: a built one, on the claim): as the record says (records
     written before it kept the registry's settings: as the class's store says)."""
@@ -140,8 +142,8 @@ def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> 
 def compute(
     owner: names.Owner, spec: RerankModelSpec, observed: Observed, status: Mapping[str, Any], now: str,
     network_policy: Obj | None = None, guard_settings: platform.GuardSettings | None = None,
-    backoff: job.RetryBackoff = DEFAULT_BACKOFF, pull_secrets: tuple[str, ...] = (),
-    activator: platform.Activator | None = None, store: sharing.ArtifactStore | None = None,
+    backoff: job_outcome.RetryBackoff = DEFAULT_BACKOFF, pull_secrets: tuple[str, ...] = (),
+    activator: platform.Activator | None = None, store: platform.ArtifactStore | None = None,
     shared: sharing.SharedView | None = None, fetcher_image: str = "",
 ) -> Plan:
     """``network_policy``: the model's NetworkPolicy from its class (classes.network_policy); None deletes it.

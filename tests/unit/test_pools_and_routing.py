@@ -9,6 +9,7 @@ import pytest
 from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core.autoscale import split as splits
+from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.builders import deployment, pods, routing, service
 from rerank_operator.core.reconcile import plan as plans
 from rerank_operator.core.reconcile.observed import Observed
@@ -154,7 +155,7 @@ def test_static_split(mods: tuple[Mod, ...], ready: tuple[int, int], gpu_percent
 
 
 def test_autoscaler_decision_is_applied_within_the_policy() -> None:
-    decision = {"gpuPercent": 60, "reason": "spill"}
+    decision = RecordedDecision(gpu_percent=60, reason="spill")
     assert splits.split(spec_of(model()), 1, 1, decision).gpu_percent == 60
     assert splits.split(spec_of(model(set_("routing", {"policy": "gpu-only"}))), 1, 1, decision).gpu_percent == 100
 

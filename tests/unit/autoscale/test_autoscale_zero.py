@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rerank_operator.core import names
-from rerank_operator.core.autoscale import zero
+from rerank_operator.core.autoscale import record, zero
 from rerank_operator.core.autoscale.history import History, ZeroState
 from rerank_operator.core.autoscale.policy import Current, Decision, decide
+from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.autoscale.signals import ActivatorDemand, PoolSignals, Signals
 from tests.unit.autoscale.autoscale_helpers import NOW, pool, spec
 
@@ -117,9 +118,23 @@ def test_the_phase_is_saved_so_a_restart_keeps_a_sleeping_model_asleep() -> None
 
 def test_the_decision_record_names_the_phase() -> None:
     d = decide(SLEEPY, Signals(), Current(0, 0, 100), History(zero=ZeroState("asleep", NOW, NOW)), NOW + 1)
-    assert d.to_status("t")["scaleToZero"] == "asleep"
+    written = record.decision_status(SLEEPY, d, "t")
+    assert written["scaleToZero"] == "asleep"
+    assert RecordedDecision.from_status({"autoscaling": {"lastDecision": written}}) == RecordedDecision(
+        time="t", reason=d.reason, held=d.held, gpu_percent=d.gpu_percent, cpu_percent=d.cpu_percent,
+        replicas={"cpu": 0}, scale_to_zero="asleep")  # SLEEPY has no GPU pool
+    assert zero.recorded_phase(RecordedDecision.from_record(written)) == "asleep"
     normal = decide(spec(), Signals(gpu=pool(1), cpu=pool(1)), Current(1, 1, 0), History(), NOW)
-    assert normal.zero is None and "scaleToZero" not in normal.to_status("t")
+    written = record.decision_status(spec(), normal, "t")
+    assert normal.zero is None and "scaleToZero" not in written
+    assert zero.recorded_phase(RecordedDecision.from_record(written)) is None
+
+
+def test_a_recorded_decision_reads_a_hand_edited_key_as_absent() -> None:
+    bad = RecordedDecision.from_record({"gpuPercent": "60", "cpuReplicas": True, "gpuReplicas": 3, "held": "yes",
+                                        "scaleToZero": 1})
+    assert (bad.gpu_percent, bad.replicas, bad.held, bad.scale_to_zero) == (None, {"gpu": 3}, False, None)
+    assert RecordedDecision.from_status({}) is None and RecordedDecision.from_status({"autoscaling": {}}) is None
 
 
 def test_waking_a_model_without_cpu_pool_wakes_the_gpu_pool() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from rerank_operator.core import names
 from rerank_operator.core.autoscale import load as loads
@@ -78,13 +77,6 @@ class Decision:
 
     def replicas(self, pool: Pool) -> int:
         return self.gpu_replicas if pool == "gpu" else self.cpu_replicas
-
-    def to_status(self, now_iso: str) -> dict[str, Any]:
-        """`status.autoscaling.lastDecision` (signals and traffic are written by the caller)."""
-        record: dict[str, Any] = {"time": now_iso, "reason": self.reason, "held": self.held}
-        if self.zero is not None:
-            record["scaleToZero"] = self.zero
-        return record
 
 
 def decide(spec: AutoscalingSpec, signals: Signals, current: Current, history: History, now: float,

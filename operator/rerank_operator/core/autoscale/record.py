@@ -16,6 +16,7 @@ from typing import Any
 
 from rerank_operator.core import names
 from rerank_operator.core.autoscale import config, history, policy, split
+from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.reconcile.observed import PoolsView
 from rerank_operator.core.spec.model import Routing
 from rerank_operator.core.status import conditions, events
@@ -78,23 +79,19 @@ def traffic_enforced(auto: config.AutoscalingSpec, routing: Routing, view: Pools
 
 def decision_status(auto: config.AutoscalingSpec, decision: policy.Decision, now_iso: str) -> dict[str, Any]:
     """``status.autoscaling.lastDecision``: what the reconcile loop applies (replicas only when it manages them)."""
-    record = dict(decision.to_status(now_iso))
-    record["reason"] = str(record.get("reason", ""))[:MAX_REASON]
-    if auto.replica_management == "operator":
-        for pool in config.POOLS:
-            if auto.bounds(pool).enabled:
-                record[f"{pool}Replicas"] = decision.replicas(pool)
-    record["gpuPercent"] = decision.gpu_percent
-    record["cpuPercent"] = decision.cpu_percent
-    return record
+    managed = auto.replica_management == "operator"
+    replicas = {pool: decision.replicas(pool) for pool in config.POOLS if managed and auto.bounds(pool).enabled}
+    return RecordedDecision(time=now_iso, reason=decision.reason[:MAX_REASON], held=decision.held,
+                            gpu_percent=decision.gpu_percent, cpu_percent=decision.cpu_percent, replicas=replicas,
+                            scale_to_zero=decision.zero).to_status()
 
 
 def changes(decision: policy.Decision, recorded: Mapping[str, Any]) -> list[events.Event]:
     """Events for a decision that is being recorded: the policy's (against what is in effect), plus a shift the
     reconcile loop already made on its own (no ready replica in a pool) that the autoscaler now takes over."""
     found = [events.Event("Normal", e.reason, e.message[:MAX_REASON]) for e in decision.events]
-    before = recorded.get("cpuPercent")
-    if (not any(e.reason == "TrafficShifted" for e in found) and isinstance(before, int)
+    before = RecordedDecision.from_record(recorded).cpu_percent
+    if (not any(e.reason == "TrafficShifted" for e in found) and before is not None
             and before != decision.cpu_percent):
         found.append(events.Event("Normal", "TrafficShifted",
                                   f"gpu/cpu {100 - before}/{before} -> {decision.gpu_percent}/{decision.cpu_percent}: "

@@ -28,13 +28,13 @@ Safety wins over all of it: no ready GPU replica means 100% CPU, no ready CPU re
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 from rerank_operator.core.autoscale.config import AutoscalingSpec
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.load import UTILIZATION, Load, keeping_up
+from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders.routing import Traffic
 from rerank_operator.core.quality import guard_policy
@@ -282,7 +282,7 @@ def _projected_gpu_ratio(signals: Signals, gpu: GpuState, history: History, gpu_
 
 
 # -- The reconcile loop's split: the spec's policy, the autoscaler's decision, the guard's exclusion, ready pools --
-def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, Any] | None) -> Traffic:
+def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: RecordedDecision | None) -> Traffic:
     if not spec.gpu.enabled:
         return Traffic(0, 100, "only the CPU pool is enabled")
     if not spec.cpu.enabled:
@@ -292,9 +292,9 @@ def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, 
         return Traffic(0, 100, "routing policy cpu-only")
     if policy == "gpu-only":
         return Traffic(100, 0, "routing policy gpu-only")
-    if decision is not None and isinstance(decision.get("gpuPercent"), int):
-        gpu = max(0, min(100, int(decision["gpuPercent"])))
-        return Traffic(gpu, 100 - gpu, f"autoscaler: {decision.get('reason') or 'decision'}")
+    if decision is not None and decision.gpu_percent is not None:
+        gpu = max(0, min(100, decision.gpu_percent))
+        return Traffic(gpu, 100 - gpu, f"autoscaler: {decision.reason or 'decision'}")
     if policy == "fixed" and spec.routing.weights is not None:
         w = spec.routing.weights
         return Traffic(w.gpu, w.cpu, "routing policy fixed")
@@ -304,7 +304,7 @@ def _policy_split(spec: RerankModelSpec, gpu_ready: int, decision: Mapping[str, 
 
 
 def split(
-    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: Mapping[str, Any] | None = None,
+    spec: RerankModelSpec, gpu_ready: int, cpu_ready: int, decision: RecordedDecision | None = None,
     below_floor: Collection[str] = (),
 ) -> Traffic:
     """The split for ``spec`` given ready replicas per pool, with autoscaling on the autoscaler's decision, and the

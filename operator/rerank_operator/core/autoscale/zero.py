@@ -27,13 +27,12 @@ sleeping model: stale metrics of its terminating pods do not (``step``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from rerank_operator.core import names, platform
 from rerank_operator.core.autoscale.config import AutoscalingSpec, PoolBounds
 from rerank_operator.core.autoscale.history import ZeroState
+from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.names import ZeroPhase
 from rerank_operator.core.spec import model as specs
@@ -153,13 +152,12 @@ def why(phase: ZeroPhase, spec: AutoscalingSpec, state: ZeroState, now: float) -
     return f"waking: requests wait at the activator until the {pool} pool has a ready replica"
 
 
-def recorded_phase(decision: Mapping[str, Any] | None) -> str | None:
+def recorded_phase(decision: RecordedDecision | None) -> str | None:
     """The scale-to-zero phase the autoscaler recorded (``lastDecision.scaleToZero``), None for other models."""
-    value = (decision or {}).get("scaleToZero")
-    return value if isinstance(value, str) else None
+    return decision.scale_to_zero if decision is not None else None
 
 
-def routing_to(spec: RerankModelSpec, decision: Mapping[str, Any] | None,
+def routing_to(spec: RerankModelSpec, decision: RecordedDecision | None,
                activator: platform.Activator | None) -> platform.Activator | None:
     """The activator the model's route must point at now, or None (it routes to its pools): the autoscaler took
     it towards zero, the operator knows an activator, and the model has a route to change."""

@@ -25,6 +25,7 @@ from rerank_operator.core.artifacts.decision import (
 )
 from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.autoscale import zero as zeros
+from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.builders import activator as activators
 from rerank_operator.core.builders import deployment, guard, pods, routing, service, storage
 from rerank_operator.core.builders import fetch as fetching
@@ -96,15 +97,15 @@ def _fetch(record: Mapping[str, Any] | None, store: platform.ArtifactStore | Non
                           image=image, insecure=bool(insecure), pull_secret=str(pull) if pull else None)
 
 
-def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: Mapping[str, Any] | None) -> int | None:
+def _replicas(spec: RerankModelSpec, pool: names.PoolName, decision: RecordedDecision | None) -> int | None:
     p = spec.pool(pool)
     auto = spec.autoscaling
     if not auto.enabled:
         return p.min_replicas
     if auto.replica_management == "external":
         return None
-    decided = (decision or {}).get(f"{pool}Replicas")
-    if isinstance(decided, int) and not isinstance(decided, bool):
+    decided = decision.replicas.get(pool) if decision is not None else None
+    if decided is not None:
         return max(p.min_replicas, min(p.max_replicas, decided))
     # A model that may go to zero starts awake, on one replica of the pool a request wakes (``zero.awake_bounds``).
     return max(p.min_replicas, int(spec.scales_to_zero and pool == names.wake_pool(spec.cpu.enabled)))
@@ -120,11 +121,8 @@ def _scale(owner: names.Owner, pool: names.PoolName, replicas: int | None, live:
     return Scale(owner.namespace, names.deployment_name(owner.name, pool), replicas, exists=live is not None)
 
 
-def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    if not spec.autoscaling.enabled:
-        return None
-    decision = (status.get("autoscaling") or {}).get("lastDecision")
-    return decision if isinstance(decision, Mapping) else None
+def _autoscaler_decision(spec: RerankModelSpec, status: Mapping[str, Any]) -> RecordedDecision | None:
+    return RecordedDecision.from_status(status) if spec.autoscaling.enabled else None
 
 
 def _leftovers(owner: names.Owner, observed: Observed, role: str, name: str) -> list[ObjectRef]:

@@ -45,7 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from quantizer_job import metrics, textenc  # numpy only: `measure` runs from a bare checkout on the GPU machine
+# numpy only: `measure` runs from a bare checkout on the GPU machine
+from quantizer_job.steps.evaluation import metrics
+from quantizer_job.steps.tei import textenc
 
 ROOT = Path(__file__).resolve().parents[1]
 

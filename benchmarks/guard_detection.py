@@ -5,9 +5,9 @@
 
 On a trained fixture (``benchmarks/trained_fixture.py``: a fine-tuned cross-encoder and its 80 held-out queries of
 15 passages), every (query, passage) pair is scored once per variant with ONNX Runtime set up as TEI sets it up
-(``quantizer_job.verify.make_session``, batches of 8 in arrival order) and cached:
+(``quantizer_job.steps.evaluation.verify.make_session``, batches of 8 in arrival order) and cached:
 
-- ``reference``: the FP32 ONNX export (``quantizer_job.export``), what the guard compares every pool with;
+- ``reference``: the FP32 ONNX export (``quantizer_job.steps.graph.export``), what the guard compares every pool with;
 - ``healthy-int8``: the CPU pool's artifact as the Job makes it (``quantize.build_int8`` with the auto search's
   first candidate, all-INT8; it passes the Job's gate on these pairs);
 - ``healthy-fp16``: the GPU pool's numbers, emulated: every activation and weight rounded through float16 (Cast
@@ -50,9 +50,12 @@ import numpy as np
 # trained_fixture and tei_serving are untyped: mypy does not follow them (pyproject.toml), their names are Any here.
 from benchmarks import tei_serving, trained_fixture
 from quality_guard import budget, compare, detector
-from quantizer_job import evaldata, export, isa, layout, textenc, verify
-from quantizer_job import quantize as Q
-from quantizer_job.recipes import Recipe, benchmark_recipes, candidate_recipes
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import evaldata, verify
+from quantizer_job.steps.graph import export
+from quantizer_job.steps.graph import quantize as Q
+from quantizer_job.steps.recipe_search.recipes import Recipe, benchmark_recipes, candidate_recipes
+from quantizer_job.steps.tei import layout, textenc
 
 HEALTHY = ("healthy-int8", "healthy-fp16")
 BROKEN = ("wrong-tokenizer", "truncate-64", "gate-failing-recipe", "fp16-overflow")

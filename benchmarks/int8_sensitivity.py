@@ -1,7 +1,7 @@
 """Where the INT8 ranking error comes from: each MatMul group (and each FFN down-projection alone) kept FP32 while
 everything else is quantized as the fastest auto recipe does it. Prints JSON: Spearman and top-3 agreement vs the
 FP32 graph, speed vs FP32 (ONNX Runtime set up as TEI sets it up, all pairs once, batches of 8 in arrival order),
-and the outlier coarseness :mod:`quantizer_job.outliers` ranks FFN down-projections by.
+and the outlier coarseness :mod:`quantizer_job.steps.graph.outliers` ranks FFN down-projections by.
 
     python -m benchmarks.int8_sensitivity --fixture minilm-ce [--per-layer]
 
@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import trained_fixture
-from quantizer_job import embedding_int8, evaldata, export, fusion, isa, layout, metrics, outliers, textenc, verify
-from quantizer_job import quantize as Q
-from quantizer_job.recipes import Recipe
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import evaldata, metrics, verify
+from quantizer_job.steps.graph import embedding_int8, export, fusion, outliers
+from quantizer_job.steps.graph import quantize as Q
+from quantizer_job.steps.recipe_search.recipes import Recipe
+from quantizer_job.steps.tei import layout, textenc
 
 BASE = Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
               operators=("MatMul", "Attention"), embeddings="int8", fast_gelu=True)

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import tei_serving, trained_fixture
-from quantizer_job import isa, layout, textenc
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.tei import layout, textenc
 
 
 def tei_batches(model_dir: Path, groups, n_batches: int) -> list[dict[str, np.ndarray]]:

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from quantizer_job import evaldata, export, fusion, isa, metrics, textenc, verify
-from quantizer_job import quantize as Q
-from quantizer_job.recipes import Recipe
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import evaldata, metrics, verify
+from quantizer_job.steps.graph import export, fusion
+from quantizer_job.steps.graph import quantize as Q
+from quantizer_job.steps.recipe_search.recipes import Recipe
+from quantizer_job.steps.tei import textenc
 from rerank_devcluster import devmodels
 
 RECIPES = [

@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import tei_serving
-from quantizer_job import evaldata, export, layout, metrics, textenc
+from quantizer_job.steps.evaluation import evaldata, metrics
+from quantizer_job.steps.graph import export
+from quantizer_job.steps.tei import layout, textenc
 from rerank_devcluster import devmodels
 
 REPO = Path(__file__).resolve().parents[1]

@@ -32,9 +32,10 @@ Harness (``"harness"`` in the output):
   ``ORT_ENABLE_ALL``, intra-op threads = the serving CPUs, one inference at a time, FIFO queue of pairs, batches of
   at most 8 pairs padded to their longest, tokenization in the client threads (pinned, on the clients' CPUs: the
   fallback's pod does not pay for tokenization as TEI's does).
-- ``job_harness`` (every harness, ``--job-harness``): the Job's own served measurement (``quantizer_job.serving``:
-  arrival-order batches of 8, tokenization workers, models in turns) run here on every variant, over all profiled
-  pairs and over the prefix the Job times, on the serving CPUs: it separates the Job's harness from its sample.
+- ``job_harness`` (every harness, ``--job-harness``): the Job's own served measurement
+  (``quantizer_job.steps.evaluation.serving``: arrival-order batches of 8, tokenization workers, models in turns) run
+  here on every variant, over all profiled pairs and over the prefix the Job times, on the serving CPUs: it separates
+  the Job's harness from its sample.
 
 Placement (``--pin``, default when there are >= 2 CPUs): the routers run under ``taskset -c <first CPU>`` (each sees
 one CPU, as a pod with a 1-CPU limit: TEI sizes its intra-op threads and tokenization workers from it), the Job runs
@@ -85,7 +86,9 @@ from benchmarks.tei_serving import (
     taskset,
     torch_fp32,
 )
-from quantizer_job import evaldata, isa, layout, metrics, serving, textenc, verify
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import evaldata, metrics, serving, verify
+from quantizer_job.steps.tei import layout, textenc
 
 #: Texts a query for the ``short`` and ``longtail`` profiles (the issue's workload).
 PROFILE_TEXTS = 8
@@ -158,9 +161,9 @@ def write_groups(path: Path, groups: list[tuple[str, list[str]]]) -> Path:
 
 def job_harness(dirs: dict[str, Path], pairs: list[evaldata.Pair], threads: int, rounds: int,
                 timed_pairs: int | None, budget: int) -> dict[str, dict]:
-    """The Job's served measurement (quantizer_job.serving) on every variant: all variants in turns, over all the
-    profiled pairs, and over the prefix of ``timed_pairs`` pairs the Job timed (when known); batches within
-    ``budget`` tokens, as the routers'."""
+    """The Job's served measurement (quantizer_job.steps.evaluation.serving) on every variant: all variants in turns,
+    over all the profiled pairs, and over the prefix of ``timed_pairs`` pairs the Job timed (when known); batches
+    within ``budget`` tokens, as the routers'."""
     d0 = dirs["fp32"]
     cfg = layout.read_config(d0)
     tok = textenc.load_tokenizer(str(d0 / "tokenizer.json"), textenc.max_input_length(cfg))
@@ -191,8 +194,8 @@ def job_harness(dirs: dict[str, Path], pairs: list[evaldata.Pair], threads: int,
 def job_timed_pairs(groups: list[tuple[str, list[str]]], kernel_fp32_pairs_per_s: float | None,
                     lengths: list[int], budget: int) -> int | None:
     """How many pairs the Job timed a round: ``serving.round_batches``, the Job's own rule
-    (RERANK_QUANTIZE_TIMING_SECONDS is 2 s unless set), at its kernel FP32 speed (quantizer_job/measurement.py), on
-    batches within ``budget`` tokens (the pairs' token ``lengths``)."""
+    (RERANK_QUANTIZE_TIMING_SECONDS is 2 s unless set), at its kernel FP32 speed
+    (quantizer_job/stages/measurement.py), on batches within ``budget`` tokens (the pairs' token ``lengths``)."""
     if not kernel_fp32_pairs_per_s:
         return None
     pairs = [evaldata.Pair(q, t, None) for q, ts in groups for t in ts]
@@ -349,7 +352,8 @@ def main() -> None:
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2,
                     help="routers and the Job on the first CPU (taskset), clients on the others")
     ap.add_argument("--job-harness", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time every variant with the Job's own served harness (quantizer_job.serving)")
+                    help="also time every variant with the Job's own served harness "
+                         "(quantizer_job.steps.evaluation.serving)")
     ap.add_argument("--max-batch-tokens", type=int, default=0,
                     help="the routers' --max-batch-tokens (0: the CPU pool's default, the model's maximum input "
                          "length; 16384: TEI's own default)")

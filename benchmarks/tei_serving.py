@@ -34,9 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from quantizer_job import evaldata, export, isa, layout, metrics, serving, textenc, verify
-from quantizer_job import quantize as Q
-from quantizer_job.recipes import Recipe, benchmark_recipes, candidate_recipes
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import evaldata, metrics, serving, verify
+from quantizer_job.steps.graph import export
+from quantizer_job.steps.graph import quantize as Q
+from quantizer_job.steps.recipe_search.recipes import Recipe, benchmark_recipes, candidate_recipes
+from quantizer_job.steps.tei import layout, textenc
 
 REPO = Path(__file__).resolve().parents[1]
 TEI_MAX_BATCH = serving.MAX_BATCH_ENTRIES
@@ -166,10 +169,10 @@ class FallbackServer:
     """TEI's ORT backend in-process: FIFO queue of pairs, one worker running batches of <= 8 pairs whose padded size
     stays within ``budget`` (--max-batch-tokens; TEI's queue rule, ``serving.batch_spans``).
 
-    Not :func:`quantizer_job.serving.serve_pass`: that serves a fixed list of batches formed up front, with no
-    requests, so it has no per-request latency and no interleaving of concurrent clients' pairs, which this server
-    exists to show (``job_harness`` runs serve_pass itself). Its batch encoder tokenizes a whole batch, where TEI
-    (and this queue) tokenize per request and batch the tokenized pairs."""
+    Not :func:`quantizer_job.steps.evaluation.serving.serve_pass`: that serves a fixed list of batches formed up
+    front, with no requests, so it has no per-request latency and no interleaving of concurrent clients' pairs, which
+    this server exists to show (``job_harness`` runs serve_pass itself). Its batch encoder tokenizes a whole batch,
+    where TEI (and this queue) tokenize per request and batch the tokenized pairs."""
 
     harness = "ort-fallback"
 

@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quantizer_job import metrics, textenc
+from quantizer_job.steps.evaluation import metrics
+from quantizer_job.steps.tei import textenc
 from rerank_devcluster import devmodels
 
 FIXTURE_VERSION = 2

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantizer_job import metrics
+from quantizer_job.steps.evaluation import metrics
 
 #: The largest finite float16: a raw logit at or past it is what an FP16 pool's overflow saturates to.
 FP16_MAX = 65504.0

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from quantizer_job import isa, layout, textenc, verify
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import verify
+from quantizer_job.steps.tei import layout, textenc
 
 from .compare import sigmoid
 

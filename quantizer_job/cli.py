@@ -15,11 +15,10 @@ import signal
 import sys
 from types import FrameType
 
+from quantizer_job.pipeline import Terminated, execute
+from quantizer_job.steps.common.errors import EXIT_CODES
 from rerank_contracts import quantize_job
 from rerank_contracts.quantize_job import JobResult
-
-from .errors import EXIT_CODES
-from .pipeline import Terminated, execute
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

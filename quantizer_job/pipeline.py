@@ -22,20 +22,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from quantizer_job.stages.artifact_assembly import lay_out
+from quantizer_job.stages.fp32_reference import reference
+from quantizer_job.stages.measurement import serve_batch_tokens
+from quantizer_job.stages.preparation import export_model, fetch_source, load_inputs
+from quantizer_job.stages.recipe_trials import search_recipes
+from quantizer_job.stages.stage_data import Choice, Context
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.common.errors import EXIT_CODES, JobError
+from quantizer_job.steps.common.logs import log, peak_rss_bytes, stage
+from quantizer_job.steps.common.results import rounded
+from quantizer_job.steps.storage import publish
+from quantizer_job.steps.tei import layout
 from rerank_contracts import oci, shared_store
 from rerank_contracts.artifact_layout import MANIFEST_FILE
 from rerank_contracts.quantize_job import JobRequest, JobResult
-
-from . import isa, layout, publish
-from .artifact_assembly import lay_out
-from .errors import EXIT_CODES, JobError
-from .fp32_reference import reference
-from .logs import log, peak_rss_bytes, stage
-from .measurement import serve_batch_tokens
-from .preparation import export_model, fetch_source, load_inputs
-from .recipe_trials import search_recipes
-from .results import rounded
-from .stage_data import Choice, Context
 
 
 class Terminated(BaseException):

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantizer_job.evaldata import builtin_pairs
+from quantizer_job.steps.evaluation.evaldata import builtin_pairs
 
 if TYPE_CHECKING:
     import torch

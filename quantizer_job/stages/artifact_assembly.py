@@ -17,14 +17,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from quantizer_job.stages.measurement import BATCH_SIZE, serve_batch_tokens, serve_threads
+from quantizer_job.stages.stage_data import Choice, Context, Exported, Source
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.logs import log
+from quantizer_job.steps.common.results import finite_values
+from quantizer_job.steps.evaluation import evaldata, serving
+from quantizer_job.steps.graph import external_data
+from quantizer_job.steps.tei import layout, textenc
 from rerank_contracts.artifact_layout import CPU_SUBDIR, EVALUATION_FILE, MANIFEST_FILE, ORIGINAL_SUBDIR
-
-from . import evaldata, external_data, layout, serving, textenc
-from .errors import JobError
-from .logs import log
-from .measurement import BATCH_SIZE, serve_batch_tokens, serve_threads
-from .results import finite_values
-from .stage_data import Choice, Context, Exported, Source
 
 MANIFEST_VERSION = 1
 

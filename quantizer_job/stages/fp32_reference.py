@@ -13,12 +13,14 @@ import time
 
 import numpy as np
 
-from . import evaldata, measurement, serving, textenc, verify
-from .errors import JobError
-from .large_models import too_large_to_fuse
-from .logs import log, stage
-from .measurement import BATCH_SIZE, serve_threads
-from .stage_data import Context, Exported, Inputs, Reference
+from quantizer_job.stages import measurement
+from quantizer_job.stages.large_models import too_large_to_fuse
+from quantizer_job.stages.measurement import BATCH_SIZE, serve_threads
+from quantizer_job.stages.stage_data import Context, Exported, Inputs, Reference
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.logs import log, stage
+from quantizer_job.steps.evaluation import evaldata, serving, verify
+from quantizer_job.steps.tei import textenc
 
 #: Share of the time budget the default evaluation set may take for the FP32 reference (see _default_eval_size).
 EVAL_BUDGET_SHARE = 0.04

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .onnx_files import model_bytes
+from quantizer_job.steps.graph.onnx_files import model_bytes
 
 #: Models whose FP32 ONNX is larger than this skip the offline transformer fusions (memory; see
 #: :func:`.recipe_trials.candidates`), unless RERANK_QUANTIZE_FUSION_MAX_BYTES says otherwise (read when the Job

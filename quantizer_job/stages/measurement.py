@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import serving, verify
-from .errors import JobError
-from .logs import trim_memory
-from .stage_data import Context, Exported, Source
+from quantizer_job.stages.stage_data import Context, Exported, Source
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.logs import trim_memory
+from quantizer_job.steps.evaluation import serving, verify
 
 #: TEI's CPU batch size, used for every measurement.
 BATCH_SIZE = 8

@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantizer_job.stages.stage_data import Context, Exported, Inputs, Source
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.logs import stage
+from quantizer_job.steps.evaluation import evaldata
+from quantizer_job.steps.graph.onnx_files import model_bytes
+from quantizer_job.steps.storage.fetch import fetch
+from quantizer_job.steps.tei import layout, textenc
 from rerank_contracts.quantize_job import JobRequest
-
-from . import evaldata, layout, textenc
-from .errors import JobError
-from .fetch import fetch
-from .logs import stage
-from .onnx_files import model_bytes
-from .stage_data import Context, Exported, Inputs, Source
 
 #: Pairs whose PyTorch logits the export child computes, to prove the ONNX graph matches the model.
 EXPORT_CHECK_PAIRS = 6
@@ -76,7 +76,7 @@ def export_model(ctx: Context, source: Source, inputs: Inputs) -> Exported:
 def _run_export(spec: dict[str, Any], work: Path, timeout: float) -> dict[str, Any]:
     spec_path, result_path = work / "export-spec.json", work / "export-result.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "quantizer_job.export", str(spec_path), str(result_path)]
+    cmd = [sys.executable, "-m", "quantizer_job.steps.graph.export", str(spec_path), str(result_path)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     try:
         proc = subprocess.run(cmd, env=env, timeout=max(60.0, timeout), stdout=subprocess.PIPE,

@@ -13,18 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
+from quantizer_job.stages import measurement
+from quantizer_job.stages.large_models import fusion_max_bytes, too_large_to_fuse
+from quantizer_job.stages.measurement import serve_threads
+from quantizer_job.stages.stage_data import Choice, Context, Exported, Reference, Source
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.logs import log, stage, trim_memory
+from quantizer_job.steps.common.results import finite_values, rounded
+from quantizer_job.steps.evaluation import serving, verify
+from quantizer_job.steps.graph import fusion, outliers, quantize
+from quantizer_job.steps.graph.onnx_files import model_bytes
+from quantizer_job.steps.recipe_search import recipes, search
+from quantizer_job.steps.recipe_search.recipes import Recipe
+from quantizer_job.steps.tei.layout import MODEL_FILE
 from rerank_contracts.quantize_job import JobRequest
-
-from . import fusion, isa, measurement, outliers, quantize, recipes, search, serving, verify
-from .errors import JobError
-from .large_models import fusion_max_bytes, too_large_to_fuse
-from .layout import MODEL_FILE
-from .logs import log, stage, trim_memory
-from .measurement import serve_threads
-from .onnx_files import model_bytes
-from .recipes import Recipe
-from .results import finite_values, rounded
-from .stage_data import Choice, Context, Exported, Reference, Source
 
 
 def candidates(req: JobRequest, fp32_bytes: int, has_calibration: bool) -> list[Recipe]:

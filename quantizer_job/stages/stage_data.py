@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from quantizer_job.steps.evaluation import evaldata, serving, verify
+from quantizer_job.steps.recipe_search import search
+from quantizer_job.steps.storage.fetch import Fetched
+from quantizer_job.steps.tei import textenc
 from rerank_contracts.quantize_job import JobRequest
-
-from . import evaldata, search, serving, textenc, verify
-from .fetch import Fetched
 
 
 @dataclass

@@ -33,8 +33,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rerank_devcluster.cluster import Cluster
 from rerank_devcluster.waiting import eventually
-from rerank_operator.core import spec as specs
-from rerank_operator.core import spec_parse, tenancy
+from rerank_operator.core import tenancy
+from rerank_operator.core.spec import model as specs
+from rerank_operator.core.spec import parse as spec_parse
 
 pytestmark = pytest.mark.cluster
 

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from quality_guard import detector, intake, reference, sample, server
 from quality_guard.checks import Guard
 from quality_guard.config import Config
-from quantizer_job import evaldata
+from quantizer_job.steps.evaluation import evaldata
 from rerank_devcluster.waiting import eventually
 from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV
 from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv

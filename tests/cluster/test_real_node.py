@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from quantizer_job import evaldata, publish
+from quantizer_job.steps.evaluation import evaldata
+from quantizer_job.steps.storage import publish
 from rerank_contracts import artifact_layout, guard, quantize_job
 from rerank_devcluster import binaries, realnode
 from rerank_devcluster.cluster import Cluster

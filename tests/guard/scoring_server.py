@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from quality_guard.compare import sigmoid
-from quantizer_job import textenc, verify
+from quantizer_job.steps.evaluation import verify
+from quantizer_job.steps.tei import textenc
 
 
 class ScoringServer:
@@ -71,9 +72,11 @@ def tiny_pools(tmp: Path) -> dict[str, ScoringServer]:
     ``truncated`` (its INT8 truncating at 12 tokens: a pool whose max input length is wrong). Close them after use.
     ``tmp / "original"`` gets the model as the Job publishes it for the GPU pool (weights, TEI's config.json, the
     tokenizer): what the guard's own FP32 reference loads."""
-    from quantizer_job import export, isa, layout
-    from quantizer_job import quantize as Q
-    from quantizer_job.recipes import fixed_recipe
+    from quantizer_job.steps.common import isa
+    from quantizer_job.steps.graph import export
+    from quantizer_job.steps.graph import quantize as Q
+    from quantizer_job.steps.recipe_search.recipes import fixed_recipe
+    from quantizer_job.steps.tei import layout
     from rerank_devcluster import devmodels
 
     src = devmodels.bert_cross_encoder(tmp / "model", seed=1)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from quality_guard.compare import Agreement, agreement, sigmoid
 from quality_guard.detector import Detector, Floor, Settings, average_ranks, kl_bernoulli, rate_exceeds, rate_within
-from quantizer_job import metrics
+from quantizer_job.steps.evaluation import metrics
 
 FLOOR = Floor()  # the Job's gate: 0.99 / 0.9
 

@@ -21,7 +21,8 @@ import pytest
 from quality_guard import detector, endpoints, reference, server
 from quality_guard.checks import Guard
 from quality_guard.config import Config
-from quantizer_job import evaldata, textenc
+from quantizer_job.steps.evaluation import evaldata
+from quantizer_job.steps.tei import textenc
 from tests.guard.scoring_server import ScoringServer, tiny_pools
 
 pytestmark = [pytest.mark.quantizer, pytest.mark.slow]

@@ -17,7 +17,7 @@ import pytest
 from quality_guard import sample, server
 from quality_guard.checks import Guard
 from quality_guard.config import Config
-from quantizer_job import evaldata
+from quantizer_job.steps.evaluation import evaldata
 from rerank_operator.core.quality import assessment as quality
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import isa
+from quantizer_job.steps.common import isa
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,8 @@
 """A local hub mirror: the part of the HuggingFace hub's HTTP API that ``huggingface_hub`` downloads through
 (``/api/models/<repo>/revision/<rev>`` and ``/<repo>/resolve/<commit>/<file>``), serving model directories from
-disk. The Job's real hub-loading code (``quantizer_job.fetch``) reaches it through ``HF_ENDPOINT``, as it reaches a
-class's mirror in a cluster; ``state`` makes it answer as a hub in an outage (503) or one without the repository.
+disk. The Job's real hub-loading code (``quantizer_job.steps.storage.fetch``) reaches it through ``HF_ENDPOINT``, as it
+reaches a class's mirror in a cluster; ``state`` makes it answer as a hub in an outage (503) or one without the
+repository.
 """
 
 from __future__ import annotations

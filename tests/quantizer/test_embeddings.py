@@ -7,7 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import embedding_int8, recipes
+from quantizer_job.steps.graph import embedding_int8
+from quantizer_job.steps.recipe_search import recipes
 
 pytestmark = pytest.mark.quantizer
 

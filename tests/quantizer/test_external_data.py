@@ -1,7 +1,7 @@
-"""External data of graphs over 2 GB (quantizer_job/external_data.py), on a small graph saved the ways the export and
-ONNX Runtime's savers leave it: one file per tensor (torch.onnx.export) or one file under another name. After
-``consolidate``/``name_data_file`` the graph's data is one page-aligned ``<graph>_data``, the scores are the same,
-the old files are gone, and a failure leaves the graph as it was and no file half-written."""
+"""External data of graphs over 2 GB (quantizer_job/steps/graph/external_data.py), on a small graph saved the ways
+the export and ONNX Runtime's savers leave it: one file per tensor (torch.onnx.export) or one file under another name.
+After ``consolidate``/``name_data_file`` the graph's data is one page-aligned ``<graph>_data``, the scores are the
+same, the old files are gone, and a failure leaves the graph as it was and no file half-written."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import external_data
+from quantizer_job.steps.graph import external_data
 
 pytestmark = pytest.mark.quantizer
 

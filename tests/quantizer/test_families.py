@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantizer_job import evaldata, layout
-from quantizer_job.metrics import spearman
+from quantizer_job.steps.evaluation import evaldata
+from quantizer_job.steps.evaluation.metrics import spearman
+from quantizer_job.steps.tei import layout
 from rerank_contracts import artifact_layout, quantize_job
 
 from .conftest import FIXED_RECIPE, run_quantize

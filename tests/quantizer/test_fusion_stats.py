@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import export, fusion, layout, recipe_trials, textenc
-from quantizer_job.recipes import Recipe
+from quantizer_job.stages import recipe_trials
+from quantizer_job.steps.graph import export, fusion
+from quantizer_job.steps.recipe_search.recipes import Recipe
+from quantizer_job.steps.tei import layout, textenc
 from rerank_contracts import quantize_job
 
 pytestmark = pytest.mark.quantizer

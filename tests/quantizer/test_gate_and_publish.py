@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import publish, search
+from quantizer_job.steps.recipe_search import search
+from quantizer_job.steps.storage import publish
 from rerank_contracts import artifact_layout, quantize_job
 
 from .conftest import FIXED_RECIPE, REPO, run_quantize
@@ -213,7 +214,7 @@ def test_a_model_above_the_fusion_limit_is_quantized_a_weight_at_a_time_and_skip
     could not serve faster than the first candidate that passes, and a TEI-loadable artifact."""
     import onnx
 
-    from quantizer_job import layout
+    from quantizer_job.steps.tei import layout
 
     vol = tmp_path / "vol"
     r = run_quantize(["--model", str(bert_model), "--output", str(vol), "--artifact-id", "large-path",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import fetch
-from quantizer_job.errors import JobError
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.storage import fetch
 from rerank_contracts import artifact_layout, quantize_job
 
 from . import hub_mirror

@@ -1,4 +1,4 @@
-"""The streaming MatMul quantizer of large models (quantizer_job/matmul_int8.py) against ONNX Runtime's own
+"""The streaming MatMul quantizer of large models (quantizer_job/steps/graph/matmul_int8.py) against ONNX Runtime's own
 ``quantize_dynamic`` on the same graph: the same int8 weights (scales within float rounding), the same scores,
 excluded nodes and weights the graph exposes left FP32, and its external data page-aligned."""
 
@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import external_data, isa, matmul_int8
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.graph import external_data, matmul_int8
 
 pytestmark = pytest.mark.quantizer
 

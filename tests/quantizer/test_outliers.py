@@ -9,10 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantizer_job import isa, outliers
-from quantizer_job import quantize as Q
-from quantizer_job.errors import JobError
-from quantizer_job.recipes import Recipe
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.graph import outliers
+from quantizer_job.steps.graph import quantize as Q
+from quantizer_job.steps.recipe_search.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantizer_job import evaldata, isa, metrics
+from quantizer_job.steps.common import isa
+from quantizer_job.steps.evaluation import evaldata, metrics
 
 pytestmark = pytest.mark.quantizer
 
@@ -204,7 +205,7 @@ def test_the_published_directory_keeps_the_max_input_length_tei_reads(tmp_path, 
     directories carry every such config the source has, so the length the Job reports for them (the CPU pool's token
     budget) is the one TEI finds there. An XLM-R source with sentence_xlm-roberta_config.json said 256 here; without
     the file TEI would read 8192 from max_position_embeddings (8194, less the position offset)."""
-    from quantizer_job import layout, textenc
+    from quantizer_job.steps.tei import layout, textenc
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()

@@ -1,6 +1,6 @@
 """The recipe search as a pure function of (candidates, evaluate, budget): fake evaluate callables and a fake clock
 stand in for building and scoring models, so the choice, the failure handling and the time budget are tested
-without the ML stack. Also the one rule for reporting numbers (quantizer_job.results)."""
+without the ML stack. Also the one rule for reporting numbers (quantizer_job.steps.common.results)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import results, search
-from quantizer_job.errors import JobError
-from quantizer_job.recipes import Recipe
+from quantizer_job.steps.common import results
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.recipe_search import search
+from quantizer_job.steps.recipe_search.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 

@@ -1,6 +1,6 @@
-"""The served-like measurement (quantizer_job.serving): TEI's batches in arrival order, tokenization ahead of
-inference on worker threads, models in turns, and a speed difference inside the spread being a tie that goes to
-ranking quality. Fake sessions and a fake tokenizer stand in for ONNX Runtime, so what is checked is the harness's
+"""The served-like measurement (quantizer_job.steps.evaluation.serving): TEI's batches in arrival order, tokenization
+ahead of inference on worker threads, models in turns, and a speed difference inside the spread being a tie that goes
+to ranking quality. Fake sessions and a fake tokenizer stand in for ONNX Runtime, so what is checked is the harness's
 bookkeeping; tests/quantizer/test_gate_and_publish.py runs it for real inside the Job."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from quantizer_job import search, serving
-from quantizer_job.evaldata import Pair
-from quantizer_job.recipes import Recipe
+from quantizer_job.steps.evaluation import serving
+from quantizer_job.steps.evaluation.evaldata import Pair
+from quantizer_job.steps.recipe_search import search
+from quantizer_job.steps.recipe_search.recipes import Recipe
 
 pytestmark = pytest.mark.quantizer
 
@@ -171,7 +172,7 @@ def test_the_search_chooses_by_the_served_spread() -> None:
 
 @pytest.mark.parametrize("pool, job, expect", [(0, 4, 4), (2, 4, 2), (8, 4, 4), (1, 1, 1)])
 def test_the_pool_thread_count_is_measured_within_the_jobs_own_cpus(pool: int, job: int, expect: int) -> None:
-    from quantizer_job import measurement, stage_data
+    from quantizer_job.stages import measurement, stage_data
     from rerank_contracts.quantize_job import JobRequest
 
     req = JobRequest(model="m", output_root="/v", artifact_id="a", serve_threads=pool)
@@ -184,7 +185,9 @@ def test_the_default_eval_set_is_sized_on_a_median_length_batch_after_a_one_pair
     """``fp32_reference._default_eval_size``: two runs only (the shortest pair to warm up, then 8 pairs around the
     median length, timed), and the set capped to what the FP32 speed allows in its share of the budget, never below
     74."""
-    from quantizer_job import evaldata, fp32_reference, textenc
+    from quantizer_job.stages import fp32_reference
+    from quantizer_job.steps.evaluation import evaldata
+    from quantizer_job.steps.tei import textenc
 
     tok = textenc.load_tokenizer(str(bert_model / "tokenizer.json"), 128)
     pairs = evaldata.default_pairs()

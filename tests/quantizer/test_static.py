@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from quantizer_job import evaldata
+from quantizer_job.steps.evaluation import evaldata
 
 from .conftest import run_quantize
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quantizer_job import layout
+from quantizer_job.steps.tei import layout
 
 pytestmark = pytest.mark.quantizer
 

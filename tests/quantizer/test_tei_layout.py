@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantizer_job import evaldata
+from quantizer_job.steps.evaluation import evaldata
 from rerank_contracts import artifact_layout, quantize_job
 
 pytestmark = pytest.mark.quantizer
@@ -102,7 +102,7 @@ def _check_common(art: Path, run, source: Path, expect_token_type_ids: bool):
     # INT8 ranks like the PyTorch FP32 model it came from (an independent check of the whole chain).
     int8 = sess.run(None, _tei_feed(cpu, sess, pairs))[0][:, 0]
     ref = _torch_scores(source, cpu, pairs)
-    from quantizer_job.metrics import spearman
+    from quantizer_job.steps.evaluation.metrics import spearman
 
     assert spearman(ref, int8) > 0.9
     assert np.max(np.abs(ref - int8)) < 0.25 * (np.ptp(ref) + 1e-6)

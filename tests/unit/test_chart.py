@@ -121,7 +121,7 @@ def test_cluster_wide_rbac_equals_the_rules_file(helm: str) -> None:
 
 # Cluster-scoped resources a rules file might name (a Role cannot grant them).
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "nodes", "persistentvolumes", "storageclasses",
-                  "clusterroles", "clusterrolebindings"} | {
+                  "clusterroles", "clusterrolebindings", "gatewayclasses"} | {
     c["spec"]["names"]["plural"] for c in crd_docs() if c["spec"]["scope"] == "Cluster"}
 
 

@@ -39,6 +39,8 @@ def test_rules_are_plain_policy_rules_without_wildcards() -> None:
     ("", "services", ["list", "create", "patch", "delete"], "server-side apply upserts"),
     ("", "persistentvolumeclaims", ["get", "create", "patch"], "server-side apply upserts"),
     ("gateway.networking.k8s.io", "httproutes", ["list", "create", "patch", "delete"], "server-side apply upserts"),
+    ("gateway.networking.k8s.io", "gateways", ["list", "watch"], "which GatewayClass a route's parent has"),
+    ("gateway.networking.k8s.io", "gatewayclasses", ["list", "watch"], "the features a gateway supports"),
     ("", "events", ["create"], "Events on transitions"),
 ])
 def test_what_the_operator_does_is_allowed(group: str, resource: str, verbs: list[str], why: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from rerank_operator.adapters.informer import Informer, Kind, OnChange, Store
 from rerank_operator.adapters.kube_api import Client
 from rerank_operator.core import names
+from rerank_operator.core.reconcile.observed import Obj
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ CHILD_KINDS: Mapping[str, Kind] = {
 #: The models: every RerankModel of the watched namespaces (no label selector: users create them).
 MODEL_KIND = Kind(names.API_VERSION, names.KIND)
 
+#: The gateways the models' routes name, and their classes (no label selector: the platform creates them): what
+#: features a route's gateway supports (``core/gateway.py``). A handful per cluster. Gateways are watched in the
+#: operator's namespaces (all, or the watched ones), GatewayClasses cluster-wide.
+GATEWAY_KIND = Kind("gateway.networking.k8s.io/v1", "Gateway", optional=True)
+GATEWAY_CLASS_KIND = Kind("gateway.networking.k8s.io/v1", "GatewayClass", optional=True)
+
 
 class Caches:
     """The operator's watch-fed memory of its models and their children (one per process). ``on_model`` and
@@ -50,16 +57,28 @@ class Caches:
         self.models: Store = self._model_informer.store
         self._informers = {kind: Informer(client, spec, namespaces=namespaces, on_change=on_child)
                            for kind, spec in CHILD_KINDS.items()}
+        self._gateway_informers = {
+            "Gateway": Informer(client, GATEWAY_KIND, namespaces=namespaces, selector=""),
+            "GatewayClass": Informer(client, GATEWAY_CLASS_KIND, selector=""),
+        }
 
     def store(self, kind: str) -> Store:
         return self._informers[kind].store
+
+    def gateway(self, namespace: str, name: str) -> Obj | None:
+        """A Gateway as last seen (None: absent, not readable, or its API not installed)."""
+        return self._gateway_informers["Gateway"].store.get(namespace, name)
+
+    def gateway_class(self, name: str) -> Obj | None:
+        """A GatewayClass as last seen (cluster-scoped)."""
+        return self._gateway_informers["GatewayClass"].store.get("", name)
 
     def available(self, kind: str) -> bool:
         """Whether the kind's API is installed (the Gateway API may not be)."""
         return self._informers[kind].available
 
     def _all(self) -> dict[str, Informer]:
-        return {**self._informers, names.KIND: self._model_informer}
+        return {**self._informers, **self._gateway_informers, names.KIND: self._model_informer}
 
     def start(self) -> None:
         """Start every informer; ``wait_synced`` tells when all have listed (the reconciles wait for it: a model's
@@ -95,4 +114,5 @@ class Caches:
 
     def sizes(self) -> dict[str, int]:
         """Objects held per kind (the operator's metrics export them)."""
-        return {"RerankModel": len(self.models), **{k: len(i.store) for k, i in self._informers.items()}}
+        return {"RerankModel": len(self.models),
+                **{k: len(i.store) for k, i in {**self._informers, **self._gateway_informers}.items()}}

@@ -1,8 +1,6 @@
 """The RerankModel-shaped view of the API: ``ClusterAccess``, what the two loops need from the cluster, and
 ``Cluster``, the real one (tests/unit/fake_cluster.py is the one fake both loops' unit tests use, so a new need shows
-up in one place).
-
-Every request goes through ``kube_api.Client`` (the only module that talks to the API).
+up in one place). Every request goes through ``kube_api.Client`` (the only module that talks to the API).
 
 Writes are server-side apply with field manager ``rerank-operator`` (so an HPA's replicas or a user's annotations
 are never fought over), create-only for Jobs (their template is immutable), background deletes, and a merge patch
@@ -28,7 +26,7 @@ from typing import Any, Protocol
 from rerank_operator.adapters.caches import Caches
 from rerank_operator.adapters.event_sender import EventSender
 from rerank_operator.adapters.kube_api import ApiError, Client, TransientApiError, api_path
-from rerank_operator.core import names
+from rerank_operator.core import gateway, names
 from rerank_operator.core.artifacts import job_outcome
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.reconcile.observed import (
@@ -201,6 +199,8 @@ class Cluster:
             job_events=tuple(job_events),
             fetch_failures=tuple(fetching.failures(p for r in replica_sets
                                                    for p in c.store("Pod").controlled_by(r["metadata"]["uid"]))),
+            gateways=gateway.views(spec.routing.gateway.parent_refs if spec.routing.gateway else (), ns,
+                                   c.gateway, c.gateway_class),
         )
 
     def _failed_create_events(self, namespace: str) -> list[Obj]:

@@ -39,6 +39,8 @@ _PLURALS = {
     "Deployment": "deployments",
     "Job": "jobs",
     "HTTPRoute": "httproutes",
+    "Gateway": "gateways",
+    "GatewayClass": "gatewayclasses",
     "ReferenceGrant": "referencegrants",
     "NetworkPolicy": "networkpolicies",
     "ReplicaSet": "replicasets",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rerank_contracts.activator import MIN_KEY_BYTES, POD_LABELS, PORT
 from rerank_operator.core import names
@@ -20,6 +20,11 @@ DEFAULT_FRACTION = 0.05
 DEFAULT_CALLS_PER_SECOND = 1.0
 DEFAULT_CANARY_PERCENT = 5
 DEFAULT_CANARY_REQUESTS = 200
+#: How a guarded model's live sample reaches its guard (``guard_policy.sample_source``): ``Auto`` mirrors where every
+#: parent Gateway says it supports RequestMirror and samples in the pool pods otherwise; ``Mirror`` and ``Sampler``
+#: force one (a platform whose gateway supports RequestMirror but publishes no feature list says ``Mirror``).
+SAMPLING_MODES = ("Auto", "Mirror", "Sampler")
+Sampling = Literal["Auto", "Mirror", "Sampler"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class GuardSettings:
     #: and is promoted once the guard compared this many requests on it within the floor (``plan.py``).
     canary_percent: int = DEFAULT_CANARY_PERCENT
     canary_requests: int = DEFAULT_CANARY_REQUESTS
+    sampling: Sampling = "Auto"
 
     @classmethod
     def from_class(cls, class_spec: Mapping[str, Any] | None) -> GuardSettings | None:
@@ -45,7 +51,13 @@ class GuardSettings:
                    calls_per_second=float(section.get("callsPerSecond", DEFAULT_CALLS_PER_SECOND)),
                    image=section.get("image") or None, resources=dict(section.get("resources") or {}),
                    canary_percent=int(section.get("canaryPercent", DEFAULT_CANARY_PERCENT)),
-                   canary_requests=int(section.get("canaryRequests", DEFAULT_CANARY_REQUESTS)))
+                   canary_requests=int(section.get("canaryRequests", DEFAULT_CANARY_REQUESTS)),
+                   sampling=_sampling(section.get("sampling")))
+
+
+def _sampling(value: object) -> Sampling:
+    """The class's ``qualityGuard.sampling`` (the CRD's enum; anything else reads as the safe default)."""
+    return "Mirror" if value == "Mirror" else "Sampler" if value == "Sampler" else "Auto"
 
 
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from . import textenc
-from .evaldata import Pair
+from quantizer_job.steps.evaluation.evaldata import Pair
+from quantizer_job.steps.tei import textenc
 
 #: TEI's ORT backend forms batches of at most this many (query, text) entries.
 MAX_BATCH_ENTRIES = 8

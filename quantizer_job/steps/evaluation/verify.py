@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from . import metrics
-from .layout import TEI_INPUTS
+from quantizer_job.steps.evaluation import metrics
+from quantizer_job.steps.tei.layout import TEI_INPUTS
 
 #: ``onnxruntime.InferenceSession`` (the library ships no type information).
 Session = Any

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from . import external_data
-from .onnx_files import TWO_GB, finish_saved_model
+from quantizer_job.steps.graph import external_data
+from quantizer_job.steps.graph.onnx_files import TWO_GB, finish_saved_model
 
 #: Tables with at least this many rows count as word embeddings (position / token-type tables stay FP32: small).
 MIN_EMBEDDING_ROWS = 1000

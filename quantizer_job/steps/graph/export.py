@@ -1,8 +1,8 @@
 """FP32 ONNX export, run in a child process so the torch model's memory is gone when it exits.
 
-``python -m quantizer_job.export <spec.json> <result.json>``. The parent (``cli``) never imports torch: the export
-child is the only process that holds the PyTorch weights, and the quantize/verify stages start after it has exited,
-so at most one copy of the FP32 weights is alive at a time.
+``python -m quantizer_job.steps.graph.export <spec.json> <result.json>``. The parent (``cli``) never imports torch:
+the export child is the only process that holds the PyTorch weights, and the quantize/verify stages start after it
+has exited, so at most one copy of the FP32 weights is alive at a time.
 
 Uses optimum's ONNX export configuration for the model type (input/output names, dynamic axes, model patching),
 which gives ``input_ids``/``attention_mask`` (+ ``token_type_ids`` where the family has token types) and
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import external_data
-from .layout import MODEL_FILE, SIZE_KEYS
-from .textenc import uses_token_types
+from quantizer_job.steps.graph import external_data
+from quantizer_job.steps.tei.layout import MODEL_FILE, SIZE_KEYS
+from quantizer_job.steps.tei.textenc import uses_token_types
 
 OPSET = 17  # LayerNormalization is a native op from 17; ORT 1.22 runs opsets up to 22.
 
@@ -122,7 +122,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from .textenc import encode_pairs, load_tokenizer
+    from quantizer_job.steps.tei.textenc import encode_pairs, load_tokenizer
 
     torch.set_num_threads(int(spec.get("threads") or os.cpu_count() or 1))
     trust = bool(spec.get("trust_remote_code"))

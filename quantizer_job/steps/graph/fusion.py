@@ -11,10 +11,10 @@ import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import JobError
-from .layout import MODEL_FILE
-from .onnx_files import TWO_GB, finish_saved_model, model_bytes
-from .recipes import Recipe
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.graph.onnx_files import TWO_GB, finish_saved_model, model_bytes
+from quantizer_job.steps.recipe_search.recipes import Recipe
+from quantizer_job.steps.tei.layout import MODEL_FILE
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import external_data
+from quantizer_job.steps.graph import external_data
 
 MS_DOMAIN = "com.microsoft"
 

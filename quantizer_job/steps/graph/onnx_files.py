@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import external_data
+from quantizer_job.steps.graph import external_data
 
 #: A protobuf holds at most 2 GB: graphs near this size are saved with their tensors in an external data file.
 TWO_GB = 2 * 1024**3

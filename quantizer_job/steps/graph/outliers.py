@@ -74,7 +74,7 @@ def exposed(model_path: Path, feeds: Sequence[dict[str, np.ndarray]], tensors: S
     happens): the model itself is not touched."""
     import onnx
 
-    from . import verify
+    from quantizer_job.steps.evaluation import verify
 
     m = onnx.load(str(model_path), load_external_data=False)
     known = {o.name for o in m.graph.output}

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .embedding_int8 import quantize_embeddings
-from .errors import JobError
-from .fusion import GraphCache, optimized_for
-from .logs import log
-from .matmul_int8 import quantize_matmuls
-from .onnx_files import TWO_GB, finish_saved_model, model_bytes
-from .recipes import Recipe
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.logs import log
+from quantizer_job.steps.graph.embedding_int8 import quantize_embeddings
+from quantizer_job.steps.graph.fusion import GraphCache, optimized_for
+from quantizer_job.steps.graph.matmul_int8 import quantize_matmuls
+from quantizer_job.steps.graph.onnx_files import TWO_GB, finish_saved_model, model_bytes
+from quantizer_job.steps.recipe_search.recipes import Recipe
 
 #: Batches the outlier ranking of a mixed recipe runs (a few suffice: the ranking is stable across batches).
 PROBE_BATCHES = 4
@@ -140,12 +140,12 @@ def fp32_nodes(graph: Path, recipe: Recipe, feeds: Sequence[dict[str, np.ndarray
         return []
     if not feeds:
         raise JobError("QuantizationFailed", f"recipe {recipe.name} needs batches to rank FFN outliers on")
-    from . import outliers
+    from quantizer_job.steps.graph import outliers
 
     if recipe.fp32_ffn_down >= 1.0:  # every one of them: no ranking to measure (a session over the whole FP32 graph)
         import onnx
 
         return list(outliers.ffn_down_inputs(onnx.load(str(graph), load_external_data=False)))
-    from .isa import cpu_budget
+    from quantizer_job.steps.common.isa import cpu_budget
 
     return outliers.keep_fp32(outliers.measure(graph, feeds[:PROBE_BATCHES], cpu_budget()), recipe.fp32_ffn_down)

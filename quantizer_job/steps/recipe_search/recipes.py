@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .isa import REDUCE_RANGE_REQUIRED
+from quantizer_job.steps.common.isa import REDUCE_RANGE_REQUIRED
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def candidate_recipes(target: str, mode: str, explicit: Recipe | None = None,
         Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu", optimization_level=1, per_channel=True,
                operators=("MatMul", "Attention"), fast_gelu=True, **base),
         # Mixed precision: the third of the FFN down-projections with the heaviest input outliers stays FP32
-        # (quantizer_job/outliers.py). On the fine-tuned MiniLM fixture it took Spearman 0.995 -> 0.997 and top-3
-        # 0.90 -> 0.95 for ~7 % of the speed; tried second so a strict gate still finds it within the budget.
+        # (quantizer_job/steps/graph/outliers.py). On the fine-tuned MiniLM fixture it took Spearman 0.995 -> 0.997
+        # and top-3 0.90 -> 0.95 for ~7 % of the speed; tried second so a strict gate still finds it within the budget.
         Recipe(name="fused-attn-matmul-perchannel-emb8-fastgelu-ffn33", optimization_level=1, per_channel=True,
                operators=("MatMul", "Attention"), fast_gelu=True, fp32_ffn_down=1 / 3, **base),
         Recipe(name="fused-attn-matmul-perchannel-emb8", optimization_level=1, per_channel=True,

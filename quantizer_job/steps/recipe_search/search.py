@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import serving
-from .errors import JobError
-from .recipes import Recipe
-from .results import round_finite
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.common.results import round_finite
+from quantizer_job.steps.evaluation import serving
+from quantizer_job.steps.recipe_search.recipes import Recipe
 
 
 @dataclass(frozen=True)

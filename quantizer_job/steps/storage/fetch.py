@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import JobError
-from .layout import TOKENIZER_FILES
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.tei.layout import TOKENIZER_FILES
 
 WEIGHT_PATTERNS_SAFETENSORS = ("model.safetensors", "model-*.safetensors", "model.safetensors.index.json")
 WEIGHT_PATTERNS_BIN = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")

@@ -17,9 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from quantizer_job.steps.common.errors import JobError
 from rerank_contracts.artifact_layout import ARTIFACTS_DIR, MANIFEST_FILE, artifact_dir
-
-from .errors import JobError
 
 TMP_PREFIX = ".tmp-"
 LOCK_PREFIX = ".lock-"

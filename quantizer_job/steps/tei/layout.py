@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import external_data
-from .errors import JobError
-from .textenc import ST_CONFIG_NAMES, tei_max_input_length
+from quantizer_job.steps.common.errors import JobError
+from quantizer_job.steps.graph import external_data
+from quantizer_job.steps.tei.textenc import ST_CONFIG_NAMES, tei_max_input_length
 
 MODEL_FILE = "model.onnx"  # the only name TEI's ORT backend tries (besides onnx/model.onnx)
 DATA_FILE = "model.onnx_data"

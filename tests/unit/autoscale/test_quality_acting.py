@@ -3,6 +3,7 @@ from what the real guard exports, and acting on it (routing, the autoscaler's po
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from quality_guard.checks import Guard
 from quality_guard.config import Config
 from rerank_contracts import artifact_layout, quantize_job
 from rerank_contracts.guard import MIRROR_TOKEN_HEADER
-from rerank_operator.core import names, platform
+from rerank_operator.core import gateway, names, platform
 from rerank_operator.core.artifacts import decision as decisions
 from rerank_operator.core.artifacts import identity as artifact
 from rerank_operator.core.autoscale import split as splits
@@ -25,6 +26,7 @@ from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.builders import guard
+from rerank_operator.core.gateway import GatewayView
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import guard_policy
 from rerank_operator.core.reconcile import plan as plans
@@ -49,12 +51,18 @@ def served(artifact_id: str) -> dict[str, Any]:
     return {"artifact": decisions.artifact_record(result, artifact_id, NOW)}
 
 
+#: The model's parent Gateway, on a class that lists RequestMirror (the guard's copy is the route's mirror).
+MIRRORING = (GatewayView("infra", "edge", "envoy", frozenset({gateway.REQUEST_MIRROR})),)
+
+
 def plan_for(body: dict[str, Any], status: dict[str, Any], world: FakeWorld | None = None,
-             settings_: platform.GuardSettings | None = SETTINGS) -> plans.Plan:
+             settings_: platform.GuardSettings | None = SETTINGS,
+             gateways: tuple[GatewayView, ...] = MIRRORING) -> plans.Plan:
     world = world or FakeWorld()
     spec = spec_of(body)
     full = {**served(str(artifact.artifact_id(spec))), **status}
-    return plans.compute(owner_of(body), spec, world.observed(), full, NOW, guard_settings=settings_)
+    observed = dataclasses.replace(world.observed(), gateways=gateways)
+    return plans.compute(owner_of(body), spec, observed, full, NOW, guard_settings=settings_)
 
 
 def by_kind(plan: plans.Plan, kind: str) -> dict[str, dict[str, Any]]:

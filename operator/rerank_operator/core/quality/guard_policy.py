@@ -6,9 +6,12 @@ The guard's Deployment and route filters are built by ``builders/guard.py``; its
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
-from rerank_operator.core import names
+from rerank_operator.core import gateway, names
+from rerank_operator.core.gateway import GatewayView
 from rerank_operator.core.platform import CHECKED, REFERENCE, GuardSettings
 from rerank_operator.core.spec.model import RerankModelSpec
 
@@ -35,3 +38,34 @@ def unavailable(spec: RerankModelSpec) -> str | None:
 def applies(spec: RerankModelSpec, settings: GuardSettings | None) -> bool:
     """Whether the model gets a guard: its class turns it on and the model can be checked."""
     return settings is not None and unavailable(spec) is None
+
+
+@dataclass(frozen=True)
+class SampleSource:
+    """Where a guarded model's guard gets its live requests from. ``mirror``: the HTTPRoute's RequestMirror filter
+    copies ``sample_fraction`` of them (an Extended feature); ``sampler``: a sampler beside TEI in each pool pod copies
+    them after answering (Core features only: nothing of it is in the route); ``replay``: no route at all, so the guard
+    replays the artifact's evaluation pairs. ``instead``: why it is not the mirror, for the model's status (empty
+    when it is, or when the class chose)."""
+
+    mode: Literal["mirror", "sampler", "replay"]
+    instead: str = ""
+
+
+def sample_source(spec: RerankModelSpec, settings: GuardSettings, gateways: Sequence[GatewayView]) -> SampleSource:
+    """The mirror only where every parent Gateway supports it (or the class says so), else the pools' sampler: a
+    route with a filter its gateway lacks may be accepted and then fail every request."""
+    if spec.routing.gateway is None:
+        return SampleSource("replay")
+    if settings.sampling == "Mirror":
+        return SampleSource("mirror")
+    if settings.sampling == "Sampler":
+        return SampleSource("sampler")
+    if gateway.support(gateways, gateway.REQUEST_MIRROR) == "supported":
+        return SampleSource("mirror")
+    lacking = gateway.lacking(gateways, gateway.REQUEST_MIRROR)
+    said = "; ".join(f"{g.display} " + ("was not found" if not g.found else "publishes no supportedFeatures"
+                                          if g.features is None else f"does not list {gateway.REQUEST_MIRROR}")
+                     for g in lacking) or "no parent Gateway"
+    return SampleSource("sampler", f"{said}: the route carries no RequestMirror; the quality guard's sample is "
+                                   f"copied by a sampler beside TEI in the pool pods (qualityGuard.sampling: Auto)")

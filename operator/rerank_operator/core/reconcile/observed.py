@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rerank_operator.core import names
+from rerank_operator.core.gateway import GatewayView
 
 Obj = dict[str, Any]
 
@@ -76,6 +77,8 @@ class Observed:
     #: What the pools' fetch init containers said when they failed to get a shared artifact (``fetch.failures``);
     #: read only while a pool is short of replicas.
     fetch_failures: tuple[str, ...] = ()
+    #: The parent Gateways the model's routing names, with what their classes support (``core/gateway.py``).
+    gateways: tuple[GatewayView, ...] = ()
 
     def pods_of(self, job: Mapping[str, Any]) -> list[Obj]:
         uid = job["metadata"].get("uid")

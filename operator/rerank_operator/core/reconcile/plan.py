@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rerank_operator.core import names, platform
+from rerank_operator.core import gateway, names, platform
 from rerank_operator.core.artifacts import job_outcome, sharing
 from rerank_operator.core.artifacts.decision import (
     DEFAULT_BACKOFF,
@@ -67,10 +67,22 @@ class Plan:
     # Written once per process and namespace, not compared with the cluster: the ReferenceGrant in the activator's
     # namespace that lets this namespace's routes name its Service (``activator.build_reference_grant``).
     grants: tuple[Obj, ...] = ()
+    #: What the model's gateway lacks and what the plan did instead (the GatewayFeatures condition's message).
+    gateway_notes: tuple[str, ...] = ()
 
     @property
     def writes(self) -> int:
         return len(self.apply) + len(self.create) + len(self.delete) + len(self.scale)
+
+
+_NO_TIMEOUT = (f"a parent Gateway does not list {gateway.REQUEST_TIMEOUT}: the route to the activator carries no "
+               f"request timeout, so the gateway's own applies (it must outlast the activator's hold)")
+
+
+def _timeout_allowed(observed: Observed) -> bool:
+    """The activator's route timeout, unless a parent Gateway publishes features without it (an unknown list keeps
+    it: a gateway ignores a field it lacks, or refuses the route, which RouteAccepted then says)."""
+    return gateway.support(observed.gateways, gateway.REQUEST_TIMEOUT) != "unsupported"
 
 
 def _obsolete_jobs(observed: Observed, decision: ArtifactDecision) -> list[ObjectRef]:
@@ -188,13 +200,16 @@ def compute(
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
     token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
-    filters = guard.route_filters(owner, guarding, token) if guarding is not None and not guard.replays(spec) else []
+    source = guard_policy.sample_source(spec, guarding, observed.gateways) if guarding is not None else None
+    mirrored = guarding is not None and source is not None and source.mode == "mirror"
+    filters = guard.route_filters(owner, guarding, token) if guarding is not None and mirrored else []
     canary_share = canary.percent if canary_id and canary else 0
     sleeping = zeros.routing_to(spec, autoscaler, activator)
     if sleeping is not None:  # the activator holds the requests; the guard gets no copy of what the pools never see
         filters = activators.route_filters(owner, spec, sleeping)
+    timeout = activators.ROUTE_TIMEOUT if _timeout_allowed(observed) else None
     route = (routing.build_httproute(owner, spec, traffic, filters, canary_share,
-                                     *((activators.backends(sleeping), activators.ROUTE_TIMEOUT) if sleeping else ()))
+                                     *((activators.backends(sleeping), timeout) if sleeping else ()))
              if pools_deployed else None)
     if pools_deployed:
         desired.append(service.build_model_service(owner, traffic.receiving))
@@ -250,6 +265,9 @@ def compute(
         claim=claim,
         scale=tuple(scales),
         zero=zeros.recorded_phase(autoscaler) if sleeping is not None else None,
+        gateway_notes=tuple(n for n in (
+            source.instead if source is not None else "",
+            "" if sleeping is None or timeout is not None else _NO_TIMEOUT) if n),
         grants=((activators.build_reference_grant(activator, owner.namespace),)
                 if activator is not None and spec.scales_to_zero and spec.routing.gateway is not None else ()),
     )

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rerank_operator.core import gateway
 from rerank_operator.core.builders import deployment
 from rerank_operator.core.reconcile.observed import Observed
 from rerank_operator.core.reconcile.plan import Plan
@@ -189,11 +190,33 @@ def _quota_overrides(quota: QuotaBlock | None) -> list[Condition]:
             Condition(conditions.READY, "False", conditions.REASON_QUOTA_EXCEEDED, quota.message)]
 
 
+def gateway_conditions(spec: RerankModelSpec, observed: Observed, plan: Plan) -> list[Condition]:
+    """RouteAccepted and GatewayFeatures for a model with routing.gateway (none without: ``_merged`` drops them).
+    A parentRef without a namespace names the route's own (the model's)."""
+    if spec.routing.gateway is None:
+        return []
+    namespace = str(((observed.route or {}).get("metadata") or {}).get("namespace") or "")
+    verdict = gateway.route_verdict(observed.route, gateway.parent_refs(spec.routing.gateway.parent_refs, namespace))
+    states: dict[str, conditions.Status] = {"accepted": "True", "refused": "False", "pending": "Unknown"}
+    status = states[verdict.state]
+    accepted = Condition(conditions.ROUTE_ACCEPTED, status, verdict.reason, verdict.message)
+    if plan.gateway_notes:
+        features = Condition(conditions.GATEWAY_FEATURES, "False", conditions.REASON_FEATURE_UNSUPPORTED,
+                             "; ".join(plan.gateway_notes))
+    else:
+        features = Condition(conditions.GATEWAY_FEATURES, "True", conditions.REASON_FEATURES_SUPPORTED,
+                             "the HTTPRoute uses only features its parent Gateways support (or Core ones)")
+    return [accepted, features]
+
+
 def _merged(previous: Mapping[str, Any], decided: list[Condition], compliance: Condition | None, *,
-            generation: int, now: str) -> list[dict[str, Any]]:
-    """The previous conditions with the decided ones set; ClassCompliant goes when no RerankClass applies."""
-    kept = [c for c in previous.get("conditions") or () if compliance is not None
-            or c.get("type") != conditions.CLASS_COMPLIANT]
+            generation: int, now: str, gateway_known: bool = False) -> list[dict[str, Any]]:
+    """The previous conditions with the decided ones set; ClassCompliant goes when no RerankClass applies, the
+    gateway's conditions when the model is known to have no gateway (``gateway_known``: a spec was read)."""
+    gone = {conditions.CLASS_COMPLIANT} if compliance is None else set()
+    if gateway_known and not any(c.type in conditions.GATEWAY_OWNED for c in decided):
+        gone |= set(conditions.GATEWAY_OWNED)
+    kept = [c for c in previous.get("conditions") or () if c.get("type") not in gone]
     final = decided + ([compliance] if compliance is not None else [])
     return conditions.set_conditions(kept, final, generation=generation, now=now)
 
@@ -224,6 +247,7 @@ def compute(
         model_ready(spec, plan),
         pools_available(spec, observed, plan),
         deg,
+        *gateway_conditions(spec, observed, plan),
     )}
     decided.update({c.type: c for c in _quota_overrides(quota)})
     serving = any(observed.ready(p.name) > 0 for p in spec.enabled_pools)
@@ -244,7 +268,8 @@ def compute(
         "canary": _canary(plan),
         "pools": _pools(spec, observed, plan),
         "traffic": _traffic(spec, plan),
-        "conditions": _merged(previous, list(decided.values()), compliance, generation=generation, now=now),
+        "conditions": _merged(previous, list(decided.values()), compliance, generation=generation, now=now,
+                              gateway_known=True),
     }
     result.update({k: v for k, v in owned.items() if v is not None})
     return result

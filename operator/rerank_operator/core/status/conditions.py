@@ -22,8 +22,13 @@ CLASS_COMPLIANT = "ClassCompliant"  # the model's RerankClass: Compliant | Class
 METRICS_AVAILABLE = "MetricsAvailable"  # the autoscaler's
 TRAFFIC_ENFORCED = "TrafficEnforced"  # the autoscaler's
 QUALITY_VERIFIED = "QualityVerified"  # the autoscaler's, from the quality guard (core/quality/assessment.py)
+#: With routing.gateway only (core/gateway.py): whether every parent Gateway accepted the model's HTTPRoute, and
+#: whether the route uses only what the gateways support (else what the operator did instead).
+ROUTE_ACCEPTED = "RouteAccepted"
+GATEWAY_FEATURES = "GatewayFeatures"
+GATEWAY_OWNED = (ROUTE_ACCEPTED, GATEWAY_FEATURES)
 #: Conditions the reconcile loop owns; the others (MetricsAvailable, TrafficEnforced) belong to the autoscaler.
-OWNED = (READY, MODEL_READY, POOLS_AVAILABLE, DEGRADED, CLASS_COMPLIANT)
+OWNED = (READY, MODEL_READY, POOLS_AVAILABLE, DEGRADED, CLASS_COMPLIANT, *GATEWAY_OWNED)
 AUTOSCALER_OWNED = (METRICS_AVAILABLE, TRAFFIC_ENFORCED, QUALITY_VERIFIED)
 
 # -- reasons ----------------------------------------------------------------------------------------------------
@@ -76,6 +81,12 @@ REASON_NO_GATEWAY = "NoGateway"
 REASON_GATEWAY_API_MISSING = "GatewayAPIMissing"
 REASON_ROUTE_PENDING = "RoutePending"
 REASON_HTTP_ROUTE = "HTTPRoute"
+# RouteAccepted (RoutePending too: no parent Gateway has reported on the route yet) and GatewayFeatures
+REASON_ROUTE_ACCEPTED = "Accepted"
+REASON_NOT_ACCEPTED = "NotAccepted"  # also Ready's: a parent Gateway refused the route
+REASON_REFS_NOT_RESOLVED = "RefsNotResolved"  # also Ready's
+REASON_FEATURES_SUPPORTED = "Supported"
+REASON_FEATURE_UNSUPPORTED = "FeatureUnsupported"
 # QualityVerified (and the BelowFloor / QualityRestored Events)
 REASON_WITHIN_FLOOR = "WithinFloor"
 REASON_BELOW_FLOOR = "BelowFloor"

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rerank_operator.core import gateway
 from rerank_operator.core.builders import deployment
 from rerank_operator.core.reconcile.observed import Observed
 from rerank_operator.core.reconcile.plan import Plan
@@ -123,8 +124,23 @@ def pools_available(f: Facts) -> Verdict | None:
     return Verdict(conditions.REASON_REPLICAS_UNAVAILABLE, ", ".join(short)) if short else None
 
 
+def route_accepted(f: Facts) -> Verdict | None:
+    """A parent Gateway that refused the model's route serves none of its requests. A route no Gateway has reported
+    on is not held against the model: a cluster may have no controller for it yet (RouteAccepted says so)."""
+    if f.spec.routing.gateway is None or not f.plan.pools_deployed:
+        return None
+    verdict = gateway.route_verdict(f.observed.route, gateway.parent_refs(f.spec.routing.gateway.parent_refs,
+                                                                          _namespace(f)))
+    return Verdict(verdict.reason, verdict.message) if verdict.state == "refused" else None
+
+
+def _namespace(f: Facts) -> str:
+    return str(((f.observed.route or {}).get("metadata") or {}).get("namespace") or "")
+
+
 CHAIN: Sequence[tuple[str, Check]] = (
     ("children-applied", children_applied),
+    ("route-accepted", route_accepted),
     ("storage-available", storage_available),
     ("artifact-published", artifact_published),
     ("pools-rolled-out", pools_rolled_out),

@@ -56,6 +56,7 @@ from quantizer_job.steps.graph import export
 from quantizer_job.steps.graph import quantize as Q
 from quantizer_job.steps.recipe_search.recipes import Recipe, benchmark_recipes, candidate_recipes
 from quantizer_job.steps.tei import layout, textenc
+from rerank_contracts.guard import Floor
 
 HEALTHY = ("healthy-int8", "healthy-fp16")
 BROKEN = ("wrong-tokenizer", "truncate-64", "gate-failing-recipe", "fp16-overflow")
@@ -308,8 +309,8 @@ def offline(groups: list[str], ref: np.ndarray, got: np.ndarray,
     tk = [a.topk for a in per_request if not math.isnan(a.topk)]
     d = detector.Detector()
     return {"job_gate": {"spearman": rnd(q["spearman"]), "topk_agreement": rnd(q["topk_agreement"]),
-                         "refused": bool(verify.gate(q, d.floor.min_spearman, d.floor.min_topk)),
-                         "why": verify.gate(q, d.floor.min_spearman, d.floor.min_topk)},
+                         "refused": bool(verify.gate(q, d.floor.min_spearman, d.floor.min_topk_agreement)),
+                         "why": verify.gate(q, d.floor.min_spearman, d.floor.min_topk_agreement)},
             "per_request": {"requests": len(per_request), "mean_spearman": rnd(mean(sp)),
                             "min_spearman": rnd(min(sp)) if sp else None, "mean_topk": rnd(mean(tk)),
                             "failed_share": rnd(sum(d.failed(a) for a in per_request) / len(per_request)),
@@ -455,7 +456,7 @@ def main() -> None:
     fixtures = {f: run_fixture(f, threads, a.seeds, a.healthy_requests, a.healthy_seeds, a.rescore)
                 for f in a.fixtures.split(",")}
     traffic = traffic_budget()
-    out = {"detector": {"floor": asdict(detector.Floor()), "settings": asdict(detector.Settings())},
+    out = {"detector": {"floor": asdict(Floor()), "settings": asdict(detector.Settings())},
            "fixtures": fixtures, "traffic": traffic, "targets_met": targets(fixtures, traffic, a.healthy_requests),
            "threads": threads, "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(out, indent=1))

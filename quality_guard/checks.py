@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from rerank_contracts.guard import LOCAL_REFERENCE, GuardConfig
+
 from . import budget, compare, detector, intake, metrics, reference, sample
-from .config import Config
 from .endpoints import Post, api_keys, http_post
 
 
@@ -35,23 +36,24 @@ def valid(body: Any) -> bool:
 class Guard:
     """One model's sampling, comparisons, detectors and metrics; :meth:`check` does one sampled request."""
 
-    def __init__(self, config: Config, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, config: GuardConfig, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
                  registry: CollectorRegistry | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.config, self.clock = config, clock
         self.mirror_token = intake.expected_token(config.mirror_token_env, os.environ if environ is None else environ)
-        remote = post or http_post(config.timeout_seconds, api_keys(config))
+        remote = post or http_post(config.timeout_seconds, api_keys(config), self.mirror_token)
         self.local = (reference.LocalReference(config.reference_model,
                                                max_batch_tokens=config.reference_max_batch_tokens,
                                                auto_truncate=config.reference_auto_truncate)
-                      if config.reference == reference.LOCAL and config.reference_model else None)
+                      if config.reference == LOCAL_REFERENCE and config.reference_model else None)
         local = self.local
         self.post: Post = remote if local is None else (
-            lambda base, body: local(body) if base == reference.LOCAL else remote(base, body))
+            lambda base, body: local(body) if base == LOCAL_REFERENCE else remote(base, body))
         self.sampler = budget.sampler(config.fraction, config.calls_per_second, config.calls_per_sample,
                                       seed=config.seed)
-        self.detectors = {p: detector.Detector(config.floor, config.settings, state="below_floor",
+        evidence = detector.Settings(**config.evidence)
+        self.detectors = {p: detector.Detector(config.floor, evidence, state="below_floor",
                                                reason="below the floor at the last verdict before this process")
-                          if p in config.below_floor else detector.Detector(config.floor, config.settings)
+                          if p in config.below_floor else detector.Detector(config.floor, evidence)
                           for p in config.pools}
         self._lock = threading.Lock()
         self.exported = metrics.Metrics(config.namespace, config.model, registry)

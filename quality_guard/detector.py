@@ -12,8 +12,8 @@ last ``window`` requests and runs three one-sided tests (none before ``min_sampl
   Why not the mean of per-request Spearman: with 15 passages it is a different, lower figure; the healthy INT8 pool
   of the benchmark passes the gate at 0.995 pooled, and its per-request mean is 0.984. Compared with 0.99 it would
   raise an alarm on every healthy pool. The per-request mean is exported as ``request_spearman``.
-- **Top-k agreement** below ``floor.min_topk``: this one *is* a mean over queries in the Job, so it is here too,
-  bound by a t-interval ``mean + z_detect * s / sqrt(n)`` (n >= 30: the normal quantile).
+- **Top-k agreement** below ``floor.min_topk_agreement``: this one *is* a mean over queries in the Job, so it is
+  here too, bound by a t-interval ``mean + z_detect * s / sqrt(n)`` (n >= 30: the normal quantile).
 - **Failure fraction** above ``max_failure_rate``: a request fails when its scores are broken (NaN, inf, saturated:
   what an FP16 overflow gives) or its own Spearman is under ``request_min_spearman``. ``f`` failures in ``n``
   requests are improbable under the allowed rate when the Chernoff bound ``exp(-n KL(f/n || p))`` is under
@@ -38,30 +38,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-from rerank_contracts.quantize_job import JobRequest
+from rerank_contracts.guard import Floor
 
 from .compare import Agreement
 
 State = Literal["healthy", "below_floor"]
 #: The normal quantile of the exported intervals (95%, two-sided).
 Z95 = 1.959963984540054
-
-
-def _job_default(name: str) -> float:
-    return float(next(f.default for f in fields(JobRequest) if f.name == name))  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class Floor:
-    """The quality floor: the model's quality gate (the Job's defaults unless the model or its class sets one)."""
-
-    min_spearman: float = _job_default("min_spearman")
-    min_topk: float = _job_default("min_topk_agreement")
 
 
 @dataclass(frozen=True)
@@ -338,9 +326,9 @@ class Detector:
             return (f"{failures:.0f} of the last {n} sampled requests failed (broken scores or Spearman under "
                     f"{s.request_min_spearman}): more than {s.max_failure_rate:.0%} with confidence")
         ci = self._topk.interval(s.z_detect)
-        if ci.n >= s.min_samples and ci.high < f.min_topk:
+        if ci.n >= s.min_samples and ci.high < f.min_topk_agreement:
             return (f"mean top-k agreement {ci.mean:.4f} over {ci.n} sampled requests is below the floor "
-                    f"{f.min_topk} (upper bound {ci.high:.4f})")
+                    f"{f.min_topk_agreement} (upper bound {ci.high:.4f})")
         if self._due():
             ci = self._pooled.interval(s.z_detect)
             if ci.n >= s.min_samples and ci.high < f.min_spearman:
@@ -357,7 +345,7 @@ class Detector:
             return ""
         parts = [f"failures {self._r_failed.total():.0f}"]
         for name, ci, lim in (("Spearman", self._r_pooled.interval(s.z_recover), f.min_spearman),
-                              ("top-k agreement", self._r_topk.interval(s.z_recover), f.min_topk)):
+                              ("top-k agreement", self._r_topk.interval(s.z_recover), f.min_topk_agreement)):
             if ci.n < s.min_samples:
                 continue  # the traffic says nothing about it (e.g. requests of k passages or fewer)
             if not ci.low >= lim:

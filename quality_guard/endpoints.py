@@ -1,7 +1,9 @@
 """Asking a TEI endpoint (a pool, or a remote reference) for scores: ``POST /rerank`` with the mirrored body.
 
 Each endpoint is a TEI base URL; one behind ``--api-key`` gets its key as a bearer token, read from the environment
-variable the configuration names for it (a Secret in the guard's pod).
+variable the configuration names for it (a Secret in the guard's pod). Every call carries the model's mirror token:
+on a gateway without RequestMirror the pools run a sampler in front of TEI (``rerank_sampler``), which copies a
+share of the requests it serves to this guard, but never one carrying the token (the guard's own check).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .config import Config
+from rerank_contracts.guard import MIRROR_TOKEN_HEADER, GuardConfig
 
 #: POST a /rerank body to a base URL, return the scores in ``texts`` order.
 Post = Callable[[str, Mapping[str, Any]], list[float]]
@@ -28,12 +30,13 @@ def tei_scores(body: Any, n: int) -> list[float]:
     return out
 
 
-def http_post(timeout: float, keys: Mapping[str, str] | None = None) -> Post:
-    """POST to a TEI base URL; ``keys``: base URL -> API key sent as a bearer token (TEI's --api-key)."""
+def http_post(timeout: float, keys: Mapping[str, str] | None = None, token: str | None = None) -> Post:
+    """POST to a TEI base URL; ``keys``: base URL -> API key sent as a bearer token (TEI's --api-key); ``token``:
+    the model's mirror token, which the pools' samplers recognize (and strip) as the guard's own."""
     keys = dict(keys or {})
 
     def post(base: str, body: Mapping[str, Any]) -> list[float]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **({MIRROR_TOKEN_HEADER: token} if token else {})}
         if base in keys:
             headers["Authorization"] = f"Bearer {keys[base]}"
         req = urllib.request.Request(base.rstrip("/") + "/rerank", data=json.dumps(body).encode(),
@@ -44,7 +47,7 @@ def http_post(timeout: float, keys: Mapping[str, str] | None = None) -> Post:
     return post
 
 
-def api_keys(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def api_keys(config: GuardConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Base URL -> API key, from the environment variables ``config.api_key_env`` names (Secrets in the pod)."""
     env = os.environ if environ is None else environ
     urls = {"reference": config.reference, **config.pools}

@@ -13,7 +13,8 @@ TEI's router does (``textenc.tei_max_input_length``: its max input length, not t
 truncation in the request's ``truncation_direction`` when the request or the pool truncates, else a pair over the
 limit is refused as TEI refuses it), in batches of at most 8 pairs, through a sigmoid unless the request asks for
 ``raw_scores``. torch and transformers are imported only by a guard configured with this reference
-(``Config.reference == LOCAL``), which loads the model as it starts; a guard with a TEI reference never imports them.
+(``GuardConfig.reference == LOCAL_REFERENCE``), which loads the model as it starts; a guard with a TEI reference
+never imports them.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from quantizer_job.steps.tei import layout, textenc
 
 from .compare import sigmoid
 
-#: ``Config.reference`` meaning "score FP32 in this process" (``Config.reference_model`` says from which directory).
-LOCAL = "local"
+
 class LocalReference:
     """FP32 scores of a transformers cross-encoder directory (config.json, *.safetensors, tokenizer.json).
 

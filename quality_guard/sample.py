@@ -3,11 +3,11 @@
 With the tenant's consent (``quantization.requantizeOnDrift`` on the RerankModel) the guard remembers the mirrored
 ``/rerank`` requests it receives (all of them, sampled or not: the mirror already took a fraction) as
 ``{"query", "texts", "t"}`` lines, the format the quantization Job reads as evaluation or calibration data
-(``quantizer_job.evaldata.parse_jsonl``; it ignores ``t``). Bounded by pairs (``max_pairs``, the oldest requests go
-first) and by age (``max_age_seconds``). Written every ``WRITE_SECONDS`` when it changed, atomically (a temporary file
-in the same directory, fsynced, then renamed), so a Job that starts meanwhile reads a whole sample, never half of
-one. A restarted guard picks the file up again, minus what expired. Replayed requests (no Gateway) are never
-recorded: they are the artifact's own evaluation pairs, not live traffic.
+(``quantizer_job.steps.evaluation.evaldata.parse_jsonl``; it ignores ``t``). Bounded by pairs (``max_pairs``, the
+oldest requests go first) and by age (``max_age_seconds``). Written every ``WRITE_SECONDS`` when it changed,
+atomically (a temporary file in the same directory, fsynced, then renamed), so a Job that starts meanwhile reads a
+whole sample, never half of one. A restarted guard picks the file up again, minus what expired. Replayed requests (no
+Gateway) are never recorded: they are the artifact's own evaluation pairs, not live traffic.
 """
 
 from __future__ import annotations
@@ -23,25 +23,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rerank_contracts.guard import LiveSampleSettings
+
 #: How often the sample is written when it changed: a Job reads a sample at most this old.
 WRITE_SECONDS = 30.0
 #: The sample's size in bytes at most, whatever its pairs: long passages must not grow the guard's memory (and the
 #: file rewritten every WRITE_SECONDS) without bound.
 MAX_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Settings:
-    path: str
-    max_pairs: int
-    max_age_seconds: float
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Settings:
-        settings = cls(path=str(d["path"]), max_pairs=int(d["max_pairs"]), max_age_seconds=float(d["max_age_seconds"]))
-        if settings.max_pairs < 1 or settings.max_age_seconds <= 0:
-            raise ValueError(f"a live sample needs max_pairs >= 1 and max_age_seconds > 0, got {d}")
-        return settings
 
 
 @dataclass(frozen=True)
@@ -74,7 +62,8 @@ def entry_of(body: Any, t: float) -> Entry | None:
 class LiveSample:
     """The entries in arrival order, their pair count, and whether the file is behind."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, settings: LiveSampleSettings, clock: Callable[[], float] = time.time,
+                 max_bytes: int = MAX_BYTES) -> None:
         self.settings, self.clock, self.max_bytes = settings, clock, max_bytes
         self._entries: collections.deque[Entry] = collections.deque()
         self._pairs = self._bytes = 0

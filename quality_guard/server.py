@@ -1,8 +1,9 @@
 """The guard's process: receives mirrored ``/rerank`` requests, asks the pools and the reference, exports figures.
 
-It is never in the serving path: a gateway's ``RequestMirror`` filter sends it copies of real requests and drops its
-answers; only copies carrying the model's mirror token count (:mod:`.intake`, which also bounds what HTTP may cost).
-Without a gateway, a :class:`.replay.Replayer` offers it the artifact's evaluation pairs (``Config.replay``) at a set
+It is never in the serving path: a gateway's ``RequestMirror`` filter (or, on a gateway without it, the sampler
+beside TEI in each pool pod: ``rerank_sampler``) sends it copies of real requests after they were answered; only
+copies carrying the model's mirror token count (:mod:`.intake`, which also bounds what HTTP may cost). Without a
+gateway, a :class:`.replay.Replayer` offers it the artifact's evaluation pairs (``GuardConfig.replay``) at a set
 pace. ``POST /rerank`` answers 202 at once and leaves the work to one worker thread through a bounded queue
 (:mod:`.worker`); what a check does is :mod:`.checks`', and what ``GET /metrics`` shows is :mod:`.metrics`'.
 
@@ -25,9 +26,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rerank_contracts.guard import GuardConfig
+
 from . import intake, reference, sample
 from .checks import Guard
-from .config import Config
 from .replay import Replayer, replay_bodies
 from .worker import Worker
 
@@ -140,10 +142,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         raw = os.environ.get(a.config_env)
         if not raw:
             ap.error(f"the environment variable {a.config_env} is not set")
-        config = Config.from_dict(json.loads(raw))
+        config = GuardConfig.from_json(raw)
     else:
         with open(a.config, encoding="utf-8") as f:
-            config = Config.from_dict(json.load(f))
+            config = GuardConfig.from_dict(json.load(f))
     running = serve(Guard(config), a.host, a.port, exit_on_reference_failure=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

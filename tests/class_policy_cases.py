@@ -7,8 +7,9 @@ them (the API server adds the CRDs' defaults) and what both must do with it: ``r
 policy's refusal and the single violation the operator finds must carry (``{cls}`` stands for the class's name),
 or None when both must accept the model.
 
-tests/unit/tenancy/test_tenancy_class_policy_cases.py runs the Python side (with the CRDs' defaults applied from crds/);
-tests/cluster/test_class_policy_cases.py runs the policy on the real API server. A case is added here, once.
+tests/unit/operator/core/tenancy/test_tenancy_class_policy_cases.py runs the Python side (with the CRDs' defaults
+applied from crds/); tests/cluster/test_class_policy_cases.py runs the policy on the real API server. A case is added
+here, once.
 
 Known difference kept out of the fragments: the replicas message quotes ``minReplicas`` as the tenant wrote it in
 the policy (0 when unset) and as resolved from the class's ``defaultMinReplicas`` in the operator.

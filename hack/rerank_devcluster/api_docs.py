@@ -1,7 +1,7 @@
 """Generate docs/api-reference.md from the CRDs' openAPIV3Schema (crds/*.yaml are the single source).
 
     python hack/gen_api_docs.py           # (re)write docs/api-reference.md
-    python hack/gen_api_docs.py --check   # exit 1 if the committed file is stale (tests/unit/test_api_docs.py)
+    python hack/gen_api_docs.py --check   # exit 1 if the committed file is stale (tests/unit/project/test_api_docs.py)
 
 ``hack/gen_api_docs.py`` runs :func:`main` (as does ``python -m rerank_devcluster.api_docs``); the tests import this
 module by name.

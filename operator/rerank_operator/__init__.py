@@ -1,7 +1,7 @@
 """rerank-operator: a RerankModel becomes a quantization Job, a CPU-INT8 and a GPU-FP16 TEI pool, and routing.
 
 The folders are the layers (docs/architecture.md has the module map; import-linter contracts in pyproject.toml and
-tests/unit/test_layers.py enforce the direction):
+tests/unit/project/test_layers.py enforce the direction):
 
 - ``core/``         pure: the spec, the builders of every child, the plan, status, conditions, and the two pure
                     cores of policy, ``core/autoscale/`` (scaling and the traffic split) and ``core/tenancy/``
@@ -12,4 +12,4 @@ tests/unit/test_layers.py enforce the direction):
 - ``main.py``       the process: flags, kopf, health and metrics ports.
 """
 
-__version__ = "0.1.0"  # the one version: pyproject.toml reads it; tests/unit/test_version.py checks the copies
+__version__ = "0.1.0"  # the one version: pyproject.toml reads it; tests/unit/project/test_version.py checks the copies

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from quality_guard.config import Config
+from rerank_contracts.guard import GuardConfig
 from rerank_operator.core.builders import deployment
 from tests.cluster import test_quality_guard
 from tests.cluster.test_autoscaling import AUTOSCALING, GATEWAY, NAME, POOLS, route_weights, status
@@ -72,10 +72,10 @@ class GuardPod:
         self._thread.start()
 
     def _start(self, raw: Mapping[str, Any]) -> GuardProcess:
-        config = Config.from_dict(raw)
+        config = GuardConfig.from_dict(raw)
         return GuardProcess.start(dataclasses.replace(
-            config, pools={p: self.local[p] for p in config.pools}, reference=self.reference, settings=SMALL,
-            calls_per_second=1e6), mirror_token(self.env))
+            config, pools={p: self.local[p] for p in config.pools}, reference=self.reference,
+            evidence=dataclasses.asdict(SMALL), calls_per_second=1e6), mirror_token(self.env))
 
     def _run(self) -> None:
         while not self._stop.wait(0.3):

@@ -35,10 +35,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from quality_guard import detector, intake, reference, sample, server
+from quality_guard import detector, intake, server
 from quality_guard.checks import Guard
-from quality_guard.config import Config
 from quantizer_job.steps.evaluation import evaldata
+from rerank_contracts.guard import LOCAL_REFERENCE, Floor, GuardConfig, LiveSampleSettings
 from rerank_devcluster.waiting import eventually
 from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV
 from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
@@ -137,7 +137,7 @@ class GuardProcess:
     posted: int = 0
 
     @classmethod
-    def start(cls, config: Config, token: str, sample_every: float = 0.2) -> GuardProcess:
+    def start(cls, config: GuardConfig, token: str, sample_every: float = 0.2) -> GuardProcess:
         """The guard pod's process, with the pod's environment: the mirror token (``mirror_token``)."""
         guard = WatchedGuard(config, environ={MIRROR_TOKEN_ENV: token})
         return cls(guard, server.serve(guard, sample_every=sample_every), token)
@@ -346,9 +346,9 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["command"][:3] == ["python", "-m", "quality_guard.server"]
     raw = guard_config(env)
-    op_config = Config.from_dict(raw)
+    op_config = GuardConfig.from_dict(raw)
     assert (op_config.namespace, op_config.model) == (ns, NAME)
-    assert op_config.floor == detector.Floor(min_spearman=GATE["minSpearman"], min_topk=GATE["minTopKAgreement"])
+    assert op_config.floor == Floor(min_spearman=GATE["minSpearman"], min_topk_agreement=GATE["minTopKAgreement"])
     assert op_config.k == GATE["topK"]
     assert dict(op_config.pools) == {"cpu": f"http://{NAME}-cpu.{ns}.svc:80"}
     assert op_config.reference == f"http://{NAME}-gpu.{ns}.svc:80"
@@ -371,7 +371,7 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
     # The guard pod's process: the operator's configuration with the host's addresses and small windows.
     switch = Switch(scorers.healthy.url)
     config = dataclasses.replace(op_config, pools={"cpu": switch.url}, reference=scorers.reference.url,
-                                 settings=SMALL, calls_per_second=1e6)
+                                 evidence=dataclasses.asdict(SMALL), calls_per_second=1e6)
     proc = GuardProcess.start(config, token)
     fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=4.0)
     try:
@@ -441,11 +441,12 @@ def test_guard_takes_a_pool_below_the_floor_out_of_traffic_and_back(stack: Stack
         # The guard restarts (the Deployment rolled with the new configuration): it starts below the floor, with no
         # figures, and the operator keeps the CPU pool out (no QualityRestored on a guard that knows nothing yet).
         proc.stop()
-        restarted = Config.from_dict(guard_config(env))
+        restarted = GuardConfig.from_dict(guard_config(env))
         assert restarted.below_floor == ("cpu",)
         proc = GuardProcess.start(dataclasses.replace(restarted, pools={"cpu": switch.url},
-                                                      reference=scorers.reference.url, settings=SMALL,
-                                                      calls_per_second=1e6), mirror_token(env))
+                                                      reference=scorers.reference.url,
+                                                      evidence=dataclasses.asdict(SMALL), calls_per_second=1e6),
+                                  mirror_token(env))
         assert proc.state() == "below_floor"
         fleet.point_at(proc)
         wait(env, lambda: proc.guard.scrapes >= 2, 30, "two reads of the restarted guard")
@@ -524,8 +525,8 @@ def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
     claim = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert claim["persistentVolumeClaim"]["readOnly"] is True
     assert container["resources"]["requests"]["memory"] == "3Gi", container["resources"]  # room for the weights
-    op_config = Config.from_dict(guard_config(env))
-    assert op_config.reference == reference.LOCAL and op_config.reference_model == "/artifact/original"
+    op_config = GuardConfig.from_dict(guard_config(env))
+    assert op_config.reference == LOCAL_REFERENCE and op_config.reference_model == "/artifact/original"
     assert op_config.replay == "/artifact/evaluation.jsonl"
     assert dict(op_config.pools) == {"cpu": f"http://{NAME}-cpu.{ns}.svc:80"}
     assert op_config.replay_per_second == QUALITY_GUARD["callsPerSecond"] / 2  # the pool + the FP32 scoring
@@ -589,16 +590,17 @@ def test_a_drifting_model_is_requantized_on_its_live_sample_and_the_result_serve
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["subPath"] == f"samples/{NAME}")
     assert not mount.get("readOnly") and not next(
         v for v in pod["volumes"] if v["name"] == mount["name"])["persistentVolumeClaim"].get("readOnly")
-    op_config = Config.from_dict(guard_config(env))
-    assert op_config.live_sample == sample.Settings(f"{mount['mountPath']}/live.jsonl", 400, 24 * 3600.0)
+    op_config = GuardConfig.from_dict(guard_config(env))
+    assert op_config.live_sample == LiveSampleSettings(f"{mount['mountPath']}/live.jsonl", 400, 24 * 3600.0)
 
     # The guard pod's process, its sample where the mount puts it on the volume; the CPU pool has drifted.
     live = tmp_path / "volume" / "samples" / NAME / "live.jsonl"
     assert op_config.live_sample is not None
     switch = Switch(scorers.broken.url)
     proc = GuardProcess.start(dataclasses.replace(
-        op_config, pools={"cpu": switch.url}, reference=scorers.reference.url, settings=SMALL, calls_per_second=1e6,
-        live_sample=dataclasses.replace(op_config.live_sample, path=str(live))), mirror_token(env))
+        op_config, pools={"cpu": switch.url}, reference=scorers.reference.url, evidence=dataclasses.asdict(SMALL),
+        calls_per_second=1e6, live_sample=dataclasses.replace(op_config.live_sample, path=str(live))),
+        mirror_token(env))
     fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=2.0)
     try:
         fleet.point_at(proc)

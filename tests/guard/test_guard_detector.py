@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quality_guard.compare import Agreement, agreement, sigmoid
-from quality_guard.detector import Detector, Floor, Settings, average_ranks, kl_bernoulli, rate_exceeds, rate_within
+from quality_guard.detector import Detector, Settings, average_ranks, kl_bernoulli, rate_exceeds, rate_within
 from quantizer_job.steps.evaluation import metrics
+from rerank_contracts.guard import Floor
+from rerank_contracts.quantize_job import DEFAULT_MIN_SPEARMAN, DEFAULT_MIN_TOPK_AGREEMENT
 
 FLOOR = Floor()  # the Job's gate: 0.99 / 0.9
 
@@ -60,7 +62,8 @@ def first_transition(d: Detector, it: Iterator[Agreement], limit: int) -> int | 
 
 
 def test_the_floor_defaults_to_the_jobs_gate() -> None:
-    assert (FLOOR.min_spearman, FLOOR.min_topk) == (0.99, 0.9)
+    assert (FLOOR.min_spearman, FLOOR.min_topk_agreement) == (DEFAULT_MIN_SPEARMAN, DEFAULT_MIN_TOPK_AGREEMENT)
+    assert (DEFAULT_MIN_SPEARMAN, DEFAULT_MIN_TOPK_AGREEMENT) == (0.99, 0.9)  # docs/quantization.md's gate
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -152,7 +155,7 @@ def test_average_ranks_are_the_jobs_ranks(xs: list[float]) -> None:
     assert np.array_equal(average_ranks(np.array(xs)), metrics.rankdata(xs))
 
 
-NO_FLOOR = Floor(min_spearman=-1.0, min_topk=0.0)  # never below: the figures of a whole window
+NO_FLOOR = Floor(min_spearman=-1.0, min_topk_agreement=0.0)  # never below: the figures of a whole window
 
 
 def test_pooled_spearman_is_the_jobs_statistic_over_the_window() -> None:

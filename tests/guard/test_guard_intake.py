@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quality_guard import intake, sample, server
+from quality_guard import intake, server
 from quality_guard.checks import Guard
-from quality_guard.config import Config
 from quality_guard.worker import Worker
+from rerank_contracts.guard import GuardConfig, LiveSampleSettings
 
 TOKEN = "s3cret-token-of-this-model"
 TOKEN_ENV = "RERANK_GUARD_MIRROR_TOKEN"
@@ -49,8 +49,8 @@ class Pools:
 
 
 def guard_for(tmp_path: Path, pools: Pools, environ: dict[str, str] | None = None) -> Guard:
-    live = sample.Settings(path=str(tmp_path / "live.jsonl"), max_pairs=1000, max_age_seconds=3600)
-    config = Config(namespace="team-a", model="search", pools={"cpu": "http://cpu"}, reference="http://ref",
+    live = LiveSampleSettings(path=str(tmp_path / "live.jsonl"), max_pairs=1000, max_age_seconds=3600)
+    config = GuardConfig(namespace="team-a", model="search", pools={"cpu": "http://cpu"}, reference="http://ref",
                            fraction=1.0, calls_per_second=1e6, live_sample=live, mirror_token_env=TOKEN_ENV)
     return Guard(config, post=pools, environ={TOKEN_ENV: TOKEN} if environ is None else environ)
 
@@ -196,7 +196,7 @@ def test_a_slow_client_is_cut_and_surplus_connections_are_closed(monkeypatch: py
     cut after CLIENT_TIMEOUT_SECONDS, and then the guard answers again."""
     monkeypatch.setattr(intake, "CLIENT_TIMEOUT_SECONDS", 1.0)
     pools = Pools()
-    guard = Guard(Config(namespace="n", model="m", pools={"cpu": "http://cpu"},
+    guard = Guard(GuardConfig(namespace="n", model="m", pools={"cpu": "http://cpu"},
                                        reference="http://ref"), post=pools)
     srv = intake.BoundedServer(("127.0.0.1", 0), intake.handler(Worker(guard), None), max_connections=3)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -5,6 +5,7 @@ that model served with a truncation at 12 tokens, as a pool whose max input leng
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -20,9 +21,9 @@ import pytest
 
 from quality_guard import detector, endpoints, reference, server
 from quality_guard.checks import Guard
-from quality_guard.config import Config
 from quantizer_job.steps.evaluation import evaldata
 from quantizer_job.steps.tei import textenc
+from rerank_contracts.guard import LOCAL_REFERENCE, Floor, GuardConfig
 from tests.guard.scoring_server import ScoringServer, tiny_pools
 
 pytestmark = [pytest.mark.quantizer, pytest.mark.slow]
@@ -48,8 +49,8 @@ def pools(pools_dir: Path) -> Iterator[dict[str, ScoringServer]]:
         s.close()
 
 
-def config(pools: dict[str, ScoringServer], **kw: Any) -> Config:
-    return Config(namespace="team-a", model="search", reference=pools["reference"].url,
+def config(pools: dict[str, ScoringServer], **kw: Any) -> GuardConfig:
+    return GuardConfig(namespace="team-a", model="search", reference=pools["reference"].url,
                          pools={"cpu": pools["cpu"].url, "truncated": pools["truncated"].url}, **kw)
 
 
@@ -78,7 +79,7 @@ def test_the_guard_tells_the_broken_pool_from_the_healthy_one(pools: dict[str, S
     assert f"rerank_guard_below_floor{{{labels.format('cpu')}}} 0.0" in text
     assert f"rerank_guard_transitions_total{{{labels.format('truncated')}}} 1.0" in text
     m = re.search(r'rerank_guard_spearman\{namespace="team-a",pool="truncated",rerankmodel="search"\} (\S+)', text)
-    assert m and float(m.group(1)) < detector.Floor().min_spearman
+    assert m and float(m.group(1)) < Floor().min_spearman
 
 
 def test_mirrored_requests_over_http_within_the_budget(pools: dict[str, ScoringServer]) -> None:
@@ -116,7 +117,7 @@ def test_mirrored_requests_over_http_within_the_budget(pools: dict[str, ScoringS
 
 
 def test_a_pool_that_does_not_answer_is_an_error_not_a_ranking(pools: dict[str, ScoringServer]) -> None:
-    cfg = Config(namespace="n", model="m", reference=pools["reference"].url,
+    cfg = GuardConfig(namespace="n", model="m", reference=pools["reference"].url,
                         pools={"cpu": pools["cpu"].url, "gone": "http://127.0.0.1:9"}, fraction=1.0,
                         calls_per_second=1e6, timeout_seconds=2.0)
     guard = Guard(cfg)
@@ -133,8 +134,8 @@ def test_without_mirrored_traffic_the_guard_replays_the_artifacts_evaluation_pai
     pairs = tmp_path / "evaluation.jsonl"
     pairs.write_text("".join(json.dumps({"query": p.query, "text": p.text}) + "\n" for p in evaldata.builtin_pairs()))
     small = detector.Settings(window=20, min_samples=10, recovery_window=40, check_every=1, max_failure_rate=0.1)
-    guard = Guard(config(pools, fraction=1.0, calls_per_second=1e6, settings=small, replay=str(pairs),
-                                replay_per_second=40.0))
+    guard = Guard(config(pools, fraction=1.0, calls_per_second=1e6, evidence=dataclasses.asdict(small),
+                         replay=str(pairs), replay_per_second=40.0))
     running = server.serve(guard)  # nothing is ever POSTed: the replay alone feeds it
     try:
         deadline = time.monotonic() + 60
@@ -167,7 +168,7 @@ def test_the_local_reference_scores_the_original_weights_as_the_fp32_export_does
 def test_with_a_local_reference_the_guard_tells_the_broken_pool_from_the_healthy_one(
         pools: dict[str, ScoringServer], pools_dir: Path) -> None:
     calls = pools["reference"].calls
-    guard = Guard(Config(namespace="team-a", model="cpu-only", reference=reference.LOCAL,
+    guard = Guard(GuardConfig(namespace="team-a", model="cpu-only", reference=LOCAL_REFERENCE,
                                        reference_model=str(pools_dir / "original"), fraction=1.0,
                                        calls_per_second=1e6,
                                        pools={"cpu": pools["cpu"].url, "truncated": pools["truncated"].url}))
@@ -188,8 +189,8 @@ def test_with_a_local_reference_the_guard_tells_the_broken_pool_from_the_healthy
 def test_a_local_reference_that_cannot_load_is_a_reference_error_not_a_verdict(
         pools: dict[str, ScoringServer], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="reference_model"):
-        Config(namespace="n", model="m", reference=reference.LOCAL, pools={"cpu": pools["cpu"].url})
-    guard = Guard(Config(namespace="n", model="m", reference=reference.LOCAL,
+        GuardConfig(namespace="n", model="m", reference=LOCAL_REFERENCE, pools={"cpu": pools["cpu"].url})
+    guard = Guard(GuardConfig(namespace="n", model="m", reference=LOCAL_REFERENCE,
                                        reference_model=str(tmp_path / "missing"), fraction=1.0,
                                        calls_per_second=1e6, pools={"cpu": pools["cpu"].url}))
     body = requests()[0]
@@ -237,7 +238,7 @@ def test_the_local_reference_truncates_long_pairs_as_the_pool_does_or_refuses_th
 
 def test_a_guard_process_whose_reference_cannot_load_exits(tmp_path: Path) -> None:
     """In its pod the guard exits (CrashLoopBackOff, no verdict) rather than stay Ready and judge nothing."""
-    config = {"namespace": "n", "model": "m", "pools": {"cpu": "http://127.0.0.1:9"}, "reference": reference.LOCAL,
+    config = {"namespace": "n", "model": "m", "pools": {"cpu": "http://127.0.0.1:9"}, "reference": LOCAL_REFERENCE,
               "reference_model": str(tmp_path / "missing")}
     path = tmp_path / "guard.json"
     path.write_text(json.dumps(config))

@@ -16,8 +16,8 @@ import pytest
 
 from quality_guard import sample, server
 from quality_guard.checks import Guard
-from quality_guard.config import Config
 from quantizer_job.steps.evaluation import evaldata
+from rerank_contracts.guard import GuardConfig, LiveSampleSettings
 from rerank_operator.core.quality import assessment as quality
 
 
@@ -33,8 +33,8 @@ def body(i: int, n: int = 3) -> dict[str, Any]:
     return {"query": f"query {i}", "texts": [f"passage {i}.{j}" for j in range(n)]}
 
 
-def settings(tmp_path: Path, max_pairs: int = 7, max_age: float = 100.0) -> sample.Settings:
-    return sample.Settings(path=str(tmp_path / "samples" / "m" / "live.jsonl"), max_pairs=max_pairs,
+def settings(tmp_path: Path, max_pairs: int = 7, max_age: float = 100.0) -> LiveSampleSettings:
+    return LiveSampleSettings(path=str(tmp_path / "samples" / "m" / "live.jsonl"), max_pairs=max_pairs,
                            max_age_seconds=max_age)
 
 
@@ -113,7 +113,7 @@ def test_the_guard_keeps_mirrored_requests_only_and_tells_the_operator_how_many(
     replay = tmp_path / "evaluation.jsonl"
     replay.write_text("".join(json.dumps({"query": p.query, "text": p.text}) + "\n" for p in evaldata.builtin_pairs()))
     live = settings(tmp_path, max_pairs=1000, max_age=3600)
-    config = Config(namespace="ns", model="m", pools={"cpu": "http://cpu"}, reference="http://ref",
+    config = GuardConfig(namespace="ns", model="m", pools={"cpu": "http://cpu"}, reference="http://ref",
                            fraction=1.0, calls_per_second=1e6, replay=str(replay), replay_per_second=50.0,
                            live_sample=live)
     guard = Guard(config, post=lambda base, b: [float(i) for i in range(len(b["texts"]))])
@@ -146,11 +146,11 @@ def test_the_guard_keeps_mirrored_requests_only_and_tells_the_operator_how_many(
 
 def test_a_live_sample_config_is_checked() -> None:
     with pytest.raises(ValueError, match="max_pairs"):
-        sample.Settings.from_dict({"path": "/x", "max_pairs": 0, "max_age_seconds": 1})
-    config = Config.from_dict({"namespace": "n", "model": "m", "pools": {}, "reference": "http://r",
+        LiveSampleSettings(**{"path": "/x", "max_pairs": 0, "max_age_seconds": 1})
+    config = GuardConfig.from_dict({"namespace": "n", "model": "m", "pools": {}, "reference": "http://r",
                                       "live_sample": {"path": "/s/live.jsonl", "max_pairs": 500,
                                                       "max_age_seconds": 3600}})
-    assert config.live_sample == sample.Settings("/s/live.jsonl", 500, 3600.0)
+    assert config.live_sample == LiveSampleSettings("/s/live.jsonl", 500, 3600.0)
 
 
 def test_long_passages_are_bounded_by_bytes_too(tmp_path: Path) -> None:
@@ -165,8 +165,8 @@ def test_long_passages_are_bounded_by_bytes_too(tmp_path: Path) -> None:
 def test_a_sample_that_cannot_be_written_is_counted_and_checks_go_on(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    live = sample.Settings(path=str(blocker / "live.jsonl"), max_pairs=1000, max_age_seconds=60)
-    guard = Guard(Config(namespace="ns", model="m", pools={"cpu": "http://cpu"},
+    live = LiveSampleSettings(path=str(blocker / "live.jsonl"), max_pairs=1000, max_age_seconds=60)
+    guard = Guard(GuardConfig(namespace="ns", model="m", pools={"cpu": "http://cpu"},
                                        reference="http://ref", live_sample=live), post=lambda base, b: [0.0])
     guard.remember(body(1))
     guard.write_sample()

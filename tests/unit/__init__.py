@@ -1,2 +1,4 @@
-"""Unit tests: no cluster, no ML stack. Shared helpers: ``rerankmodel_gen`` (RerankModel fixtures and an in-memory
-API server), ``fake_cluster`` (the fake ``ClusterAccess``), ``operator_metrics_names``."""
+"""Unit tests: no cluster, no ML stack. The folders mirror what they test: ``operator/`` (operator/rerank_operator:
+``controllers/``, ``adapters/``, ``core/<concept>/``; its shared helpers ``rerankmodel_gen`` and ``fake_cluster``),
+``activator/``, ``sampler/``, ``contracts/``, ``devcluster/`` (hack/rerank_devcluster), ``benchmarks/``, and
+``project/`` for whole-repository checks (``operator_metrics_names`` among them)."""

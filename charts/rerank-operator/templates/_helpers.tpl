@@ -116,7 +116,7 @@ into a ClusterRole, since a Role cannot grant cluster-scoped resources. A rule m
 
 {{/*
 TEI pods, as the operator labels them (operator/rerank_operator/core/names.py: LABEL_NAME=APP_NAME on every child,
-LABEL_POOL on pool pods only; tests/unit/test_chart.py checks these names against that module).
+LABEL_POOL on pool pods only; tests/unit/project/test_chart.py checks these names against that module).
 */}}
 {{- define "rerank-operator.teiSelector" -}}
 matchLabels:

@@ -1,6 +1,6 @@
-"""The RerankModel-shaped view of the API: ``ClusterAccess``, what the two loops need from the cluster, and
-``Cluster``, the real one (tests/unit/fake_cluster.py is the one fake both loops' unit tests use, so a new need shows
-up in one place). Every request goes through ``kube_api.Client`` (the only module that talks to the API).
+"""The RerankModel-shaped view of the API: ``ClusterAccess``, what the two loops need from the cluster, and ``Cluster``,
+the real one (tests/unit/operator/fake_cluster.py is the one fake both loops' unit tests use, so a new need shows up in
+one place). Every request goes through ``kube_api.Client`` (the only module that talks to the API).
 
 Writes are server-side apply with field manager ``rerank-operator`` (so an HPA's replicas or a user's annotations
 are never fought over), create-only for Jobs (their template is immutable), background deletes, and a merge patch

@@ -124,7 +124,7 @@ CACHED_OBJECTS = Gauge("rerank_operator_cached_objects", "Objects held in the wa
 # --- per model: class, conditions, SLO and cost (issue: run it like a service) --------------------------------------
 # Series per model, at most: info 1, conditions 7, and per pool (2) replicas, max, target, requests, slow, pairs,
 # cost (12), GPU-only cost 1, plus the traffic/desired/decision series above (2 + 2 + 6): 33. docs/operations.md
-# states it; tests/unit/test_cost.py counts it.
+# states it; tests/unit/operator/core/test_cost.py counts it.
 MODEL_INFO = Gauge("rerank_operator_model_info", "1 for each RerankModel, with its RerankClass (class=\"\" without).",
                    ["namespace", "rerankmodel", "class"])
 MODEL_CONDITION = Gauge(

@@ -1,9 +1,9 @@
 """What a model's pools cost, from the platform's prices (RerankClass ``spec.pricing``), and what the same load would
 have cost on the GPU pool alone. Pure: the autoscaler's loop meters each model every tick and exports the result.
 
-The cost model is the simulator's (``benchmarks/autoscale_sim``): replica-time x price per replica-hour, counting
-every pod a pool's Deployment has, ready or starting (a starting pod is billed too). tests/unit/test_cost.py holds
-the two within 1% on the same trace.
+The cost model is the simulator's (``benchmarks/autoscale_sim``): replica-time x price per replica-hour, counting every
+pod a pool's Deployment has, ready or starting (a starting pod is billed too). tests/unit/operator/core/test_cost.py
+holds the two within 1% on the same trace.
 
 The counterfactual ("GPU only") is what the CPU INT8 pool is for: the GPU replicas that would serve the model's whole
 load within target, sized like the autoscaler sizes pools (``load.UTILIZATION`` of a replica's capacity), never

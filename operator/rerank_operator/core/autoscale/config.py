@@ -1,9 +1,9 @@
 """The autoscaler's typed view of a RerankModel spec, derived from the one parser (``spec.py``).
 
-spec.py parses and defaults every field once (its defaults are the CRD's: tests/unit/test_spec_and_crd.py holds
-them equal); this module only derives what the policy needs from the parsed spec: each pool's bounds, the GPU share
-of the ``fixed`` routing policy, and the Prometheus server the platform chose. The policy then only sees these
-frozen dataclasses, never raw dicts.
+spec.py parses and defaults every field once (its defaults are the CRD's:
+tests/unit/operator/core/spec/test_spec_and_crd.py holds them equal); this module only derives what the policy needs
+from the parsed spec: each pool's bounds, the GPU share of the ``fixed`` routing policy, and the Prometheus server the
+platform chose. The policy then only sees these frozen dataclasses, never raw dicts.
 """
 
 from __future__ import annotations

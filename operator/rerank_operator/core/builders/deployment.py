@@ -20,10 +20,14 @@ from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import pods
+from rerank_operator.core.builders import sampler as sampling
 from rerank_operator.core.spec.model import TEI_MAX_BATCH_TOKENS, Pool, RerankModelSpec, TeiSettings
 from rerank_operator.core.spec.quantities import parse_quantity
 
 CONTAINER = "tei"
+#: The name of a pool pod's serving port, what the Services and the PodMonitor name: TEI's own, or the quality guard's
+#: sampler's in front of it (``sampler.py``), which passes TEI's /metrics through like every other path.
+SERVING_PORT = "http"
 MODEL_MOUNT = "/model"
 DATA_MOUNT = "/data"  # TEI's hub cache (HUGGINGFACE_HUB_CACHE) when serving from the hub
 STARTUP_PROBE_PERIOD = 2  # seconds: how late a pod that has loaded its model can turn Ready
@@ -99,9 +103,9 @@ def pool_cpus(pool: Pool) -> int:
     return math.ceil(parse_quantity(limits["cpu"])) if "cpu" in limits else 0
 
 
-def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+def _probe(path: str, period: int, failures: int, timeout: int = 5, port: str = "http") -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": timeout,
@@ -119,12 +123,14 @@ def build_deployment(
     canary: bool = False,
     max_input_tokens: int = 0,
     fetch: fetching.Fetch | None = None,
+    sampler: sampling.Sidecar | None = None,
 ) -> dict[str, Any]:
     """A pool's TEI Deployment; ``canary``: the CPU pool's twin ``<name>-canary`` serving a new artifact beside the
     stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's
     pool signals count its pods. ``max_input_tokens``: what the served artifact reports (status.artifact), the CPU
     pool's default token budget (``batch_tokens``). ``fetch``: the artifact is a shared one, fetched into an
-    emptyDir by an init container (``fetch.py``) instead of read from the claim."""
+    emptyDir by an init container (``fetch.py``) instead of read from the claim. ``sampler``: the quality guard's
+    sampler in front of TEI (``sampler.py``), which then takes the pod's ``http`` port."""
     component = names.COMPONENT_CANARY if canary else names.pool_component(pool.name)
     env: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = [
@@ -145,18 +151,19 @@ def build_deployment(
             env.append(pods.secret_env("HF_TOKEN", spec.model.token_secret.name, spec.model.token_secret.key))
     if pool.tei.api_key_secret:
         env.append(pods.secret_env("API_KEY", pool.tei.api_key_secret.name, pool.tei.api_key_secret.key))
+    port = "tei" if sampler is not None else SERVING_PORT
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": pool.image,
         "args": tei_args(spec, pool, artifact_id, max_input_tokens),
-        "ports": [{"name": "http", "containerPort": names.TEI_PORT, "protocol": "TCP"}],
+        "ports": [{"name": port, "containerPort": names.TEI_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
         # Loading a large model (GPU, cold volume) can take minutes: the startup probe covers 15 of them. Every 2 s:
         # a CPU pod's TEI serves ~1 s after it starts (benchmarks/serving_e2e.py), and a 10 s period kept a new
         # replica out of the Service ~10 s longer, on each scale-up under load.
-        "startupProbe": _probe("/health", period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_WINDOW // 2),
-        "readinessProbe": _probe("/health", period=10, failures=3),
-        "livenessProbe": _probe("/health", period=20, failures=6),
+        "startupProbe": _probe("/health", period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_WINDOW // 2, port=port),
+        "readinessProbe": _probe("/health", period=10, failures=3, port=port),
+        "livenessProbe": _probe("/health", period=20, failures=6, port=port),
         # A scale-down or roll deletes a pod while clients still send to it: without the delay, TEI closed its
         # listener at once and requests already routed to the pod hung until they timed out (serving_e2e: ~20 lost
         # on one 2 -> 1 scale-down). An exec sleep works on every supported Kubernetes (the sleep action is GA
@@ -174,7 +181,7 @@ def build_deployment(
         "enableServiceLinks": False,
         "securityContext": pods.pod_security_context(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE,
-        "containers": [container],
+        "containers": [container, *([sampling.container(sampler)] if sampler is not None else [])],
         "volumes": volumes,
     }
     if fetch is not None and artifact_id is not None:

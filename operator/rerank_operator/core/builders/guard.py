@@ -21,22 +21,26 @@ need cluster-wide Secret access for; it is as private as the model's HTTPRoute a
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rerank_contracts import artifact_layout
-from rerank_contracts.guard import MIRROR_TOKEN_HEADER
+from rerank_contracts.guard import (
+    CONFIG_ENV,
+    LOCAL_REFERENCE,
+    MIRROR_TOKEN_ENV,
+    MIRROR_TOKEN_HEADER,
+    Floor,
+    GuardConfig,
+    LiveSampleSettings,
+)
 from rerank_operator.core import names
 from rerank_operator.core.builders import deployment, pods
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.platform import CHECKED, REFERENCE, GuardSettings
 from rerank_operator.core.spec.model import RerankModelSpec
 
-CONFIG_ENV = "RERANK_GUARD_CONFIG"
-#: The guard's environment variable holding the model's mirror token (``quality_guard.config.Config.mirror_token_env``).
-MIRROR_TOKEN_ENV = "RERANK_GUARD_MIRROR_TOKEN"
 CONTAINER = "guard"
 #: What a guard needs: one worker thread, small JSON bodies, numpy. Its requests are the class's to change.
 DEFAULT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "128Mi"},
@@ -45,8 +49,6 @@ DEFAULT_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "50m", "memory": "12
 #: PyTorch on them: room for a model of that size. A larger model needs the class's ``qualityGuard.resources``.
 LOCAL_REFERENCE_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "500m", "memory": "3Gi"},
                                                 "limits": {"cpu": "2", "memory": "6Gi"}}
-#: ``reference`` in the guard's configuration for "score FP32 in the guard" (``quality_guard.reference.LOCAL``).
-LOCAL = "local"
 #: The mirrored fraction's resolution (the Gateway API's Fraction: numerator / denominator).
 FRACTION_DENOMINATOR = 10000
 
@@ -96,8 +98,8 @@ def samples_live(spec: RerankModelSpec) -> bool:
 
 
 def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSettings,
-                 below_floor: Iterable[str], canary: bool = False, max_input_tokens: int = 0) -> dict[str, Any]:
-    """The guard's ``Config`` (``quality_guard/config.py``) as JSON-ready data.
+                 below_floor: Iterable[str], canary: bool = False, max_input_tokens: int = 0) -> GuardConfig:
+    """The guard's configuration (the contract's ``GuardConfig``).
 
     The mirror already samples (``settings.sample_fraction`` of the model's requests), so the guard checks every copy
     it gets, within its budget. The floor is the model's quantization gate, the one its artifact passed. While a new
@@ -116,31 +118,30 @@ def guard_config(owner: names.Owner, spec: RerankModelSpec, settings: GuardSetti
             key_env[endpoint] = _key_env(pool)
     pools = {CHECKED: service_url(owner, names.pool_service_name(owner.name, CHECKED)),
              **({names.CANARY: service_url(owner, names.canary_name(owner.name))} if canary else {})}
-    replay: dict[str, Any] = {}
+    live = None
     if samples_live(spec):
         policy = spec.quantization.requantize_on_drift
-        replay["live_sample"] = {"path": f"{SAMPLE_MOUNT}/{artifact_layout.LIVE_SAMPLE_FILE}",
-                                 "max_pairs": policy.max_pairs, "max_age_seconds": policy.max_age_hours * 3600}
-    if replays(spec):
-        replay = {"replay": f"{ARTIFACT_MOUNT}/{artifact_layout.EVALUATION_FILE}",
-                  "replay_per_second": settings.calls_per_second / (len(pools) + 1)}
-    return {
-        "namespace": owner.namespace,
-        "model": owner.name,
-        "pools": pools,
-        "reference": LOCAL if local else service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
-        **({"reference_model": f"{ARTIFACT_MOUNT}/{artifact_layout.ORIGINAL_SUBDIR}",
-            "reference_max_batch_tokens": deployment.batch_tokens(spec.cpu.tei, max_input_tokens),
-            "reference_auto_truncate": spec.cpu.tei.auto_truncate} if local else {}),
-        "floor": {"min_spearman": gate.min_spearman, "min_topk": gate.min_topk_agreement},
-        "k": gate.topk,
-        "fraction": 1.0,
-        "calls_per_second": settings.calls_per_second,
-        "below_floor": sorted(set(below_floor) & {CHECKED}),
-        "api_key_env": key_env,
-        "mirror_token_env": MIRROR_TOKEN_ENV,
-        **replay,
-    }
+        live = LiveSampleSettings(f"{SAMPLE_MOUNT}/{artifact_layout.LIVE_SAMPLE_FILE}", policy.max_pairs,
+                                  policy.max_age_hours * 3600)
+    return GuardConfig(
+        namespace=owner.namespace,
+        model=owner.name,
+        pools=pools,
+        reference=LOCAL_REFERENCE if local else service_url(owner, names.pool_service_name(owner.name, REFERENCE)),
+        reference_model=f"{ARTIFACT_MOUNT}/{artifact_layout.ORIGINAL_SUBDIR}" if local else None,
+        reference_max_batch_tokens=deployment.batch_tokens(spec.cpu.tei, max_input_tokens) if local else None,
+        reference_auto_truncate=spec.cpu.tei.auto_truncate if local else True,
+        floor=Floor(gate.min_spearman, gate.min_topk_agreement),
+        k=gate.topk,
+        fraction=1.0,
+        calls_per_second=settings.calls_per_second,
+        below_floor=tuple(sorted(set(below_floor) & {CHECKED})),
+        api_key_env=key_env,
+        mirror_token_env=MIRROR_TOKEN_ENV,
+        replay=f"{ARTIFACT_MOUNT}/{artifact_layout.EVALUATION_FILE}" if replays(spec) else None,
+        replay_per_second=settings.calls_per_second / (len(pools) + 1) if replays(spec) else 0.0,
+        live_sample=None if replays(spec) else live,
+    )
 
 
 def _key_env(pool: names.PoolName) -> str:
@@ -169,8 +170,7 @@ def build_guard_deployment(owner: names.Owner, spec: RerankModelSpec, settings: 
     (``mirror_token``; empty: the guard takes no POST at all). ``fetch``: the served artifact is a shared one, which
     an init container fetches (the parts the guard reads) instead of a claim holding it."""
     config = guard_config(owner, spec, settings, below_floor, canary, max_input_tokens)
-    env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": json.dumps(config, sort_keys=True,
-                                                                          separators=(",", ":"))},
+    env: list[dict[str, Any]] = [{"name": CONFIG_ENV, "value": config.to_json()},
                                  {"name": MIRROR_TOKEN_ENV, "value": token}]
     local = local_reference(spec)
     for pool in (CHECKED,) if local else (CHECKED, REFERENCE):  # only the pools it calls: a disabled pool's Secret

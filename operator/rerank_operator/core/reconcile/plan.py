@@ -29,6 +29,7 @@ from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.builders import activator as activators
 from rerank_operator.core.builders import deployment, guard, pods, routing, service, storage
 from rerank_operator.core.builders import fetch as fetching
+from rerank_operator.core.builders import sampler as sampling
 from rerank_operator.core.quality import assessment as quality
 from rerank_operator.core.quality import canary as canaries
 from rerank_operator.core.quality import guard_policy, requantize
@@ -178,6 +179,13 @@ def compute(
     below_floor = quality.below_floor_of(status)
     traffic = splits.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler, below_floor)
     guarding = guard_settings if pools_deployed and guard_policy.applies(spec, guard_settings) else None
+    # Where the guard's copy of live requests comes from: the route's mirror, or a sampler in the pool pods.
+    token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
+    source = guard_policy.sample_source(spec, guarding, observed.gateways) if guarding is not None else None
+    sidecar = (sampling.Sidecar(fetcher_image or spec.quantization.image,
+                                guard.service_url(owner, names.guard_name(owner.name)), guarding.sample_fraction,
+                                token)
+               if guarding is not None and source is not None and source.mode == "sampler" and token else None)
 
     desired: list[Obj] = []
     # A model whose artifact comes from the store needs no volume of its own (unless one still serves).
@@ -192,15 +200,13 @@ def compute(
         if pools_deployed:
             desired.append(deployment.build_deployment(owner, spec, pool, serving, None, claim,
                                                        max_input_tokens=max_input_tokens(decision.served),
-                                                       fetch=served_fetch))
+                                                       fetch=served_fetch, sampler=sidecar))
             scale = _scale(owner, pool.name, replicas[pool.name], observed.deployments.get(pool.name))
             if scale:
                 scales.append(scale)
             desired.append(service.build_pool_service(owner, pool))
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
-    token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
-    source = guard_policy.sample_source(spec, guarding, observed.gateways) if guarding is not None else None
     mirrored = guarding is not None and source is not None and source.mode == "mirror"
     filters = guard.route_filters(owner, guarding, token) if guarding is not None and mirrored else []
     canary_share = canary.percent if canary_id and canary else 0
@@ -226,7 +232,7 @@ def compute(
     if canary_id and pools_deployed:
         desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True,
                                                    max_input_tokens=max_input_tokens(decision.canary),
-                                                   fetch=canary_fetch))
+                                                   fetch=canary_fetch, sampler=sidecar))
         desired.append(service.build_canary_service(owner))
 
     desired = [pods.with_pull_secrets(d, pull_secrets) for d in desired]

@@ -4,9 +4,9 @@ dicts, and the built-in defaults.
 Parsing lives beside it: ``spec_parse.parse`` (the model, quantization and storage; refusals as ``SpecError``),
 ``spec_serving`` (pools, routing, autoscaling) and ``spec_fields`` (the typed getters both use).
 
-The API server applies the CRD's defaults before the operator sees an object, but unit tests build specs by hand
-and old objects may predate a field, so every default is repeated here; ``tests/unit/test_spec_and_crd.py`` checks
-that they match ``crds/rerankmodel.yaml``. Fields a RerankClass can default (pool images, replicas and resources,
+The API server applies the CRD's defaults before the operator sees an object, but unit tests build specs by hand and old
+objects may predate a field, so every default is repeated here; ``tests/unit/operator/core/spec/test_spec_and_crd.py``
+checks that they match ``crds/rerankmodel.yaml``. Fields a RerankClass can default (pool images, replicas and resources,
 the quantizer's image, mode, target, recipe and quality gate) have no CRD default: the reconcile loop parses the
 effective spec (``tenant.resolve_model``, i.e. ``tenancy.resolve``), so a value comes from the model, else its class,
 else the built-in default here. (``spec.autoscaling`` beyond the three knobs the reconcile loop needs is parsed by

@@ -1,12 +1,11 @@
 """Parse a RerankModel's ``spec`` into the frozen dataclasses of ``core/spec/model.py``, section by section.
 
-``parse`` refuses, with a ``SpecError`` naming the field and the offending value, what crds/rerankmodel.yaml refuses
-at apply time and what would reach a command line or a child object unsafely (TEI flags outside
-``tei_flags.ALLOWED``, revisions and hub ids that read as flags or paths, negative quantities, requests above
-limits, ...): defence in depth, because an object stored before a rule existed is never validated again. Fed any
-JSON it raises nothing but ``SpecError`` (tests/unit/test_spec_parse_property.py). The reconcile loop and the
-autoscaler parse the same effective spec (``controllers/class_index.understand``), once per version of the model
-and of its class.
+``parse`` refuses, with a ``SpecError`` naming the field and the offending value, what crds/rerankmodel.yaml refuses at
+apply time and what would reach a command line or a child object unsafely (TEI flags outside ``tei_flags.ALLOWED``,
+revisions and hub ids that read as flags or paths, negative quantities, requests above limits, ...): defence in depth,
+because an object stored before a rule existed is never validated again. Fed any JSON it raises nothing but
+``SpecError`` (tests/unit/operator/core/spec/test_spec_parse_property.py). The reconcile loop and the autoscaler parse
+the same effective spec (``controllers/class_index.understand``), once per version of the model and of its class.
 """
 
 from __future__ import annotations

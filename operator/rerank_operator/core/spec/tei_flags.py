@@ -9,8 +9,8 @@ readable by everyone with ``view`` on the namespace, and a command line by every
 never allowed; secrets come only from Secret references (``tei.apiKeySecretRef``, ``model.tokenSecretRef``).
 
 crds/rerankmodel.yaml enforces the same list at apply time (CEL on ``extraArgs``);
-tests/unit/test_tei_flags.py checks that both agree. The operator checks again (``spec.parse``) because an object
-stored before the rule existed is never re-validated.
+tests/unit/operator/core/spec/test_tei_flags.py checks that both agree. The operator checks again (``spec.parse``)
+because an object stored before the rule existed is never re-validated.
 """
 
 from __future__ import annotations

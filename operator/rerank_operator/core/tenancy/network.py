@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rerank_contracts.guard import SAMPLER_PORT
 from rerank_operator.core import names
 from rerank_operator.core.tenancy import lookups as fields
 
@@ -29,11 +30,12 @@ def build_network_policy(
     Ingress to the TEI port only from: the routing layer (class ``network.routingNamespaces``, optionally only pods
     with ``routingPodLabels``), ``network.allowedNamespaces``, the model's own namespace (``allowSameNamespace``)
     and the operator (which scrapes TEI's /metrics for autoscaling); the model's quality guard where the class has
-    one and the namespace is not already allowed. Ingress to the guard's port only from the routing layer (whose
-    mirror sends it copies) and the operator (which reads its verdicts): no tenant pod, not even the model's own
-    namespace, may post to it (``quality_guard/intake.py`` checks the mirror's token as well). Egress is left alone
-    (TEI downloads models). ``activator``: (namespace, pod labels) of the platform's activator, which forwards the
-    requests it held while the model was at zero to its pools: given for models that may go to zero.
+    one and the namespace is not already allowed (for a guarded model, the sampler's port too). Ingress to the guard's
+    port only from the routing layer (whose mirror sends it copies), the model's own pool pods (whose sampler does,
+    on a gateway without RequestMirror) and the operator (which reads its verdicts): no other tenant pod, not even of
+    the model's own namespace, may post to it (``quality_guard/intake.py`` checks the mirror's token as well). Egress
+    is left alone (TEI downloads models). ``activator``: (namespace, pod labels) of the platform's activator, which
+    forwards the requests it held while the model was at zero to its pools: given for models that may go to zero.
     """
     network = fields.get(rclass or {}, "spec", "network")
     if rclass is None or not network.get("enabled", True):
@@ -55,8 +57,14 @@ def build_network_policy(
     peers.extend(operator)
     if activator is not None:
         peers.append(_namespace_peer([activator[0]], activator[1]))
-    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": names.TEI_PORT}]}] if peers else []
-    guard_peers = routing + operator
+    guarded = bool(fields.get(rclass or {}, "spec", "qualityGuard").get("enabled"))
+    # A guarded model's pools may run the guard's sampler in front of TEI (builders/sampler.py): its port is the
+    # pods' http port then, and the pools' pods send the guard its copies.
+    ports = [names.TEI_PORT, *([SAMPLER_PORT] if guarded else [])]
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": p} for p in ports]}] if peers else []
+    pools = ([{"podSelector": {"matchLabels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name,
+                                               names.LABEL_SERVING: "true"}}}] if guarded else [])
+    guard_peers = routing + operator + pools
     if guard_peers:
         ingress.append({"from": guard_peers, "ports": [{"protocol": "TCP", "port": names.GUARD_PORT}]})
     owner = names.Owner(name=name, namespace=namespace, uid=meta.get("uid", ""), generation=meta.get("generation", 0))

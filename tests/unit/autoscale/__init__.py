@@ -1,1 +1,0 @@
-"""The autoscaler's unit tests; ``autoscale_helpers`` builds their specs and signals."""

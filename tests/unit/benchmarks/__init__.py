@@ -1,0 +1,1 @@
+"""benchmarks/: the benchmarks' own bookkeeping (the simulator, the fleet harness, the wake reading)."""

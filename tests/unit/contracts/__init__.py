@@ -1,0 +1,1 @@
+"""rerank_contracts/: what the processes exchange (the activator's tokens, the OCI store)."""

@@ -1,0 +1,1 @@
+"""hack/rerank_devcluster/: the dev cluster harness's pure parts (ports, images, releases, node reaping)."""

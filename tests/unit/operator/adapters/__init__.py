@@ -1,0 +1,1 @@
+"""adapters/: the I/O, against real sockets, stub servers or a real registry."""

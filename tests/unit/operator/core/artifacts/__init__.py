@@ -1,0 +1,1 @@
+"""core/artifacts/: the artifact's identity, the decision, a Job's outcome, sharing."""

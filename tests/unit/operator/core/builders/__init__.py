@@ -1,0 +1,1 @@
+"""core/builders/: the manifests, one child kind each."""

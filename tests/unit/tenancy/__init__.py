@@ -1,1 +1,0 @@
-"""Multi-tenancy's unit tests (RerankClass, admission policy, quotas); ``tenancy_helpers`` builds their objects."""

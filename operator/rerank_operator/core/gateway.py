@@ -10,8 +10,9 @@ default (``Auto``) assumes nothing.
 Features the operator may use:
 
 - weights on backendRefs and RequestHeaderModifier: Core, every conformant gateway;
-- ``HTTPRouteRequestMirror`` (Extended): the quality guard's copy of live requests; without it the copy is made by
-  a sampler beside TEI in the pool pods (``guard_policy.sampling``);
+- ``HTTPRouteRequestMirror`` with ``HTTPRouteRequestPercentageMirror`` (Extended): the quality guard's copy of a
+  fraction of the live requests; without both the copy is made by a sampler beside TEI in the pool pods
+  (``guard_policy.sample_source``);
 - ``HTTPRouteRequestTimeout`` (Extended): the route's timeout while the activator holds a sleeping model's requests;
   without it the route carries none and the gateway's own default applies.
 
@@ -28,6 +29,8 @@ from typing import Any, Literal
 from rerank_operator.core.status import conditions
 
 REQUEST_MIRROR = "HTTPRouteRequestMirror"
+#: The mirror's ``fraction`` (the guard's sample): a gateway that mirrors but lacks it would copy every request.
+REQUEST_PERCENTAGE_MIRROR = "HTTPRouteRequestPercentageMirror"
 REQUEST_TIMEOUT = "HTTPRouteRequestTimeout"
 
 
@@ -98,9 +101,15 @@ def support(gateways: Sequence[GatewayView], feature: str) -> Support:
     return "unknown" if "unknown" in verdicts else "supported"
 
 
-def lacking(gateways: Sequence[GatewayView], feature: str) -> list[GatewayView]:
-    """The parent Gateways that do not say they support ``feature``."""
-    return [g for g in gateways if g.features is None or feature not in g.features]
+def lacking(gateways: Sequence[GatewayView], *features: str) -> list[tuple[GatewayView, list[str]]]:
+    """The parent Gateways that do not say they support all of ``features``, each with the ones it does not list
+    (all of them when it publishes no list)."""
+    found = []
+    for g in gateways:
+        missing = [f for f in features if g.features is None or f not in g.features]
+        if missing:
+            found.append((g, missing))
+    return found
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,11 @@ def sample_source(spec: RerankModelSpec, settings: GuardSettings, gateways: Sequ
         return SampleSource("mirror")
     if settings.sampling == "Sampler":
         return SampleSource("sampler")
-    if gateway.support(gateways, gateway.REQUEST_MIRROR) == "supported":
+    features = (gateway.REQUEST_MIRROR, gateway.REQUEST_PERCENTAGE_MIRROR)
+    if all(gateway.support(gateways, f) == "supported" for f in features):
         return SampleSource("mirror")
-    lacking = gateway.lacking(gateways, gateway.REQUEST_MIRROR)
     said = "; ".join(f"{g.display} " + ("was not found" if not g.found else "publishes no supportedFeatures"
-                                          if g.features is None else f"does not list {gateway.REQUEST_MIRROR}")
-                     for g in lacking) or "no parent Gateway"
+                                          if g.features is None else f"does not list {' or '.join(missing)}")
+                     for g, missing in gateway.lacking(gateways, *features)) or "no parent Gateway"
     return SampleSource("sampler", f"{said}: the route carries no RequestMirror; the quality guard's sample is "
                                    f"copied by a sampler beside TEI in the pool pods (qualityGuard.sampling: Auto)")

@@ -49,7 +49,8 @@ def test_supported_features_read_both_published_shapes_and_none_is_not_an_empty_
 def test_a_feature_is_supported_only_when_every_parent_lists_it() -> None:
     mirror = frozenset({gateway.REQUEST_MIRROR})
     assert gateway.support([view(mirror)], gateway.REQUEST_MIRROR) == "supported"
-    assert gateway.support([view(mirror), view(frozenset({"HTTPRoute"}), "b")], gateway.REQUEST_MIRROR) == "unsupported"
+    lacks = view(frozenset({"HTTPRoute"}), "b")
+    assert gateway.support([view(mirror), lacks], gateway.REQUEST_MIRROR) == "unsupported"
     assert gateway.support([view(mirror), view(None, "b")], gateway.REQUEST_MIRROR) == "unknown"
     assert gateway.support([], gateway.REQUEST_MIRROR) == "unknown"
 
@@ -141,8 +142,16 @@ def test_a_gateway_that_publishes_no_features_is_not_trusted_with_a_mirror() -> 
     assert "publishes no supportedFeatures" in condition(status, conditions.GATEWAY_FEATURES)["message"]
 
 
-def test_a_gateway_that_lists_request_mirror_gets_the_mirror() -> None:
+def test_a_mirror_without_its_fraction_is_not_used() -> None:
+    """The route's mirror copies ``fraction`` of the requests: a gateway that mirrors but does not list the fraction
+    would copy every one of them to the guard."""
     plan, status = plan_for((view(frozenset({gateway.REQUEST_MIRROR})),))
+    assert filters_of(plan) == []
+    assert gateway.REQUEST_PERCENTAGE_MIRROR in condition(status, conditions.GATEWAY_FEATURES)["message"]
+
+
+def test_a_gateway_that_lists_request_mirror_gets_the_mirror() -> None:
+    plan, status = plan_for((view(frozenset({gateway.REQUEST_MIRROR, gateway.REQUEST_PERCENTAGE_MIRROR})),))
     assert filters_of(plan) == ["RequestHeaderModifier", "RequestMirror"]
     assert condition(status, conditions.GATEWAY_FEATURES)["status"] == "True"
 
@@ -210,6 +219,6 @@ def test_without_a_mirror_the_pool_pods_sample_for_the_guard_with_its_token() ->
 
 
 def test_with_a_mirror_the_pool_pods_run_tei_alone() -> None:
-    plan, _ = plan_for((view(frozenset({gateway.REQUEST_MIRROR})),))
+    plan, _ = plan_for((view(frozenset({gateway.REQUEST_MIRROR, gateway.REQUEST_PERCENTAGE_MIRROR})),))
     tei = containers_of(plan, "bge-m3-cpu")
     assert list(tei) == ["tei"] and tei["tei"]["ports"][0]["name"] == "http"

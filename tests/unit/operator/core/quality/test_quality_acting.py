@@ -59,7 +59,8 @@ def served(artifact_id: str) -> dict[str, Any]:
 
 
 #: The model's parent Gateway, on a class that lists RequestMirror (the guard's copy is the route's mirror).
-MIRRORING = (GatewayView("infra", "edge", "envoy", frozenset({gateway.REQUEST_MIRROR})),)
+MIRRORING = (GatewayView("infra", "edge", "envoy",
+                         frozenset({gateway.REQUEST_MIRROR, gateway.REQUEST_PERCENTAGE_MIRROR})),)
 
 
 def plan_for(body: dict[str, Any], status: dict[str, Any], world: FakeWorld | None = None,

@@ -67,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # Python runs signal handlers in the main thread only, and the kernel may deliver SIGTERM to any thread: a main
+    # thread blocked in an untimed wait would then never run the handler (the drain hung under load). Wake it often.
+    while not stop.wait(0.5):
+        pass
     logs.event("draining", waiting=running.holder.board.waiting())
     drained = running.drain()
     logs.event("stopped", drained=drained)

@@ -15,7 +15,13 @@ API, no version check or usage report (there is no internet).
 Traefik attaches a Gateway listener to the entry point whose address ends in the listener's port, so the Gateway
 created here has one HTTP listener on ``web``'s port, open to routes from every namespace (tests use one namespace
 each). Traefik reaches a route's backends at the addresses in the Services' EndpointSlices (ready endpoints only),
-not at the ClusterIP (there is no kube-proxy here): a backend must be reachable from the host at those addresses.
+not at the ClusterIP (there is no kube-proxy here): a backend must be reachable from the host at those addresses
+(a real node's pods are; kwok's pods are not; the API server refuses loopback addresses in an EndpointSlice).
+
+What Traefik (3.7) does not implement, and does without saying so in the route's status (both Accepted and
+ResolvedRefs read True): a RequestMirror filter makes its whole rule answer 500 (the quality guard's mirror), and
+a rule's ``timeouts`` are ignored. Weighted backendRefs are split by a smooth weighted round robin: 80/20 over 500
+requests is exactly 400/100. It needs Gateway API CRDs of v1.5 or later (:data:`binaries.GATEWAY_API_VERSION`).
 
 Traefik handles every GatewayClass whose controllerName is ``traefik.io/gateway-controller``; each gateway started
 here gets a GatewayClass of its own, labelled, and its Traefik selects only that label, so that two of them on one
@@ -25,7 +31,6 @@ cluster (two tests, a benchmark beside a demo) do not both program each other's 
 from __future__ import annotations
 
 import time
-import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -197,7 +202,7 @@ def _pings(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as resp:
             return bool(resp.status == 200)
-    except (OSError, urllib.error.URLError):
+    except OSError:  # refused while it starts; urllib's errors are OSErrors
         return False
 
 
@@ -218,11 +223,11 @@ def _gateway_programmed(cluster: Cluster, gw: TraefikGateway) -> bool:
     return all(_condition_true(body.get("status", {}), t, generation) for t in ("Accepted", "Programmed"))
 
 
-def _condition_true(status: dict[str, Any], kind: str, generation: int | None) -> bool:
-    """``kind`` is True in ``status.conditions`` and was written for ``generation`` (None: any)."""
+def _condition_true(status: dict[str, Any], kind: str, generation: int) -> bool:
+    """``kind`` is True in ``status.conditions`` and was written for ``generation``: not a stale verdict on an
+    earlier spec."""
     for cond in status.get("conditions", []):
         if cond.get("type") == kind:
-            return bool(cond.get("status") == "True"
-                        and (generation is None or cond.get("observedGeneration") == generation))
+            return bool(cond.get("status") == "True" and cond.get("observedGeneration") == generation)
     return False
 

@@ -1,61 +1,22 @@
-"""The activator's logs: one line per held request's outcome, JSON by default, with the stdlib only.
-
-The operator logs through kopf's JSON formatter (``--log-format json``: one object a line with ``timestamp``,
-``severity`` and ``message``); the activator writes the same keys, so one log pipeline parses both, and adds its own
-fields (``model``, ``outcome``, ``held_seconds``, ``status``) at the top level where a query can filter on them.
-``--log-format text`` is for a person reading a terminal.
+"""The activator's logs: one line per held request's outcome.
+The line's format is every process's (``rerank_contracts/log_lines.py``).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import logging
-import sys
 from typing import Any
 
+from rerank_contracts import log_lines
+
 LOGGER = "rerank_activator"
-#: The ``extra`` key a call puts its structured fields under.
-FIELDS = "activator_fields"
-_SEVERITY = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn", logging.ERROR: "error",
-             logging.CRITICAL: "fatal"}
-
-
-class JsonLines(logging.Formatter):
-    """A record as one JSON object: timestamp (UTC, ISO 8601), severity, message, then the call's fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "timestamp": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
-            "severity": _SEVERITY.get(record.levelno, record.levelname.lower()),
-            "message": record.getMessage(),
-        }
-        out.update(getattr(record, FIELDS, None) or {})
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, ensure_ascii=False, separators=(",", ":"))
-
-
-class Text(logging.Formatter):
-    """``time level message key=value ...``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields = getattr(record, FIELDS, None) or {}
-        tail = "".join(f" {k}={v}" for k, v in fields.items())
-        return f"{self.formatTime(record)} {record.levelname:<7} {record.getMessage()}{tail}"
 
 
 def configure(log_format: str, stream: Any = None) -> logging.Logger:
     """Route the activator's logger to ``stream`` (stderr) in ``log_format`` (json or text), once."""
-    logger = logging.getLogger(LOGGER)
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonLines() if log_format == "json" else Text())
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    return logger
+    return log_lines.configure(LOGGER, log_format, stream)
 
 
 def event(message: str, level: int = logging.INFO, **fields: Any) -> None:
     """Log ``message`` with ``fields`` as structured keys."""
-    logging.getLogger(LOGGER).log(level, message, extra={FIELDS: fields})
+    log_lines.event(LOGGER, message, level, **fields)

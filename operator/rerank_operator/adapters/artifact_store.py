@@ -110,6 +110,13 @@ class SharedArtifacts:
             content = json.loads(registry.get_blob_bytes(where.path, config_digest))
         except (oci.RegistryError, OSError, ValueError) as exc:
             raise StoreUnavailable(str(exc)[:500]) from exc
+        if not isinstance(content, dict) or content.get("artifact_id") != artifact_id:
+            # A tag's content must be the artifact its name says: whoever can write the registry could tag another
+            # artifact (another model's, another recipe's) with this id, whose bytes would then verify file by file.
+            # Read as unpublished: the shared Job builds the real one and pushes it over the tag.
+            named = content.get("artifact_id") if isinstance(content, dict) else None
+            log.warning("store %s: tag %s holds artifact %r; refused", where.repository, artifact_id, named)
+            return None
         parts = tuple(str((layer.get("annotations") or {}).get("org.opencontainers.image.title") or "")
                       for layer in manifest.get("layers") or ())
         return sharing.Published(ref=f"{where.repository}@{digest}", manifest_sha256=config_digest.split(":", 1)[1],

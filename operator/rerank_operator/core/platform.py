@@ -106,6 +106,9 @@ class ArtifactStore:
     pull_secret: str | None = None
     insecure: bool = False
     unused_grace_seconds: int = DEFAULT_UNUSED_GRACE_SECONDS
+    #: The shared Jobs' resources: the class's ``quantization.defaultResources``, never a tenant's (a tenant's tiny
+    #: memory limit would fail the build every tenant of the artifact waits for).
+    job_resources: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def host(self) -> str:
@@ -125,4 +128,5 @@ class ArtifactStore:
         return cls(repository=str(raw["repository"]).rstrip("/"), namespace=str(raw.get("namespace") or ""),
                    push_secret=raw.get("pushSecret") or None, pull_secret=raw.get("pullSecret") or None,
                    insecure=bool(raw.get("insecure", False)),
-                   unused_grace_seconds=int(raw.get("unusedGraceSeconds", DEFAULT_UNUSED_GRACE_SECONDS)))
+                   unused_grace_seconds=int(raw.get("unusedGraceSeconds", DEFAULT_UNUSED_GRACE_SECONDS)),
+                   job_resources=dict(((class_spec or {}).get("quantization") or {}).get("defaultResources") or {}))

@@ -49,6 +49,10 @@ def private_reason(spec: RerankModelSpec) -> str | None:
         return "the weights come from the tenant's volume (spec.model.path)"
     if model.token_secret is not None:
         return "the weights are read with the tenant's hub token (spec.model.tokenSecret)"
+    if model.trust_remote_code:
+        # The export runs the model repository's own Python: never in the store's namespace, where the push
+        # credentials are (it could rewrite any tag of the store).
+        return "its export runs the model repository's code (spec.model.trustRemoteCode)"
     if q.evaluation_data is not None:
         return "it is judged on the tenant's evaluation data (spec.quantization.evaluationData)"
     if q.calibration_data is not None:

@@ -14,7 +14,7 @@ from typing import Any
 from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import names, platform
 from rerank_operator.core.builders import job, pods
-from rerank_operator.core.spec.model import RerankModelSpec
+from rerank_operator.core.spec.model import Quantization, RerankModelSpec
 
 #: Where a shared artifact's Job finds the store's push credentials (a Docker config.json, ``$DOCKER_CONFIG``).
 REGISTRY_CONFIG_MOUNT = "/etc/rerank/registry"
@@ -22,7 +22,16 @@ REGISTRY_CONFIG_MOUNT = "/etc/rerank/registry"
 
 def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, store: platform.ArtifactStore,
                      transient_retries: int = 0) -> dict[str, Any]:
-    """Attempt ``attempt`` of the Job building shared artifact ``artifact_id`` as ``spec`` asks for it."""
+    """Attempt ``attempt`` of the Job building shared artifact ``artifact_id`` as ``spec`` asks for it, run as the
+    platform says: with its class's default resources, and at least the built-in deadline and retries. What one
+    tenant's spec says of those is not part of the artifact's id, so no tenant may make the build every tenant of the
+    artifact waits for fail (a memory limit too small, a deadline too short, no retries); a longer deadline or more
+    retries harm no one."""
+    built_in, q = Quantization(), spec.quantization
+    spec = replace(spec, quantization=replace(
+        q, resources=store.job_resources,
+        active_deadline_seconds=max(q.active_deadline_seconds, built_in.active_deadline_seconds),
+        backoff_limit=max(q.backoff_limit, built_in.backoff_limit)))
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": job.HF_HOME},

@@ -82,3 +82,18 @@ def test_the_collector_deletes_only_what_nobody_uses_or_just_asked_for(registry:
     assert reg.resolve(repo, "unused") is None and reg.resolve(repo, "used") and reg.resolve(repo, "asked")
     clock[0] += 31  # long after the lookup, and still nobody serves it
     assert shared.collect([store_], [{"artifact": {"id": "used"}}], now=6000.0) == [f"{store_.repository}:asked"]
+
+
+def test_a_retagged_artifact_is_refused(registry: LocalRegistry, tmp_path: Path) -> None:
+    """Whoever can write the registry tags another artifact's manifest with this id: its files would verify (they
+    are that other artifact's), so the operator checks the artifact a tag holds is the one its name says, and reads
+    a mismatch as unpublished (the shared Job then builds and pushes the real one)."""
+    push(registry, tmp_path, "real0")
+    store = oci.Registry(registry.host, insecure=True)
+    body, _, media_type = store.get_manifest(REPO, "real0")
+    store.put_manifest(REPO, "victim0", body, media_type)  # the re-tag: same bytes, another id
+    client = NoJobs()
+    seen = SharedArtifacts(client).view(where(registry), "victim0")  # type: ignore[arg-type]
+    assert seen.published is None and seen.unavailable == ""
+    assert client.lists == 1, "read as unpublished: the shared Job's state is looked at"
+    assert SharedArtifacts(NoJobs()).view(where(registry), "real0").published is not None  # type: ignore[arg-type]

@@ -139,6 +139,30 @@ def test_the_shared_job_carries_nothing_of_the_tenant_and_pushes_with_the_stores
     assert request.eval_pairs is None and request.calibration_pairs is None
 
 
+def test_a_tenant_cannot_fail_a_shared_build_for_others() -> None:
+    """Resources, deadline and retries are not part of the shared id (the bytes do not depend on them), so the
+    shared Job does not take them from whichever tenant asked first: it runs with the class's default resources and
+    at least the built-in deadline and retries; a tenant's larger deadline or retries harm no one."""
+    klass = {"artifactStore": {"repository": "registry.example/rerank/artifacts", "namespace": "rerank-artifacts"},
+             "quantization": {"defaultResources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                                                   "limits": {"memory": "8Gi"}}}}
+    store = platform.ArtifactStore.from_class(klass)
+    assert store is not None
+    # (A shorter deadline shortens the default time budget, which is part of the id: given, it keeps the id.)
+    hostile = spec_of(model(set_("quantization.resources", {"limits": {"memory": "64Mi"}}),
+                            set_("quantization.activeDeadlineSeconds", 1000), set_("quantization.backoffLimit", 0),
+                            set_("quantization.timeBudgetSeconds", 900)))
+    polite = spec_of(model(set_("quantization.timeBudgetSeconds", 900)))
+    assert shared_id(hostile, store) == shared_id(polite, store)  # one artifact, one build for both
+    built = shared_job.build_shared_job(hostile, shared_id(hostile, store), 1, store)
+    assert container(built)["resources"] == klass["quantization"]["defaultResources"]
+    assert built["spec"]["activeDeadlineSeconds"] >= spec_of(model()).quantization.active_deadline_seconds
+    assert built["spec"]["backoffLimit"] >= 2
+    patient = spec_of(model(set_("quantization.activeDeadlineSeconds", 7200)))
+    assert shared_job.build_shared_job(patient, shared_id(patient, store), 1, store)["spec"][
+        "activeDeadlineSeconds"] == 7200
+
+
 def test_a_secure_store_without_push_credentials() -> None:
     store = dataclasses.replace(STORE, insecure=False, push_secret=None)
     _, new = decide(body_of(), store=store)

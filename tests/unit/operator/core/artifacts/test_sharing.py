@@ -91,6 +91,15 @@ def test_an_artifact_that_depends_on_the_tenant_is_never_shared(case: str) -> No
     assert sharing.store_for(spec, STORE) is None
 
 
+def test_a_tenant_with_remote_code_cannot_write_the_store() -> None:
+    """A model whose export runs its repository's own Python (trustRemoteCode, where its class allows it) is built
+    by a Job of its own, in its namespace: never by the shared Job, where the store's push credentials are mounted."""
+    spec = shareable(set_("model.trustRemoteCode", True))
+    reason = sharing.private_reason(spec)
+    assert reason is not None and "spec.model.trustRemoteCode" in reason
+    assert sharing.store_for(spec, STORE) is None
+
+
 def test_a_re_quantization_round_on_the_live_sample_is_never_shared() -> None:
     spec = shareable()
     live = dataclasses.replace(spec, quantization=dataclasses.replace(spec.quantization, live_round="r3"))
@@ -279,3 +288,4 @@ def test_clocks_of_tags_no_longer_in_the_store_are_dropped_and_deletions_are_sor
     result = sharing.collect(["c", "a", "b"], set(), {"gone": 0.0, "a": 0.0, "c": 0.0}, now=100.0, grace_seconds=50)
     assert result.delete == ("a", "c")
     assert dict(result.unused_since) == {"b": 100.0}
+

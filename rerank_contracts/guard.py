@@ -25,7 +25,9 @@ MIRROR_TOKEN_ENV = "RERANK_GUARD_MIRROR_TOKEN"
 #: The sampler (``rerank_sampler``, beside TEI in each serving pod of a guarded model): the port the model's Service
 #: sends to (every request proxied to TEI on the pod's loopback), the port of its own /metrics (TEI's /metrics is
 #: proxied like every other path), and the one path it answers itself, for the kubelet's probes.
-SAMPLER_PORT = 8081
+#: Not the guard's own port (8081): one NetworkPolicy selects the pools and the guard, and opens the TEI and
+#: sampler ports to the routing layer and the model's namespace, never the guard's.
+SAMPLER_PORT = 8082
 SAMPLER_METRICS_PORT = 9091
 SAMPLER_HEALTH_PATH = "/sampler/healthz"
 

@@ -1,7 +1,7 @@
 """``rerank-sampler``: the sampler process, beside TEI in each serving pod of a guarded model.
 
     rerank-sampler --guard-url http://<model>-guard.<namespace>.svc:80 --fraction 0.05
-                   [--port 8081] [--metrics-port 9091] [--upstream http://127.0.0.1:8080]
+                   [--port 8082] [--metrics-port 9091] [--upstream http://127.0.0.1:8080]
                    [--token-env RERANK_GUARD_MIRROR_TOKEN] [--queue-size 64] [--queue-bytes 16777216]
                    [--max-body-bytes 2097152] [--max-connections 1024] [--upstream-timeout 60]
                    [--drain-seconds 10] [--seed N] [--log-format json|text]

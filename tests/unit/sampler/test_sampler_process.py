@@ -53,7 +53,7 @@ def test_no_token_no_start(env: dict[str, str]) -> None:
 def test_the_flags_and_their_defaults() -> None:
     defaults = main.parse_args(["--guard-url", "http://m1-guard.tenant-a.svc:80", "--fraction", "0.05"])
     assert (defaults.port, defaults.metrics_port, defaults.upstream, defaults.token_env) == (
-        8081, 9091, "http://127.0.0.1:8080", "RERANK_GUARD_MIRROR_TOKEN")
+        8082, 9091, "http://127.0.0.1:8080", "RERANK_GUARD_MIRROR_TOKEN")
     assert (defaults.queue_size, defaults.queue_bytes, defaults.max_body_bytes, defaults.max_connections) == (
         64, 16 * 1024 * 1024, 2 * 1024 * 1024, 1024)
     assert (defaults.upstream_timeout, defaults.drain_seconds, defaults.seed, defaults.log_format) == (

@@ -312,6 +312,7 @@ def test_the_network_policy_lets_a_guarded_models_pool_pods_sample_for_its_guard
     assert policy is not None
     tei, guard_ingress = policy["spec"]["ingress"]
     assert {p["port"] for p in tei["ports"]} == {names.TEI_PORT, SAMPLER_PORT}
+    assert names.GUARD_PORT not in {p["port"] for p in tei["ports"]}  # the policy selects the guard's pod too
     pools = {"podSelector": {"matchLabels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: "bge-m3",
                                              names.LABEL_SERVING: "true"}}}
     assert pools in guard_ingress["from"] and guard_ingress["ports"] == [{"protocol": "TCP", "port": names.GUARD_PORT}]

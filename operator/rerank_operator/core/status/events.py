@@ -37,7 +37,7 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
     events: list[Event] = []
     posted: set[str] = set()
     for kind in (conditions.MODEL_READY, conditions.POOLS_AVAILABLE, conditions.DEGRADED, conditions.CLASS_COMPLIANT,
-                 conditions.READY):
+                 *conditions.GATEWAY_OWNED, conditions.READY):
         before, after = _cond(previous, kind), _cond(new, kind)
         if not after or (before.get("status"), before.get("reason")) == (after.get("status"), after.get("reason")):
             continue
@@ -47,11 +47,16 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Eve
         bad = (after["status"] == "True") == (kind == conditions.DEGRADED)
         # Waiting (quantizing, rolling out, awaiting the artifact) is not a warning; failing is (a class violation,
         # a quota refusing pods, the hub not answering the Job).
-        failing = bad and (kind in (conditions.DEGRADED, conditions.CLASS_COMPLIANT)
+        # A gateway that refused the route, or lacks a feature the model would use, is news (a route no gateway has
+        # reported on yet is not: a cluster may have no controller for it).
+        failing = (after["status"] == "False" if kind in conditions.GATEWAY_OWNED else bad and (
+            kind in (conditions.DEGRADED, conditions.CLASS_COMPLIANT)
                            or after.get("reason") in ("QuotaExceeded", *quantize_job.TRANSIENT_FAILURES)
-                           or _cond(new, conditions.DEGRADED).get("status") == "True")
+                           or _cond(new, conditions.DEGRADED).get("status") == "True"))
         if not before and not failing:
             continue  # a condition's first value is in the status; only a change, or a failure, is news
+        if kind in conditions.GATEWAY_OWNED and not failing and before.get("status") != "False":
+            continue  # a route accepted once its gateway reports on it is no news either; a recovery is
         reason = after["reason"] if kind != conditions.READY else ("Ready" if after["status"] == "True" else "NotReady")
         message = f"{kind}={after['status']}: {after['message']}"
         events.append(Event("Warning" if failing else "Normal", reason, message))

@@ -17,7 +17,7 @@ from rerank_operator.core.gateway import GatewayView
 from rerank_operator.core.quality import guard_policy
 from rerank_operator.core.reconcile import plan as plans
 from rerank_operator.core.status import compute as statuses
-from rerank_operator.core.status import conditions
+from rerank_operator.core.status import conditions, events
 from tests.unit.operator.rerankmodel_gen import FakeWorld, model, owner_of, published, set_, spec_of
 
 NOW = "2025-01-01T00:00:00Z"
@@ -222,3 +222,21 @@ def test_with_a_mirror_the_pool_pods_run_tei_alone() -> None:
     plan, _ = plan_for((view(frozenset({gateway.REQUEST_MIRROR, gateway.REQUEST_PERCENTAGE_MIRROR})),))
     tei = containers_of(plan, "bge-m3-cpu")
     assert list(tei) == ["tei"] and tei["tei"]["ports"][0]["name"] == "http"
+
+
+def status_with(*conds: tuple[str, str, str]) -> dict[str, Any]:
+    return {"conditions": [{"type": t, "status": s, "reason": r, "message": f"{t} {r}"} for t, s, r in conds]}
+
+
+def test_a_refused_route_and_a_missing_feature_are_posted_as_warnings_once() -> None:
+    refused = status_with((conditions.ROUTE_ACCEPTED, "False", conditions.REASON_NOT_ACCEPTED),
+                          (conditions.GATEWAY_FEATURES, "False", conditions.REASON_FEATURE_UNSUPPORTED))
+    found = events.transitions({}, refused)
+    assert [(e.type, e.reason) for e in found] == [("Warning", conditions.REASON_NOT_ACCEPTED),
+                                                   ("Warning", conditions.REASON_FEATURE_UNSUPPORTED)]
+    assert events.transitions(refused, refused) == []  # said once
+    pending = status_with((conditions.ROUTE_ACCEPTED, "Unknown", conditions.REASON_ROUTE_PENDING))
+    accepted = status_with((conditions.ROUTE_ACCEPTED, "True", conditions.REASON_ROUTE_ACCEPTED))
+    assert events.transitions({}, pending) == [] and events.transitions(pending, accepted) == []  # no news
+    [back] = events.transitions(refused, accepted)  # a recovery is
+    assert (back.type, back.reason) == ("Normal", conditions.REASON_ROUTE_ACCEPTED)

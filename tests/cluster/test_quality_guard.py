@@ -542,7 +542,7 @@ def test_a_model_without_a_gpu_pool_is_checked_against_fp32_scored_in_the_guard(
     reference_calls = scorers.reference.calls
     proc = GuardProcess.start(dataclasses.replace(op_config, pools={"cpu": switch.url},
                                                   reference_model=str(scorers.original), replay=str(pairs),
-                                                  settings=SMALL), mirror_token(env))
+                                                  evidence=dataclasses.asdict(SMALL)), mirror_token(env))
     fleet = GuardedFleet(env.kube.api, ns, stack.override, rate=2.0)
     try:
         fleet.point_at(proc)

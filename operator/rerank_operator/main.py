@@ -59,8 +59,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "shared artifacts", "artifact stores named by RerankClasses (spec.artifactStore): one artifact per distinct "
                             "model, quantized once, fetched by every tenant's pods")
     stores.add_argument("--artifact-fetcher-image", default="",
-                        help="the image of the init container that fetches a shared artifact into a pod (the chart "
-                             "passes the operator's own; default: the model's quantizer image)")
+                        help="the image of the pools' helpers: the init container that fetches a shared artifact, "
+                             "and the quality guard's sampler beside TEI (the chart passes the operator's own; "
+                             "default: the model's quantizer image, which carries both)")
     stores.add_argument("--artifact-store-credentials", default="",
                         help="a Docker config.json with credentials to read and delete in the stores' registries")
     stores.add_argument("--artifact-gc-seconds", type=float, default=60.0,

@@ -41,6 +41,9 @@ def test_wheel_from_the_build_context_runs_rerank_quantize(tmp_path: Path) -> No
     names, entry_points = wheel.names, wheel.entry_points
     assert "quantizer_job/cli.py" in names and "rerank_contracts/quantize_job.py" in names
     assert "rerank-quantize = quantizer_job.cli:main" in entry_points
+    # The pools' helpers when the operator names no image of its own for them (--artifact-fetcher-image).
+    assert "rerank-sampler = rerank_sampler.main:main" in entry_points and "rerank_sampler/main.py" in names
+    assert "rerank-fetch-artifact = rerank_contracts.shared_store:main" in entry_points
     # The unpacked wheel first on the path, this venv's packages after it for the ML stack.
     out = subprocess.run([sys.executable, "-c", "import sys; from quantizer_job.cli import main; "
                           "import quantizer_job; print(quantizer_job.__file__); "

@@ -182,10 +182,11 @@ def compute(
     # Where the guard's copy of live requests comes from: the route's mirror, or a sampler in the pool pods.
     token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
     source = guard_policy.sample_source(spec, guarding, observed.gateways) if guarding is not None else None
+    mode = source.mode if source is not None else None
     sidecar = (sampling.Sidecar(fetcher_image or spec.quantization.image,
                                 guard.service_url(owner, names.guard_name(owner.name)), guarding.sample_fraction,
                                 token)
-               if guarding is not None and source is not None and source.mode == "sampler" and token else None)
+               if guarding is not None and mode == "sampler" else None)
 
     desired: list[Obj] = []
     # A model whose artifact comes from the store needs no volume of its own (unless one still serves).
@@ -207,8 +208,7 @@ def compute(
             desired.append(service.build_pool_service(owner, pool))
     # What serves (Services, route, NetworkPolicy) comes with the pools: before the first artifact there is nothing
     # to route to, and a burst of new models writes only their claims and Jobs first.
-    mirrored = guarding is not None and source is not None and source.mode == "mirror"
-    filters = guard.route_filters(owner, guarding, token) if guarding is not None and mirrored else []
+    filters = guard.route_filters(owner, guarding, token) if guarding is not None and mode == "mirror" else []
     canary_share = canary.percent if canary_id and canary else 0
     sleeping = zeros.routing_to(spec, autoscaler, activator)
     if sleeping is not None:  # the activator holds the requests; the guard gets no copy of what the pools never see

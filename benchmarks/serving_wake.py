@@ -91,10 +91,8 @@ class PoolAddress:
             pods = [p for p in cpu_pods(self.cluster) if ready(p) and not p["metadata"].get("deletionTimestamp")]
             self.ip = pods[0]["status"]["podIP"] if pods else None
 
-    def resolve(self, host: str, port: int) -> tuple[str, int]:
-        if self.ip is None:
-            raise ConnectionRefusedError(f"{host}: no ready endpoint")
-        return self.ip, TEI_PORT
+    def locate(self, namespace: str, service: str, port: int) -> list[tuple[str, int]]:
+        return [] if self.ip is None else [(self.ip, TEI_PORT)]
 
     def stop(self) -> None:
         self._stop.set()
@@ -228,9 +226,8 @@ def main() -> int:
         # placeholder and is given the key once the release exists (before any model can sleep).
         values = {"activator": {"enabled": True, "replicas": 1},
                   "extraArgs": [f"--activator-url=http://{host}:{port}"]}
-        holder = {"resolve": pool.resolve}
         placeholder = activator_server.Settings(key=b"0" * activator.MIN_KEY_BYTES, hold_seconds=45.0)
-        running = activator_server.start(placeholder, "0.0.0.0", port, holder_options=holder)
+        running = activator_server.start(placeholder, "0.0.0.0", port, locate=pool.locate)
         failed: list[BaseException] = []
 
         def serve() -> None:
@@ -248,7 +245,7 @@ def main() -> int:
         running.server.shutdown()
         running.server.server_close()
         running = activator_server.start(activator_server.Settings(key=key, hold_seconds=45.0), "0.0.0.0", port,
-                                         holder_options=holder)
+                                         locate=pool.locate)
         ready_model.join(timeout=1500)
         if failed or ready_model.is_alive():
             raise SystemExit(f"the model did not become Ready: {failed[0] if failed else 'timeout'}")

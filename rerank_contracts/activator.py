@@ -81,6 +81,15 @@ def upstream_address(upstream: str) -> tuple[str, int]:
     return u["host"], int(u["port"])
 
 
+def upstream_service(upstream: str) -> tuple[str, str, int]:
+    """``(namespace, service, port)`` of an upstream :func:`upstream_allowed` accepted (ValueError otherwise): the
+    Service whose ready endpoints the activator forwards to."""
+    u = _UPSTREAM.fullmatch(upstream)
+    if u is None:
+        raise ValueError(f"not an activator upstream: {upstream!r}")
+    return u["namespace"], u["service"], int(u["port"])
+
+
 def read_key(path: str) -> bytes:
     """The shared key: the file's content without surrounding white space (a Secret written by hand often ends in a
     newline). ValueError when it is empty or shorter than :data:`MIN_KEY_BYTES`; OSError when it cannot be read."""

@@ -74,7 +74,7 @@ class ScaleToZero(Harness):
         closed = ("127.0.0.1", free_port())
         self.activator = activator_server.start(
             activator_server.Settings(key=key, hold_seconds=self.args.activator_hold), "127.0.0.1", 0,
-            holder_options={"resolve": lambda host, port: closed})
+            locate=lambda namespace, service, port: [closed])
         log(f"Gateway API CRDs installed; activator at {self.activator.url} (hold {self.args.activator_hold:g}s)")
         return ["--activator-url", self.activator.url,
                 "--activator-service", f"{op.OPERATOR_NS}/{ACTIVATOR_SERVICE}:8080",

@@ -2,8 +2,9 @@
 
 A held request waits for a connection, not for a signal: the operator scales the pool up when ``/pending`` lists the
 model, the pool's Service gets a ready endpoint, and from then on a connection to it succeeds. So each held request
-tries to connect (:data:`CONNECT_TIMEOUT_SECONDS` a try, :data:`PAUSE_SECONDS` asleep between tries: refused or
-unreachable while the Service has no endpoint) until its hold runs out, and the first connection it makes carries it.
+looks up its Service's ready endpoints (:mod:`.endpoints`: shared between the requests for one Service) and tries to
+connect to them (:data:`CONNECT_TIMEOUT_SECONDS` a try, :data:`PAUSE_SECONDS` asleep between rounds: none ready yet,
+or refused) until its hold runs out, and the first connection it makes carries it.
 Nothing is forwarded twice: once connected and sent, whatever the pool answers (or fails to) is the answer
 (:mod:`.relay`); a request that never connects is answered 503 with ``Retry-After`` and was never sent.
 
@@ -16,15 +17,18 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import random
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rerank_contracts import activator
 
 from . import logs
+from .endpoints import Address, LookupFailed
 from .metrics import Metrics
 from .relay import READ_TIMEOUT_SECONDS, Answer, Held, UpstreamError, exchange
 
@@ -101,43 +105,55 @@ class Holder:
     def __init__(self, board: Board, metrics: Metrics, hold_seconds: float, *,
                  connect_timeout: float = CONNECT_TIMEOUT_SECONDS, pause: float = PAUSE_SECONDS,
                  read_timeout: float = READ_TIMEOUT_SECONDS,
-                 resolve: Callable[[str, int], tuple[str, int]] = lambda host, port: (host, port)) -> None:
+                 locate: Callable[[str, str, int], list[Address]]) -> None:
         self.board, self.metrics, self.hold_seconds = board, metrics, hold_seconds
         self.connect_timeout, self.pause = connect_timeout, pause
         self.read_timeout = read_timeout
-        #: Where to connect for an upstream's (host, port): the cluster's DNS answers for the names themselves;
-        #: tests, which have no cluster DNS, send every Service name to a local listener.
-        self.resolve = resolve
+        #: The ready addresses of (namespace, Service, port): :meth:`.endpoints.Endpoints.locate` in a pod; tests
+        #: name local listeners.
+        self.locate = locate
 
     def handle(self, request: Held, arrived: float) -> Answer:
         """Hold ``request`` (arrived at ``arrived``, monotonic seconds) until its pool accepts a connection, then
         forward it once; the one answer for its client, counted and logged."""
         deadline = arrived + self.hold_seconds
         ticket = self.board.arrive(request.model)
+        why: list[str] = []
         try:
-            sock = self._connect(request.upstream, deadline)
+            sock = self._connect(request.upstream, deadline, why)
         finally:
             self.board.leave(request.model, ticket)
         held = time.monotonic() - arrived
         if sock is None:
-            answer = refusal(503, "timeout", f"the model did not wake within {self.hold_seconds:g} s",
-                             [("Retry-After", str(RETRY_AFTER_SECONDS))])
+            answer = refusal(503, "timeout", f"the model did not wake within {self.hold_seconds:g} s"
+                             + (f" ({why[-1]})" if why else ""), [("Retry-After", str(RETRY_AFTER_SECONDS))])
         else:
             self.metrics.held(held)
             answer = self._forward(sock, request)
         self.metrics.count(answer.outcome)
+        extra: dict[str, Any] = {"lookup_error": why[-1]} if why and sock is None else {}
         logs.event("held request answered", model=request.model, outcome=answer.outcome, status=answer.status,
-                   held_seconds=round(held, 3))
+                   held_seconds=round(held, 3), **extra)
         return answer
 
-    def _connect(self, upstream: str, deadline: float) -> socket.socket | None:
-        """A connection to ``upstream`` made before ``deadline`` (monotonic), or None."""
-        host, port = activator.upstream_address(upstream)
-        while (left := deadline - time.monotonic()) > 0:
-            try:  # resolved at each try: where the name leads may change while the pool wakes
-                return socket.create_connection(self.resolve(host, port), timeout=min(self.connect_timeout, left))
-            except OSError:  # refused, unreachable, no such name yet, or the try timed out
-                pass
+    def _connect(self, upstream: str, deadline: float, why: list[str]) -> socket.socket | None:
+        """A connection to one of ``upstream``'s ready endpoints made before ``deadline`` (monotonic), or None;
+        why the endpoints could not be looked up, if they could not, appended to ``why``."""
+        namespace, service, port = activator.upstream_service(upstream)
+        while deadline - time.monotonic() > 0:
+            try:  # looked up again each round: the pool's pods come and go while it wakes
+                addresses = self.locate(namespace, service, port)
+            except LookupFailed as exc:
+                why.append(str(exc))
+                addresses = []
+            random.shuffle(addresses)
+            for address in addresses:
+                if (left := deadline - time.monotonic()) <= 0:
+                    break
+                try:
+                    return socket.create_connection(address, timeout=min(self.connect_timeout, left))
+                except OSError:  # refused (a pod that is not listening yet or any more), or the try timed out
+                    pass
             time.sleep(max(0.0, min(self.pause, deadline - time.monotonic())))
         return None
 

@@ -2,10 +2,12 @@
 
     rerank-activator [--port 8080] [--key-file /var/run/rerank-activator/key] [--hold-seconds 30]
                      [--remember-seconds 60] [--max-connections 256] [--max-body-bytes 4194304]
-                     [--log-format json|text]
+                     [--log-format json|text] [--api-server URL --api-ca-file F --api-token-file F]
 
 It refuses to start without a usable key (the file missing, empty or under 32 bytes): an activator that could
-verify nothing would either hold every request a pod sends or none, and both fail silently. On SIGTERM it drains
+verify nothing would either hold every request a pod sends or none, and both fail silently. It reads its models'
+Services' EndpointSlices (:mod:`.endpoints`) with its pod's ServiceAccount, or with the ``--api-*`` flags when run
+outside a pod. On SIGTERM it drains
 (:meth:`.server.Running.drain`) and exits 0.
 """
 
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from rerank_contracts import activator
 
-from . import logs, server
+from . import endpoints, logs, server
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
@@ -47,7 +49,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-body-bytes", type=_positive(int), default=4 * 1024 * 1024,
                         help="the largest request body taken (default %(default)s)")
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
+    parser.add_argument("--api-server", help="the API server's URL, outside a pod (default: the pod's own)")
+    parser.add_argument("--api-ca-file", help="the CA of the API server's certificate, with --api-server")
+    parser.add_argument("--api-token-file", help="a bearer token for the API server, with --api-server")
     return parser.parse_args(argv)
+
+
+def _api_access(args: argparse.Namespace) -> endpoints.ApiAccess:
+    given = [args.api_server, args.api_ca_file, args.api_token_file]
+    if any(given) and not all(given):
+        raise ValueError("--api-server, --api-ca-file and --api-token-file go together")
+    if args.api_server:
+        return endpoints.ApiAccess(args.api_server, args.api_ca_file, args.api_token_file)
+    return endpoints.ApiAccess.in_cluster()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -59,9 +73,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         sys.exit(f"rerank-activator: no usable key in {args.key_file}: {detail} (the chart mounts the Secret "
                  f"named by activator.keySecret, or the one it makes, there)")
+    try:
+        api = _api_access(args)
+    except ValueError as exc:
+        sys.exit(f"rerank-activator: cannot reach the API server: {exc}")
     settings = server.Settings(key=key, hold_seconds=args.hold_seconds, remember_seconds=args.remember_seconds,
                                max_connections=int(args.max_connections), max_body_bytes=int(args.max_body_bytes))
-    running = server.start(settings, "0.0.0.0", args.port)
+    running = server.start(settings, "0.0.0.0", args.port, locate=endpoints.Endpoints(api).locate)
     logs.event("activator listening", port=args.port, hold_seconds=args.hold_seconds,
                remember_seconds=args.remember_seconds, max_connections=settings.max_connections)
     stop = threading.Event()

@@ -26,7 +26,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from rerank_contracts import activator
 
+from .endpoints import Address
 from .hold import Board, Holder, refusal
 from .metrics import Metrics
 from .relay import Answer, Held
@@ -256,12 +257,14 @@ class Running:
 
 
 def start(settings: Settings, host: str = "127.0.0.1", port: int = 0, *,
+          locate: Callable[[str, str, int], list[Address]],
           holder_options: Mapping[str, Any] | None = None) -> Running:
-    """Serve in a background thread. ``holder_options``: :class:`.hold.Holder`'s keyword arguments (tests shorten
-    its timings and resolve Service names to local listeners)."""
+    """Serve in a background thread. ``locate``: a Service's ready addresses (:meth:`.endpoints.Endpoints.locate`;
+    tests name local listeners). ``holder_options``: :class:`.hold.Holder`'s other keyword arguments (tests shorten
+    its timings)."""
     board = Board(settings.remember_seconds)
     metrics = Metrics(board.waiting)
-    holder = Holder(board, metrics, settings.hold_seconds, **(holder_options or {}))
+    holder = Holder(board, metrics, settings.hold_seconds, locate=locate, **(holder_options or {}))
     front = Front((host, port), handler(settings, holder, metrics), settings.max_connections)
     thread = threading.Thread(target=front.serve_forever, name="activator-http", daemon=True)
     thread.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -24,18 +25,25 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rerank_activator import server as activator_server
+from rerank_activator.endpoints import ApiAccess, Endpoints
+from rerank_contracts import activator
 from rerank_contracts.guard import MIRROR_TOKEN_ENV, MIRROR_TOKEN_HEADER, SAMPLER_PORT
 from rerank_devcluster.cluster import POD_CIDR, Cluster
 from rerank_devcluster.gateway import TraefikGateway, start_gateway
+from rerank_devcluster.operator_process import REPO, kubectl_apply
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.waiting import eventually
-from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
+from tests.cluster.rrm_harness import GROUP, OPERATOR_NS, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
+from tests.cluster.sleeping_pool import CpuPool, bind_activator_rbac
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -348,3 +356,170 @@ def test_a_guarded_model_serves_on_a_gateway_without_request_mirror_and_its_guar
             proc.wait(15)
             upstream.shutdown()
             guard.shutdown()
+
+
+# --- a sleeping model woken through the gateway --------------------------------------------------------------------
+
+#: The activator's pod address (in the pod CIDR, which the test serves here; no node gives it to a pod).
+ACTIVATOR_IP = "10.244.255.250"
+ACTIVATOR_SERVICE = "rerank-activator"
+IDLE_SECONDS = 30  # the CRD's least
+WAKES = 20
+SLEEPY_POOLS = {"cpu": {"minReplicas": 0, "maxReplicas": 3}, "gpu": {"enabled": False}}
+AUTOSCALING = {"enabled": True, "intervalSeconds": 5, "idleSeconds": IDLE_SECONDS,
+               "metrics": {"staleAfterSeconds": 15},
+               "scaleDown": {"stabilizationSeconds": 5, "maxStep": 2, "cooldownSeconds": 10}}
+ACTIVATOR_READS = REPO / "operator" / "rerank_activator" / "rbac.yaml"
+
+
+def activator_token(cluster: Cluster, path: Path) -> Path:
+    """A token of the activator's own ServiceAccount, bound to exactly operator/rerank_activator/rbac.yaml, as the
+    chart binds it (a ClusterRole: the pools it wakes are in every namespace)."""
+    name = "rerank-activator-reads"
+    kubectl_apply(cluster, [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": ACTIVATOR_SERVICE, "namespace": OPERATOR_NS}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": yaml.safe_load(ACTIVATOR_READS.read_text())},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": ACTIVATOR_SERVICE, "namespace": OPERATOR_NS}]},
+    ])
+    path.write_text(cluster.kubectl_run("create", "token", ACTIVATOR_SERVICE, "-n", OPERATOR_NS,
+                                        "--duration=1h").stdout.strip())
+    return path
+
+
+def activator_service(cluster: Cluster) -> None:
+    """The activator's Service as the gateway sees it: its EndpointSlice names the activator's pod address (a
+    selectorless Service with a slice of its own, as no pod runs it here)."""
+    kubectl_apply(cluster, [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": ACTIVATOR_SERVICE, "namespace": OPERATOR_NS},
+         "spec": {"ports": [{"name": "http", "port": activator.PORT, "protocol": "TCP"}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": f"{ACTIVATOR_SERVICE}-here", "namespace": OPERATOR_NS,
+                      "labels": {"kubernetes.io/service-name": ACTIVATOR_SERVICE}},
+         "addressType": "IPv4", "ports": [{"name": "http", "port": activator.PORT, "protocol": "TCP"}],
+         "endpoints": [{"addresses": [ACTIVATOR_IP], "conditions": {"ready": True}}]},
+    ])
+
+
+@pytest.fixture
+def sleepy_stack(cluster: Cluster, kube: client.ApiClient, namespace: str, operator_identity: Any,
+                 gateway_api_installed: list[str], pod_cidr_is_local: None,
+                 tmp_path: Path) -> Iterator[tuple[Env, TraefikGateway, CpuPool, activator_server.Running]]:
+    """Traefik's Gateway, the real activator on its pod address reading EndpointSlices with its own token, and an
+    operator given the activator's flags and key."""
+    gw = start_gateway(cluster, namespace=namespace)
+    static_pv(cluster, f"pv-{namespace}", namespace)
+    bind_activator_rbac(cluster)
+    activator_service(cluster)
+    key = secrets.token_hex(24).encode()
+    key_file = tmp_path / "activator-key"
+    key_file.write_bytes(key + b"\n")
+    os.chmod(key_file, 0o600)
+    access = ApiAccess(cluster.server, str(cluster.workdir / "pki" / "ca.crt"),
+                       str(activator_token(cluster, tmp_path / "activator-token")))
+    running = activator_server.start(activator_server.Settings(key=key, hold_seconds=60.0), ACTIVATOR_IP,
+                                     activator.PORT, locate=Endpoints(access).locate)
+    override = tmp_path / "scrape-addresses.json"
+    override.write_text("{}")
+    operator = OperatorProcess(
+        cluster, operator_identity, [namespace], launcher=["-m", "rerank_devcluster.scrape_redirect", str(override)],
+        extra_args=["--activator-url", running.url,
+                    "--activator-service", f"{OPERATOR_NS}/{ACTIVATOR_SERVICE}:{activator.PORT}",
+                    "--activator-key-file", str(key_file)]).start()
+    env = Env(cluster, Kube(cluster, kube), namespace, namespace, operator)
+    pool = CpuPool(kube, namespace, override)
+    try:
+        yield env, gw, pool, running
+    finally:
+        pool.stop()
+        running.stop()
+        cleanup(env, [namespace])
+        gw.stop()
+        cluster.kubectl_run("delete", "pv", f"pv-{namespace}", "--wait=false", check=False)
+        cluster.kubectl_run("delete", "service,endpointslice", "-n", OPERATOR_NS, ACTIVATOR_SERVICE,
+                            f"{ACTIVATOR_SERVICE}-here", "--wait=false", check=False)
+
+
+def backends(env: Env) -> list[tuple[str | None, str]]:
+    try:
+        refs = route(env)["spec"]["rules"][0]["backendRefs"]
+    except (ApiException, KeyError, IndexError):
+        return []
+    return [(r.get("namespace"), r["name"]) for r in refs]
+
+
+def test_a_sleeping_model_is_woken_by_requests_to_the_gateway_and_none_is_lost(
+        sleepy_stack: tuple[Env, TraefikGateway, CpuPool, activator_server.Running]) -> None:
+    """Client -> Traefik -> the activator (its route's signed headers set by the gateway) -> held until the operator
+    has woken the CPU pool and the pool's Service lists a ready pod (read by the activator from the API server with
+    its own RBAC; no DNS, no kube-proxy) -> the pod. Every one of the requests sent while the model sleeps is
+    answered 200 by the pool."""
+    env, gw, pool, running = sleepy_stack
+    routing = {"gateway": {"parentRefs": [gw.parent_ref()]}}
+    env.kube.create_model(env.model(pools=SLEEPY_POOLS, autoscaling=AUTOSCALING, routing=routing))
+    env.finish_quantizer(ok=True)
+    env.kube.wait_condition(env.namespace, NAME, "Ready", "True", "Serving", timeout=90)
+    pods = Pods(env.kube, env.namespace)
+    serving = threading.Event()
+
+    def serve_new_pods() -> None:  # a woken pod's address is served as soon as it is Ready
+        while not serving.wait(0.1):
+            with contextlib.suppress(Exception):
+                pods.serve()
+
+    threading.Thread(target=serve_new_pods, daemon=True).start()
+    try:
+        gw.wait_route(env.namespace, NAME, timeout=60)
+        eventually(lambda: send(gw, 1) == {200: 1}, 60, "a request through the gateway to the awake pool")
+        # Traffic (as the pool's metrics say), then none: the route goes to the activator, the pool to zero pods.
+        pool.rate = 5.0
+        eventually(lambda: env.kube.condition(env.namespace, NAME, "MetricsAvailable").get("status") == "True", 60,
+                   "fresh metrics")
+        pool.rate = 0.0
+        eventually(lambda: backends(env) == [(OPERATOR_NS, ACTIVATOR_SERVICE)], IDLE_SECONDS + 60,
+                   "the route to the activator", every=0.5)
+        gw.wait_route(env.namespace, NAME, timeout=60)
+        eventually(lambda: not env.kube.pods(env.namespace, f"app.kubernetes.io/instance={NAME},rerank.io/pool=cpu"),
+                   90, "no CPU pod left")
+        env.kube.wait_condition(env.namespace, NAME, "Ready", "True", "ScaledToZero", timeout=30)
+        pods.take()
+
+        # The sleeping model's requests, sent to the gateway over two seconds as clients would.
+        results: list[tuple[int, float]] = []
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            time.sleep(i * 0.1)
+            body = json.dumps({"query": f"q{i}", "texts": ["a", "b"]}).encode()
+            request = urllib.request.Request(gw.address + "/rerank", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=90) as response:
+                    response.read()
+                    code = response.status
+            except urllib.error.HTTPError as exc:
+                code = exc.code
+            with lock:
+                results.append((code, time.monotonic() - started))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(WAKES)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = Counter(code for code, _ in results)
+        assert codes == {200: WAKES}, (codes, env.describe())
+        assert sum(pods.take().values()) == WAKES  # each answered by the woken pool, once
+        assert running.metrics.page().count(b'outcome="forwarded"') >= 1
+        waits = sorted(seconds for _, seconds in results)
+        # Once awake, the route leads to the pool again.
+        eventually(lambda: backends(env) == [(None, f"{NAME}-cpu")], 90, "the route back to the pool", every=0.5)
+        print(json.dumps({"requests_while_asleep": WAKES, "status_200": codes[200],
+                          "wait_s_p50": round(waits[len(waits) // 2], 2), "wait_s_max": round(waits[-1], 2)}))
+    finally:
+        serving.set()
+        pods.stop()

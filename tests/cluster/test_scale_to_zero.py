@@ -5,10 +5,11 @@ sent as the Gateway would send them (the route's own headers) are held, the oper
 held request is answered by the pool once its pod is Ready; the route then points at the pool again.
 
 kwok pods have no network: the pool's /metrics are served locally (rerank_devcluster.fake_tei, through
-scrape_redirect as in test_autoscaling.py), and the activator's connections to the pool's Service go to a local
-stand-in for the pool (``Upstream``) that listens only while the kwok pod is Ready, as a Service has an endpoint only
-then. Everything else is real: the API server, the operator process, its RBAC, the ReferenceGrant, the activator's
-HTTP handling, token check, hold and forwarding.
+scrape_redirect as in test_autoscaling.py), and the activator's connections to the pool go to a local stand-in for
+it (``Upstream``, tests/cluster/sleeping_pool.py) that listens only while the kwok pod is Ready, as a Service has a
+ready endpoint only then (the activator's own lookup of those endpoints, and a sleeping model woken through a real
+gateway, are test_gateway.py's). Everything else is real: the API server, the operator process, its RBAC, the
+ReferenceGrant, the activator's HTTP handling, token check, hold and forwarding.
 """
 
 from __future__ import annotations
@@ -16,29 +17,23 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from rerank_activator import server as activator_server
 from rerank_contracts import activator
-from rerank_devcluster.cluster import free_port
-from rerank_devcluster.fake_tei import MetricsServer, TeiCounters
-from rerank_devcluster.operator_process import REPO, kubectl_apply
 from rerank_devcluster.waiting import eventually
-from tests.cluster.rrm_harness import OPERATOR_NS, OPERATOR_SA, Env, Kube, OperatorProcess, cleanup, static_pv
+from tests.cluster.rrm_harness import OPERATOR_NS, Env, Kube, OperatorProcess, cleanup, static_pv
+from tests.cluster.sleeping_pool import CpuPool, Upstream, bind_activator_rbac
 
 pytestmark = pytest.mark.cluster
 
@@ -50,106 +45,6 @@ AUTOSCALING = {"enabled": True, "intervalSeconds": 5, "idleSeconds": IDLE_SECOND
                "metrics": {"staleAfterSeconds": 15},
                "scaleDown": {"stabilizationSeconds": 5, "maxStep": 2, "cooldownSeconds": 10}}
 ROUTING = {"gateway": {"parentRefs": [{"name": "shared", "namespace": "gateway-system"}]}}
-RBAC_ACTIVATOR = REPO / "operator" / "rerank_operator" / "rbac_activator.yaml"
-
-
-class Upstream:
-    """The CPU pool's Service as the activator reaches it: a /rerank answer, accepting connections only while the
-    pool has a Ready pod (``open``/``close``); counts what it answered."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.answered = 0
-        self.bodies: list[bytes] = []
-        self.lock = threading.Lock()
-        self.httpd: ThreadingHTTPServer | None = None
-
-    def open(self) -> None:
-        if self.httpd is not None:
-            return
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                leaked = [h for h in self.headers if h.lower().startswith("x-rerank-activate")]
-                with owner.lock:
-                    owner.answered += 1
-                    owner.bodies.append(body)
-                data = json.dumps([{"index": 0, "score": 0.9, "leaked_headers": leaked}]).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-            self.httpd = None
-
-
-class CpuPool:
-    """The model's CPU pods as the operator's scraper sees them (one fake TEI /metrics each, ``rate`` requests/s
-    spread over the Ready ones), and the Upstream opened while one is Ready. Refreshed every 0.5 s."""
-
-    def __init__(self, kube: client.ApiClient, namespace: str, override: Path, upstream: Upstream) -> None:
-        self.core = client.CoreV1Api(kube)
-        self.namespace, self.override, self.upstream = namespace, override, upstream
-        self.rate = 0.0
-        self.pods: dict[str, tuple[TeiCounters, MetricsServer]] = {}
-        self.ready_since: float | None = None
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(0.5):
-            now = time.monotonic()
-            try:
-                pods = self.core.list_namespaced_pod(
-                    self.namespace, label_selector=f"app.kubernetes.io/instance={NAME},rerank.io/pool=cpu").items
-            except ApiException:
-                continue
-            ready = [p.metadata.name for p in pods if not p.metadata.deletion_timestamp and any(
-                c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())]
-            with self.lock:
-                for name in ready:
-                    if name not in self.pods:
-                        counters = TeiCounters(50.0, 0.05, 400.0)
-                        self.pods[name] = (counters, MetricsServer(lambda c=counters: self._render(c)))
-                for name in ready:
-                    self.pods[name][0].step(self.rate / len(ready), now - last)
-                last = now
-            self.override.write_text(json.dumps({n: s.address for n, (_, s) in self.pods.items()}))
-            if ready:
-                if self.ready_since is None:
-                    self.ready_since = time.monotonic()
-                self.upstream.open()
-            else:
-                self.ready_since = None
-                self.upstream.close()
-
-    def _render(self, counters: TeiCounters) -> str:
-        with self.lock:
-            return counters.render()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        for _, srv in self.pods.values():
-            srv.stop()
-        self.upstream.close()
 
 
 @dataclass
@@ -160,19 +55,6 @@ class Sleepy:
     activator: activator_server.Running
     activator_url: str
     key: bytes
-
-
-def bind_activator_rbac(cluster: Any) -> None:
-    """A Role of exactly rbac_activator.yaml in the operator's namespace, bound to its ServiceAccount (the chart's)."""
-    name = "rerank-operator-activator"
-    kubectl_apply(cluster, [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": name, "namespace": OPERATOR_NS}, "rules": yaml.safe_load(RBAC_ACTIVATOR.read_text())},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": name, "namespace": OPERATOR_NS},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS}]},
-    ])
 
 
 @pytest.fixture
@@ -187,7 +69,7 @@ def sleepy(cluster: Any, kube: client.ApiClient, namespace: str, operator_identi
     upstream = Upstream()
     activator = activator_server.start(
         activator_server.Settings(key=key, hold_seconds=60.0), "127.0.0.1", 0,
-        holder_options={"resolve": lambda host, port: ("127.0.0.1", upstream.port)})
+        locate=lambda namespace, service, port: [("127.0.0.1", upstream.port)])
     url = activator.url
     override = tmp_path / "scrape-addresses.json"
     override.write_text("{}")

@@ -2,7 +2,8 @@
 
 Nothing here stands in for HTTP: the activator is its real server on a real port, the pool a stdlib HTTP server that
 binds its port only after ``delay`` seconds (a pod starting), and the clients write bytes on sockets. The one thing
-replaced is the cluster's DNS: every Service name resolves to this machine (``resolve_locally``).
+replaced is the API server the activator asks for a Service's ready endpoints: every Service is on this machine, at
+its own port (``locate_locally``; ``endpoints.py`` is tested on its own and against a real API server).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ MODEL = "tenant-a/m1"
 FAST = {"pause": 0.05, "connect_timeout": 0.5}
 
 
-def resolve_locally(host: str, port: int) -> tuple[str, int]:
-    """Every Service is on this machine (there is no cluster DNS in a unit test)."""
-    return "127.0.0.1", port
+def locate_locally(namespace: str, service: str, port: int) -> list[tuple[str, int]]:
+    """Every Service is on this machine, at its port (there is no API server in a unit test)."""
+    return [("127.0.0.1", port)]
 
 
 def upstream_of(port: int, namespace: str = "tenant-a", service: str = "m1-cpu") -> str:
@@ -51,10 +52,9 @@ def signed(model: str, upstream: str, key: bytes = KEY) -> dict[str, str]:
 @contextlib.contextmanager
 def activator(hold_seconds: float = 10.0, remember_seconds: float = 60.0, **limits: Any) -> Iterator[server.Running]:
     """A running activator on a free port (``limits``: max_connections, max_body_bytes; holder timings)."""
-    holder = {**FAST, "resolve": resolve_locally, **{k: limits.pop(k) for k in list(limits)
-                                                     if k in ("pause", "connect_timeout", "read_timeout")}}
+    holder = {**FAST, **{k: limits.pop(k) for k in list(limits) if k in ("pause", "connect_timeout", "read_timeout")}}
     settings = server.Settings(key=KEY, hold_seconds=hold_seconds, remember_seconds=remember_seconds, **limits)
-    running = server.start(settings, holder_options=holder)
+    running = server.start(settings, locate=locate_locally, holder_options=holder)
     try:
         yield running
     finally:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import certifi
 import pytest
 
 from rerank_activator import logs, main, server
@@ -74,7 +75,11 @@ def test_the_process_serves_its_routes_and_drains_on_sigterm(tmp_path: Path) -> 
     key_file = tmp_path / "key"
     key_file.write_bytes(KEY + b"\n")
     port = free_port()
-    proc = run_activator("--key-file", str(key_file), "--port", str(port), "--hold-seconds", "1")
+    token = tmp_path / "token"
+    token.write_text("t")
+    no_api = ["--api-server", f"https://127.0.0.1:{free_port()}", "--api-ca-file", certifi.where(),
+              "--api-token-file", str(token)]
+    proc = run_activator("--key-file", str(key_file), "--port", str(port), "--hold-seconds", "1", *no_api)
     base = f"http://127.0.0.1:{port}"
     try:
         def up() -> bool:
@@ -90,7 +95,8 @@ def test_the_process_serves_its_routes_and_drains_on_sigterm(tmp_path: Path) -> 
         assert (listed.status, listed.json()) == (200, {"models": {}})
         assert b"rerank_activator_waiting 0.0" in call(base, "GET", "/metrics").body
         held = call(base, "POST", "/rerank", signed(MODEL, upstream_of(free_port())), b"{}")
-        assert held.status == 503  # no pool here: no cluster DNS either
+        assert held.status == 503  # no pool here, nor an API server to list its endpoints
+        assert b"the API server could not be reached" in held.body
         proc.send_signal(signal.SIGTERM)
         eventually(lambda: call(base, "GET", "/readyz", timeout=2).status == 503, timeout=server.DRAIN_DELAY_SECONDS,
                    every=0.1)

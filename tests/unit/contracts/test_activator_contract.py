@@ -64,8 +64,10 @@ def test_anything_else_is_refused(model: str, upstream: str) -> None:
 
 def test_upstream_address_splits_only_what_is_allowed() -> None:
     assert activator.upstream_address("http://m1-cpu.tenant-a.svc:8080") == ("m1-cpu.tenant-a.svc", 8080)
-    with pytest.raises(ValueError, match="not an activator upstream"):
-        activator.upstream_address("http://10.0.0.1:8080")
+    assert activator.upstream_service("http://m1-cpu.tenant-a.svc.cluster.local:8080") == ("tenant-a", "m1-cpu", 8080)
+    for split in (activator.upstream_address, activator.upstream_service):
+        with pytest.raises(ValueError, match="not an activator upstream"):
+            split("http://10.0.0.1:8080")
 
 
 def test_the_key_is_the_files_content_stripped_and_long_enough(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ ACTIVATOR = f"{OPERATOR_NAME}-activator"
 KEY_SECRET = f"{ACTIVATOR}-key"
 KEY_DIR = posixpath.dirname(activator.KEY_FILE)
 ACTIVATOR_RULES = REPO_ROOT / "operator" / "rerank_operator" / "rbac_activator.yaml"
+ACTIVATOR_READS = REPO_ROOT / "operator" / "rerank_activator" / "rbac.yaml"
 ON = ("--set", "activator.enabled=true")
 
 
@@ -81,7 +82,8 @@ def test_on_the_activator_runs_the_operators_image_locked_down(helm: str) -> Non
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0
-    assert template["spec"]["automountServiceAccountToken"] is False
+    # Its own ServiceAccount, not the operator's: its token reads Services and EndpointSlices, nothing more.
+    assert template["spec"]["serviceAccountName"] == ACTIVATOR and template["spec"]["automountServiceAccountToken"]
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
     assert c["volumeMounts"] == [{"name": "activator-key", "mountPath": KEY_DIR, "readOnly": True}]
     assert template["spec"]["volumes"] == [{"name": "activator-key",
@@ -179,12 +181,31 @@ def test_the_operator_may_manage_referencegrants_in_its_namespace_only(helm: str
         assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "patch", "update", "delete"}
         assert {"create", "patch"} <= set(rule["verbs"]), "the operator applies one ReferenceGrant per namespace"
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ACTIVATOR}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": only(docs, "ServiceAccount")["metadata"]["name"],
-                                    "namespace": "rerank-system"}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": "rerank-system"}]
     cluster_rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
     assert not [r for r in cluster_rules if "referencegrants" in r["resources"]]
     assert not [d for d in render(helm, *ON, "--set", "rbac.create=false") if d["kind"] in ("Role", "RoleBinding")
                 and d["metadata"]["name"] == ACTIVATOR]
+
+
+def test_the_activator_reads_services_and_endpointslices_with_its_own_account_and_writes_nothing(helm: str) -> None:
+    docs = render(helm, *ON)
+    account = only(docs, "ServiceAccount", ACTIVATOR)
+    assert account["metadata"]["namespace"] == "rerank-system"
+    role, binding = only(docs, "ClusterRole", f"{ACTIVATOR}-reads"), only(docs, "ClusterRoleBinding", f"{ACTIVATOR}-reads")
+    assert role["rules"] == yaml.safe_load(ACTIVATOR_READS.read_text())
+    assert (CHART / "files" / "rbac_activator_reads.yaml").resolve() == ACTIVATOR_READS
+    assert {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]} == {
+        ("", "services"), ("discovery.k8s.io", "endpointslices")}
+    assert {v for rule in role["rules"] for v in rule["verbs"]} <= {"get", "list"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": f"{ACTIVATOR}-reads"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ACTIVATOR, "namespace": "rerank-system"}]
+    # Nothing else is bound to the activator's account.
+    bound = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             for s in d.get("subjects") or () if s.get("name") == ACTIVATOR]
+    assert bound == [binding]
+    assert not [d for d in render(helm, *ON, "--set", "rbac.create=false") if d["metadata"]["name"].endswith("-reads")]
 
 
 def test_the_timings_reach_the_activators_flags(helm: str) -> None:

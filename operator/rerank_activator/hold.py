@@ -113,9 +113,10 @@ class Holder:
         #: name local listeners.
         self.locate = locate
 
-    def handle(self, request: Held, arrived: float) -> Answer:
+    def handle(self, request: Held, arrived: float, max_answer_bytes: int) -> Answer:
         """Hold ``request`` (arrived at ``arrived``, monotonic seconds) until its pool accepts a connection, then
-        forward it once; the one answer for its client, counted and logged."""
+        forward it once (an answer over ``max_answer_bytes`` is a 502); the one answer for its client, counted and
+        logged."""
         deadline = arrived + self.hold_seconds
         ticket = self.board.arrive(request.model)
         why: list[str] = []
@@ -129,7 +130,7 @@ class Holder:
                              + (f" ({why[-1]})" if why else ""), [("Retry-After", str(RETRY_AFTER_SECONDS))])
         else:
             self.metrics.held(held)
-            answer = self._forward(sock, request)
+            answer = self._forward(sock, request, max_answer_bytes)
         self.metrics.count(answer.outcome)
         extra: dict[str, Any] = {"lookup_error": why[-1]} if why and sock is None else {}
         logs.event("held request answered", model=request.model, outcome=answer.outcome, status=answer.status,
@@ -157,9 +158,9 @@ class Holder:
             time.sleep(max(0.0, min(self.pause, deadline - time.monotonic())))
         return None
 
-    def _forward(self, sock: socket.socket, request: Held) -> Answer:
+    def _forward(self, sock: socket.socket, request: Held, max_answer_bytes: int) -> Answer:
         try:
-            return exchange(sock, request, self.read_timeout)
+            return exchange(sock, request, self.read_timeout, max_answer_bytes)
         except UpstreamError as exc:
             return refusal(exc.status, "upstream_error", f"the model's pool gave no usable answer: {exc}")
         except Exception:  # a bug of ours: still one answer for the client, and the trace in the log

@@ -4,8 +4,8 @@ What is forwarded is what the client sent end to end: the method, the path and q
 but the hop-by-hop ones (RFC 9110 section 7.6.1: ``Connection`` and what it names, ``Keep-Alive``,
 ``Transfer-Encoding``, ...) and the three activate headers, which are for the activator alone (the token must not
 reach a tenant's pod). ``Host`` becomes the upstream's own, the body's length is stated again. The answer comes back
-the same way: status, end-to-end headers and body, read whole (a rerank answer is small; :data:`MAX_ANSWER_BYTES`
-bounds what one held request may cost) so that a read that stalls can still be answered 504 instead of cut halfway.
+the same way: status, end-to-end headers and body, read whole (a rerank answer is small; the caller bounds it,
+:func:`.admission.answer_limit`) so that a read that stalls can still be answered 504 instead of cut halfway.
 
 There is no retry here: once the request is on the wire the pool may have acted on it, and the client, not the
 activator, decides whether to send it again.
@@ -27,8 +27,6 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 #: activator already read the whole body, so there is nothing to continue).
 REQUEST_ONLY = frozenset({activator.MODEL_HEADER.lower(), activator.UPSTREAM_HEADER.lower(),
                           activator.TOKEN_HEADER.lower(), "host", "content-length", "expect"})
-#: The most of an answer one held request buffers (larger: 502).
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: How long the pool may take to answer (per read); longer: 504.
 READ_TIMEOUT_SECONDS = 60.0
 
@@ -73,9 +71,9 @@ def end_to_end(headers: Iterable[tuple[str, str]], drop: frozenset[str] = frozen
     return [(name, value) for name, value in pairs if name.lower() not in HOP_BY_HOP | named | drop]
 
 
-def exchange(sock: socket.socket, request: Held, read_timeout: float = READ_TIMEOUT_SECONDS) -> Answer:
-    """Send ``request`` on ``sock`` (connected to its upstream; closed here) and read the whole answer.
-    Raises :class:`UpstreamError` when the pool gives no usable answer."""
+def exchange(sock: socket.socket, request: Held, read_timeout: float, max_answer_bytes: int) -> Answer:
+    """Send ``request`` on ``sock`` (connected to its upstream; closed here) and read the whole answer, of at most
+    ``max_answer_bytes``. Raises :class:`UpstreamError` when the pool gives no usable answer."""
     host, port = activator.upstream_address(request.upstream)
     conn = http.client.HTTPConnection(host, port, timeout=read_timeout)
     sock.settimeout(read_timeout)
@@ -89,9 +87,12 @@ def exchange(sock: socket.socket, request: Held, read_timeout: float = READ_TIME
             conn.putheader("Content-Length", str(len(request.body)))
         conn.endheaders(request.body)
         response = conn.getresponse()
-        body = response.read(MAX_ANSWER_BYTES + 1)
-        if len(body) > MAX_ANSWER_BYTES:
-            raise UpstreamError(502, f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+        stated = response.length  # None: chunked or until close, read in pieces up to the limit
+        if stated is not None and stated > max_answer_bytes:
+            raise UpstreamError(502, f"the answer is larger than {max_answer_bytes} bytes")
+        body = response.read(max_answer_bytes + 1)
+        if len(body) > max_answer_bytes:
+            raise UpstreamError(502, f"the answer is larger than {max_answer_bytes} bytes")
         # A HEAD answer's Content-Length describes the body a GET would get: it stays as the pool said it.
         drop = frozenset() if request.method == "HEAD" else frozenset({"content-length"})
         return Answer(response.status, end_to_end(response.getheaders(), drop), body, "forwarded")

@@ -9,11 +9,16 @@ its route sets (:mod:`.contract`). A request is checked in this order, and refus
 - the upstream not a Service of the model's own namespace (:func:`.contract.upstream_allowed`): 400 ``invalid``;
 - the body's framing: a chunked body, or none stated on a method that carries one (POST, PUT, PATCH), is 411; a
   ``Content-Length`` that is not plain decimal digits is 400; one over ``max_body_bytes`` is 413; each is answered
-  without reading the body, and the connection closed (what was not read must not be taken as a next request).
+  without reading the body, and the connection closed (what was not read must not be taken as a next request);
+- past the model's share of what the activator holds, or past the whole (:mod:`.admission`): 503 ``overloaded``
+  with ``Retry-After``, also before reading the body.
 
-What one connection may cost is bounded: a client that sends nothing for :data:`CLIENT_TIMEOUT_SECONDS` (headers or
-body) is cut, and beyond ``max_connections`` open connections a new one is closed as soon as it is accepted. A held
-request is one thread, sleeping between its connection tries (:mod:`.hold`).
+What one connection may cost is bounded: a client that has not sent a whole request (head and body)
+:data:`CLIENT_TIMEOUT_SECONDS` after it began (or after its previous answer, on a kept-alive connection) is cut,
+however it trickles its bytes (:class:`Deadlines`). Beyond ``max_connections`` open connections a new one waits in
+the kernel's queue, first come first served, for up to :data:`ACCEPT_WAIT_SECONDS`, then is closed: a model's flood
+is answered 503 past its share at once, so the others' requests still find a free connection. A held request is one
+thread, sleeping between its connection tries (:mod:`.hold`).
 
 On SIGTERM (:meth:`Running.drain`) ``/readyz`` fails first, so the Service stops sending new requests, then the
 listener closes and the requests still held are given until their hold and the pool's answer run out.
@@ -21,9 +26,12 @@ listener closes and the requests still held are given until their hold and the p
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import itertools
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,12 +44,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from rerank_contracts import activator
 
+from .admission import Admission, Ticket, answer_limit
 from .endpoints import Address
-from .hold import Board, Holder, refusal
+from .hold import RETRY_AFTER_SECONDS, Board, Holder, refusal
 from .metrics import Metrics
 from .relay import Answer, Held
 
 CLIENT_TIMEOUT_SECONDS = 10.0
+#: How long a connection accepted beyond ``max_connections`` waits for a free one before it is closed.
+ACCEPT_WAIT_SECONDS = 2.0
 #: Methods whose requests carry a body: without a stated length they are refused (411), never read to the end.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _DECIMAL = re.compile(r"[0-9]{1,15}")
@@ -56,6 +67,46 @@ class Settings:
     remember_seconds: float = 60.0
     max_connections: int = 256
     max_body_bytes: int = 4 * 1024 * 1024
+    #: All held requests' bodies together (:mod:`.admission`; one model gets a quarter).
+    max_held_bytes: int = 32 * 1024 * 1024
+    #: Requests held for one model at once.
+    max_held_per_model: int = 64
+
+
+class Deadlines:
+    """Cuts the connections whose request has not been read whole by its deadline: a socket timeout bounds each read,
+    not the request, and a client sending a byte every few seconds would keep its connection for ever. One thread
+    looks every :data:`TICK_SECONDS` and shuts overdue sockets down, which ends the read blocked on them."""
+
+    TICK_SECONDS = 0.25
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[Any, float]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        threading.Thread(target=self._run, name="activator-deadlines", daemon=True).start()
+
+    def start(self, sock: Any, seconds: float) -> int:
+        """``sock`` must have delivered a whole request within ``seconds``: a ticket for :meth:`stop`."""
+        ticket = next(self._ids)
+        with self._lock:
+            self._due[ticket] = (sock, time.monotonic() + seconds)
+        return ticket
+
+    def stop(self, ticket: int) -> None:
+        with self._lock:
+            self._due.pop(ticket, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.TICK_SECONDS)
+            now = time.monotonic()
+            with self._lock:
+                overdue = [t for t, (_, due) in self._due.items() if due <= now]
+                socks = [self._due.pop(t)[0] for t in overdue]
+            for sock in socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class Front(ThreadingHTTPServer):
@@ -71,12 +122,14 @@ class Front(ThreadingHTTPServer):
         self.open_connections = 0
         self.closed_at_accept = 0
         self.draining = False
+        self.deadlines = Deadlines()
         self._count = threading.Condition()
         super().__init__(address, handler)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
+        # Runs in the accepting thread: while it waits, the next connections wait in the kernel's queue, in order.
         with self._count:
-            if self.open_connections >= self.max_connections:
+            if not self._count.wait_for(lambda: self.open_connections < self.max_connections, ACCEPT_WAIT_SECONDS):
                 self.closed_at_accept += 1
                 return False  # socketserver closes it unanswered
             self.open_connections += 1
@@ -116,7 +169,7 @@ def _single(handler: BaseHTTPRequestHandler, name: str) -> str | None:
     return values[0] if len(values) == 1 else None
 
 
-def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+def handler(settings: Settings, holder: Holder, metrics: Metrics, admission: Admission) -> type[BaseHTTPRequestHandler]:
     """The request handler class of one activator."""
     pending_token = activator.pending_token(settings.key).encode()
 
@@ -127,6 +180,13 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHT
 
         def log_message(self, format: str, *args: Any) -> None:  # one structured line per outcome instead
             return
+
+        def handle_one_request(self) -> None:
+            self._reading = self.server.deadlines.start(self.connection, CLIENT_TIMEOUT_SECONDS)
+            try:
+                super().handle_one_request()
+            finally:
+                self.server.deadlines.stop(self._reading)
 
         def _answer(self, answer: Answer) -> None:
             if self.server.draining:
@@ -176,13 +236,18 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHT
         def _hold(self) -> None:
             arrived = time.monotonic()
             try:
-                request = self._admit()
+                request, ticket = self._admit()
             except _Refused:
                 return
-            self._answer(holder.handle(request, arrived))
+            self.server.deadlines.stop(self._reading)  # read whole: from here it is the hold that bounds it
+            try:
+                answer = holder.handle(request, arrived, answer_limit(ticket.body_bytes))
+            finally:
+                admission.give_back(ticket)
+            self._answer(answer)
 
-        def _admit(self) -> Held:
-            """The request as it is to be held; raises :class:`_Refused` once it has been refused."""
+        def _admit(self) -> tuple[Held, Ticket]:
+            """The request as it is to be held, and what it holds; raises :class:`_Refused` once refused."""
             model, upstream = _single(self, activator.MODEL_HEADER), _single(self, activator.UPSTREAM_HEADER)
             if model is None or upstream is None:
                 raise self._refuse(400, "invalid", "not a request for a sleeping model")
@@ -193,10 +258,23 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHT
                 raise self._refuse(400, "invalid", "the upstream is not a Service of the model's namespace")
             if not self.path.startswith("/"):
                 raise self._refuse(400, "invalid", "the request target must be a path")
-            return Held(self.command, self.path, list(self.headers.items()), self._body(), model, upstream)
+            length = self._length()
+            ticket = admission.take(model, length or 0)
+            if isinstance(ticket, str):
+                metrics.count("overloaded")
+                self.close_connection = True
+                self._answer(refusal(503, "overloaded", f"the activator holds too much: {ticket}",
+                                     [("Retry-After", str(RETRY_AFTER_SECONDS))]))
+                raise _Refused()
+            try:
+                body = None if length is None else self._body(length)
+            except BaseException:
+                admission.give_back(ticket)
+                raise
+            return Held(self.command, self.path, list(self.headers.items()), body, model, upstream), ticket
 
-        def _body(self) -> bytes | None:
-            """The whole body (None: the request states none); raises :class:`_Refused` once refused."""
+        def _length(self) -> int | None:
+            """The body's stated length (None: the request states none); raises :class:`_Refused` once refused."""
             if self.headers.get("Transfer-Encoding") is not None:
                 raise self._refuse(411, "invalid", "a chunked body is not taken: send Content-Length")
             stated = self.headers.get_all("Content-Length") or []
@@ -209,6 +287,10 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics) -> type[BaseHT
             length = int(stated[0])
             if length > settings.max_body_bytes:
                 raise self._refuse(413, "invalid", f"the body is larger than {settings.max_body_bytes} bytes")
+            return length
+
+        def _body(self, length: int) -> bytes:
+            """The whole body of ``length`` bytes; raises :class:`_Refused` when the client stops short of it."""
             try:
                 body = self.rfile.read(length)
             except OSError:  # stalled past the client timeout, or reset
@@ -263,9 +345,10 @@ def start(settings: Settings, host: str = "127.0.0.1", port: int = 0, *,
     tests name local listeners). ``holder_options``: :class:`.hold.Holder`'s other keyword arguments (tests shorten
     its timings)."""
     board = Board(settings.remember_seconds)
-    metrics = Metrics(board.waiting)
+    admission = Admission(settings.max_held_bytes, settings.max_held_per_model)
+    metrics = Metrics(board.waiting, admission.held_bytes)
     holder = Holder(board, metrics, settings.hold_seconds, locate=locate, **(holder_options or {}))
-    front = Front((host, port), handler(settings, holder, metrics), settings.max_connections)
+    front = Front((host, port), handler(settings, holder, metrics, admission), settings.max_connections)
     thread = threading.Thread(target=front.serve_forever, name="activator-http", daemon=True)
     thread.start()
     return Running(front, thread, holder, metrics)

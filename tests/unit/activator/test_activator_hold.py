@@ -151,7 +151,8 @@ def test_no_pool_within_the_hold_is_a_503_with_retry_after() -> None:
     assert "error" in reply.json()
     assert 1.0 <= elapsed < 2.0
     assert cpu < 0.3 * elapsed, f"holding burned {cpu:.2f} s of CPU in {elapsed:.2f} s"
-    assert counts == {"forwarded": 0, "timeout": 1, "unauthenticated": 0, "invalid": 0, "upstream_error": 0}
+    assert counts == {"forwarded": 0, "timeout": 1, "unauthenticated": 0, "invalid": 0, "upstream_error": 0,
+                      "overloaded": 0}
     assert listed[MODEL]["waiting"] == 0  # no longer held, still remembered: the pool should still wake
 
 

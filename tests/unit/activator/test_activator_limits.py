@@ -78,6 +78,7 @@ def test_a_body_at_the_limit_is_taken_and_one_request_without_a_body_may_omit_it
 
 def test_surplus_connections_are_closed_at_accept_and_slow_clients_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "CLIENT_TIMEOUT_SECONDS", 0.8)
+    monkeypatch.setattr(server, "ACCEPT_WAIT_SECONDS", 0.2)
     with activator(max_connections=2) as act:
         host, port = act.url.removeprefix("http://").split(":")
         stalled = []
@@ -152,3 +153,43 @@ def test_a_pool_that_does_not_answer_is_a_504_after_the_read_timeout() -> None:
         stalled.sock.close()
     assert reply.status == 504 and 0.5 <= elapsed < 3.0
     assert stalled.accepted == 1 and counts["upstream_error"] == 1
+
+
+def test_a_surplus_connection_waits_its_turn_for_a_free_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond max_connections a new connection is not refused at once: it waits (in order) for one to close."""
+    monkeypatch.setattr(server, "CLIENT_TIMEOUT_SECONDS", 0.8)
+    with activator(max_connections=1) as act:
+        host, port = act.url.removeprefix("http://").split(":")
+        stalled = socket.create_connection((host, int(port)), timeout=5)
+        stalled.sendall(head("POST", "Content-Length: 50") + b"part")
+        eventually(lambda: act.server.open_connections == 1, timeout=5, every=0.02)
+        started = time.monotonic()
+        answer = raw(act.url, b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n", timeout=5)
+        waited = time.monotonic() - started
+        stalled.close()
+    assert status(answer) == 200 and act.server.closed_at_accept == 0
+    assert 0.3 <= waited < server.ACCEPT_WAIT_SECONDS, "served once the stalled client was cut"
+
+
+def test_a_client_trickling_its_request_is_cut_at_the_deadline_of_the_whole_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each byte arrives well within the timeout of one read; the request as a whole does not."""
+    monkeypatch.setattr(server, "CLIENT_TIMEOUT_SECONDS", 1.0)
+    with activator() as act:
+        host, port = act.url.removeprefix("http://").split(":")
+        s = socket.create_connection((host, int(port)), timeout=5)
+        started, cut_after = time.monotonic(), None
+        try:
+            for byte in head("POST", "Content-Length: 2") + b"{}":
+                s.sendall(bytes([byte]))
+                time.sleep(0.2)
+        except OSError:  # reset: the activator cut it
+            cut_after = time.monotonic() - started
+        if cut_after is None:  # everything was written into the socket's buffer: the cut shows on reading
+            s.settimeout(5)
+            assert s.recv(100) == b""
+            cut_after = time.monotonic() - started
+        s.close()
+        counts = outcome_counts(act.url)
+    assert cut_after < 2.5, f"cut after {cut_after:.1f} s"
+    assert counts["forwarded"] == counts["timeout"] == 0

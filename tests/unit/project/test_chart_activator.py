@@ -192,7 +192,8 @@ def test_the_activator_reads_services_and_endpointslices_with_its_own_account_an
     docs = render(helm, *ON)
     account = only(docs, "ServiceAccount", ACTIVATOR)
     assert account["metadata"]["namespace"] == "rerank-system"
-    role, binding = only(docs, "ClusterRole", f"{ACTIVATOR}-reads"), only(docs, "ClusterRoleBinding", f"{ACTIVATOR}-reads")
+    role = only(docs, "ClusterRole", f"{ACTIVATOR}-reads")
+    binding = only(docs, "ClusterRoleBinding", f"{ACTIVATOR}-reads")
     assert role["rules"] == yaml.safe_load(ACTIVATOR_READS.read_text())
     assert (CHART / "files" / "rbac_activator_reads.yaml").resolve() == ACTIVATOR_READS
     assert {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]} == {

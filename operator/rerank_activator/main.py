@@ -2,7 +2,7 @@
 
     rerank-activator [--port 8080] [--key-file /var/run/rerank-activator/key] [--hold-seconds 30]
                      [--remember-seconds 60] [--max-connections 256] [--max-body-bytes 4194304]
-                     [--max-held-bytes 33554432] [--max-held-per-model 64]
+                     [--max-held-bytes 33554432] [--max-held-per-namespace 64]
                      [--log-format json|text] [--api-server URL --api-ca-file F --api-token-file F]
 
 It refuses to start without a usable key (the file missing, empty or under 32 bytes): an activator that could
@@ -50,10 +50,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-body-bytes", type=_positive(int), default=4 * 1024 * 1024,
                         help="the largest request body taken (default %(default)s)")
     parser.add_argument("--max-held-bytes", type=_positive(int), default=32 * 1024 * 1024,
-                        help="all held requests' bodies together, at most; one model may hold a quarter "
-                        "(default %(default)s)")
-    parser.add_argument("--max-held-per-model", type=_positive(int), default=64,
-                        help="requests held for one model at once, at most (default %(default)s)")
+                        help="all held requests' bodies over 128 KiB together, at most; one namespace may hold a "
+                        "quarter (default %(default)s)")
+    parser.add_argument("--max-held-per-namespace", type=_positive(int), default=64,
+                        help="requests held for one namespace's models at once, at most (default %(default)s)")
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
     parser.add_argument("--api-server", help="the API server's URL, outside a pod (default: the pod's own)")
     parser.add_argument("--api-ca-file", help="the CA of the API server's certificate, with --api-server")
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = server.Settings(key=key, hold_seconds=args.hold_seconds, remember_seconds=args.remember_seconds,
                                max_connections=int(args.max_connections), max_body_bytes=int(args.max_body_bytes),
                                max_held_bytes=int(args.max_held_bytes),
-                               max_held_per_model=int(args.max_held_per_model))
+                               max_held_per_namespace=int(args.max_held_per_namespace))
     running = server.start(settings, "0.0.0.0", args.port, locate=endpoints.Endpoints(api).locate)
     logs.event("activator listening", port=args.port, hold_seconds=args.hold_seconds,
                remember_seconds=args.remember_seconds, max_connections=settings.max_connections)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 #: forwarded: the pool answered (whatever it answered) and that answer was relayed; timeout: no connection within
 #: the hold (503); unauthenticated: no or a wrong token (401, never forwarded); invalid: malformed headers, target or
 #: body framing (400, 411, 413); upstream_error: connected, but no usable answer (502, or 504 after the read timeout);
-#: overloaded: past the model's share of what the activator holds, or past the whole (503, never held).
+#: overloaded: past its namespace's share of what the activator holds, or past the whole (503, never held).
 OUTCOMES = ("forwarded", "timeout", "unauthenticated", "invalid", "upstream_error", "overloaded")
 #: A cold TEI pod takes seconds to tens of seconds to start; the top buckets meet the longest holds.
 HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)

@@ -10,13 +10,13 @@ its route sets (:mod:`.contract`). A request is checked in this order, and refus
 - the body's framing: a chunked body, or none stated on a method that carries one (POST, PUT, PATCH), is 411; a
   ``Content-Length`` that is not plain decimal digits is 400; one over ``max_body_bytes`` is 413; each is answered
   without reading the body, and the connection closed (what was not read must not be taken as a next request);
-- past the model's share of what the activator holds, or past the whole (:mod:`.admission`): 503 ``overloaded``
+- past its namespace's share of what the activator holds, or past the whole (:mod:`.admission`): 503 ``overloaded``
   with ``Retry-After``, also before reading the body.
 
 What one connection may cost is bounded: a client that has not sent a whole request (head and body)
 :data:`CLIENT_TIMEOUT_SECONDS` after it began (or after its previous answer, on a kept-alive connection) is cut,
 however it trickles its bytes (:class:`Deadlines`). Beyond ``max_connections`` open connections a new one waits in
-the kernel's queue, first come first served, for up to :data:`ACCEPT_WAIT_SECONDS`, then is closed: a model's flood
+the kernel's queue, first come first served, for up to :data:`ACCEPT_WAIT_SECONDS`, then is closed: a tenant's flood
 is answered 503 past its share at once, so the others' requests still find a free connection. A held request is one
 thread, sleeping between its connection tries (:mod:`.hold`).
 
@@ -30,8 +30,10 @@ import contextlib
 import hmac
 import itertools
 import json
+import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +49,7 @@ from rerank_contracts import activator
 from .admission import Admission, Ticket, answer_limit
 from .endpoints import Address
 from .hold import RETRY_AFTER_SECONDS, Board, Holder, refusal
+from .logs import LOGGER
 from .metrics import Metrics
 from .relay import Answer, Held
 
@@ -67,10 +70,10 @@ class Settings:
     remember_seconds: float = 60.0
     max_connections: int = 256
     max_body_bytes: int = 4 * 1024 * 1024
-    #: All held requests' bodies together (:mod:`.admission`; one model gets a quarter).
+    #: All held requests' large bodies together (:mod:`.admission`; one namespace gets a quarter).
     max_held_bytes: int = 32 * 1024 * 1024
-    #: Requests held for one model at once.
-    max_held_per_model: int = 64
+    #: Requests held for one namespace's models at once.
+    max_held_per_namespace: int = 64
 
 
 class Deadlines:
@@ -152,6 +155,12 @@ class Front(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._closed()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets its connection is no error of ours (socketserver would print a trace to stderr)."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            logging.getLogger(LOGGER).exception("a connection failed")
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every connection to close; whether they did."""
@@ -345,7 +354,7 @@ def start(settings: Settings, host: str = "127.0.0.1", port: int = 0, *,
     tests name local listeners). ``holder_options``: :class:`.hold.Holder`'s other keyword arguments (tests shorten
     its timings)."""
     board = Board(settings.remember_seconds)
-    admission = Admission(settings.max_held_bytes, settings.max_held_per_model)
+    admission = Admission(settings.max_held_bytes, settings.max_held_per_namespace, settings.max_connections * 3 // 4)
     metrics = Metrics(board.waiting, admission.held_bytes)
     holder = Holder(board, metrics, settings.hold_seconds, locate=locate, **(holder_options or {}))
     front = Front((host, port), handler(settings, holder, metrics, admission), settings.max_connections)

@@ -57,8 +57,17 @@ def test_slices_not_written_by_the_controller_for_this_service_are_ignored() -> 
     assert ready_addresses(SERVICE, [forged, other], 8080) == []
 
 
+def test_an_external_name_upstream_is_refused() -> None:
+    """A tenant who can edit its Services makes the signed one an ExternalName aimed at another tenant's pool: the
+    activator forwards nowhere, whatever endpoints are listed."""
+    external = {"metadata": {"name": "m1-cpu"},
+                "spec": {"type": "ExternalName", "externalName": "pool.other-tenant.svc.cluster.local",
+                         "selector": {"app": "m1"}, "ports": [{"name": "http", "port": 8080}]}}
+    with pytest.raises(LookupFailed, match="ExternalName"):
+        ready_addresses(external, [piece([endpoint("10.244.9.9", True)])], 8080)
+
+
 @pytest.mark.parametrize(("spec", "says"), [
-    ({"type": "ExternalName", "externalName": "pool.other-tenant.svc.cluster.local"}, "ExternalName"),
     ({"type": "ClusterIP", "ports": [{"name": "http", "port": 8080}]}, "no selector"),
     ({"type": "ClusterIP", "selector": {"app": "m1"}, "ports": [{"name": "http", "port": 80}]}, "no port 8080"),
 ])

@@ -1,7 +1,7 @@
-"""The activator is shared by every tenant's sleeping models (rerank_activator/admission.py, server.py): one model's
-flood must not refuse another model's request, what it holds in memory is bounded per model and in all, and an
-answer cannot be made to cost more than its request. The memory of the real process under a flood of maximal bodies
-at the chart's defaults is test_activator_memory.py's."""
+"""The activator is shared by every tenant's sleeping models (rerank_activator/admission.py, server.py): one tenant's
+flood must not refuse another tenant's request, what it holds in memory is bounded per tenant (namespace) and in all,
+and an answer cannot be made to cost more than its request. The memory of the real process under a flood of maximal
+bodies at the chart's defaults is test_activator_memory.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from rerank_activator.admission import ANSWER_ALLOWANCE, MODEL_SHARE, Admission, Ticket, answer_limit
+from rerank_activator.admission import (
+    ANSWER_ALLOWANCE,
+    SMALL_BODY_BYTES,
+    TENANT_SHARE,
+    Admission,
+    Ticket,
+    answer_limit,
+)
 from rerank_devcluster.waiting import eventually
 from tests.unit.activator.activator_helpers import (
     Pool,
@@ -27,29 +34,42 @@ FLOODED, OTHER = "tenant-a/flooded", "tenant-b/other"
 NEVER = upstream_of(1, namespace="tenant-a")  # the flooded model never wakes within the test
 
 
-def test_admission_bounds_requests_and_bytes_per_model_and_in_all() -> None:
-    admission = Admission(max_bytes=4000, max_requests=3)
-    assert admission.model_bytes == 4000 // MODEL_SHARE == 1000
-    a1, a2 = admission.take("a", 400), admission.take("a", 400)
+BIG = SMALL_BODY_BYTES + 1
+
+
+def test_admission_bounds_requests_per_tenant_and_large_bodies_per_tenant_and_in_all() -> None:
+    admission = Admission(max_bytes=8 * BIG, max_requests=4, max_total=100)
+    assert admission.tenant_bytes == 8 * BIG // TENANT_SHARE == 2 * BIG
+    a1, a2 = admission.take("a/m1", BIG), admission.take("a/m2", BIG)  # two models, one tenant
     assert isinstance(a1, Ticket) and isinstance(a2, Ticket)
-    assert "would exceed 1000 bytes" in str(admission.take("a", 400))  # a's share
-    small = admission.take("a", 10)
+    assert f"namespace a's held bodies would exceed {2 * BIG} bytes" == admission.take("a/m3", BIG)
+    small = admission.take("a/m1", SMALL_BODY_BYTES)  # small: the count alone bounds it
     assert isinstance(small, Ticket)
-    assert "3 requests are held" in str(admission.take("a", 0))  # a's count
-    others = [admission.take(m, 900) for m in ("b", "c", "d", "e")]  # 810 held by a, then 900 each
-    assert [isinstance(t, Ticket) for t in others] == [True, True, True, False]  # all together: 4000
-    assert "activator's held requests would exceed 4000" in str(others[3])
-    for ticket in (a1, a2, small, *others[:3]):
+    assert isinstance(admission.take("a/m1", 10), Ticket)
+    assert "4 requests are held for namespace a" in str(admission.take("a/m9", 0))
+    others = [admission.take(f"{t}/m", 2 * BIG) for t in ("b", "c", "d")]  # 2 BIG held by a, then 2 BIG each
+    assert [isinstance(t, Ticket) for t in others] == [True, True, True]
+    assert admission.take("e/m", BIG) == f"the activator's held bodies would exceed {8 * BIG} bytes"
+    assert isinstance(admission.take("e/m", 1000), Ticket)  # the budget is full; an ordinary request still held
+    for ticket in (a1, a2, small, *others):
         assert isinstance(ticket, Ticket)
         admission.give_back(ticket)
-    assert admission.held_bytes() == 0 and isinstance(admission.take("a", 1000), Ticket)
+    assert isinstance(admission.take("a/m3", 2 * BIG), Ticket)
     assert answer_limit(1000) == 1000 + ANSWER_ALLOWANCE
+
+
+def test_however_many_tenants_flood_some_connections_stay_free_for_the_operator() -> None:
+    admission = Admission(max_bytes=8 * BIG, max_requests=4, max_total=6)
+    taken = [admission.take(f"t{i}/m", 10) for i in range(7)]
+    assert [isinstance(t, Ticket) for t in taken] == [True] * 6 + [False]
+    assert taken[6] == "6 requests are held in all (at most 6)"
 
 
 def test_a_flood_on_one_sleeping_model_does_not_refuse_another() -> None:
     """300 clients flood a model that will not wake, each sending again as soon as it is answered; meanwhile another
-    model's request arrives and its pool wakes. The flood holds its share, its surplus is answered 503 at once, and
-    the other model's request is held and answered by its pool; at the defaults (256 connections, 64 a model)."""
+    tenant's model gets a request and its pool wakes. The flood holds its share, its surplus is answered 503 at once,
+    and the other model's request is held and answered by its pool; at the defaults (256 connections, 64 requests a
+    namespace)."""
     stop = threading.Event()
     statuses: dict[int, int] = {}
     lock = threading.Lock()
@@ -87,19 +107,19 @@ def test_a_flood_on_one_sleeping_model_does_not_refuse_another() -> None:
     assert counts["overloaded"] >= 300 and statuses.get(0, 0) == 0, statuses  # turned away with a 503, not reset
 
 
-def test_past_a_models_share_of_bytes_its_requests_are_turned_away_and_others_still_held() -> None:
-    with activator(hold_seconds=5, max_held_bytes=4000, max_body_bytes=1000) as act:
+def test_past_a_tenants_share_of_large_bodies_its_requests_are_turned_away_and_others_still_held() -> None:
+    with activator(hold_seconds=5, max_held_bytes=8 * BIG, max_body_bytes=2 * BIG) as act:
         replies: list[int] = []
 
         def hold(model: str, namespace: str) -> None:
             upstream = upstream_of(1, namespace=namespace)
-            replies.append(call(act.url, "POST", "/rerank", signed(model, upstream), b"x" * 600).status)
+            replies.append(call(act.url, "POST", "/rerank", signed(model, upstream), b"x" * (BIG + 10)).status)
 
         first = threading.Thread(target=hold, args=(FLOODED, "tenant-a"))
         first.start()
         eventually(lambda: pending(act.url).get(FLOODED, {}).get("waiting") == 1, timeout=5, every=0.02)
         started = time.monotonic()
-        second = call(act.url, "POST", "/rerank", signed(FLOODED, NEVER), b"x" * 600)  # 1200 > 1000, its share
+        second = call(act.url, "POST", "/rerank", signed(FLOODED, NEVER), b"x" * BIG)  # past its share, 2 BIG
         turned_away = time.monotonic() - started
         other = threading.Thread(target=hold, args=(OTHER, "tenant-b"))
         other.start()
@@ -107,7 +127,8 @@ def test_past_a_models_share_of_bytes_its_requests_are_turned_away_and_others_st
         first.join()
         other.join()
         counts = outcome_counts(act.url)
-    assert second.status == 503 and second.headers["Retry-After"] == "5" and "1000 bytes" in second.json()["error"]
+    assert second.status == 503 and second.headers["Retry-After"] == "5"
+    assert f"{2 * BIG} bytes" in second.json()["error"]
     assert turned_away < 1.0
     assert replies == [503, 503]  # both held for the whole hold (nothing woke), neither turned away
     assert counts["overloaded"] == 1 and counts["timeout"] == 2

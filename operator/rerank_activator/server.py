@@ -354,7 +354,8 @@ def start(settings: Settings, host: str = "127.0.0.1", port: int = 0, *,
     tests name local listeners). ``holder_options``: :class:`.hold.Holder`'s other keyword arguments (tests shorten
     its timings)."""
     board = Board(settings.remember_seconds)
-    admission = Admission(settings.max_held_bytes, settings.max_held_per_namespace, settings.max_connections * 3 // 4)
+    admission = Admission(settings.max_held_bytes, settings.max_held_per_namespace,
+                          max(1, settings.max_connections * 3 // 4))
     metrics = Metrics(board.waiting, admission.held_bytes)
     holder = Holder(board, metrics, settings.hold_seconds, locate=locate, **(holder_options or {}))
     front = Front((host, port), handler(settings, holder, metrics, admission), settings.max_connections)

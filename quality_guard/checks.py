@@ -39,7 +39,8 @@ class Guard:
     def __init__(self, config: GuardConfig, post: Post | None = None, clock: Callable[[], float] = time.monotonic,
                  registry: CollectorRegistry | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.config, self.clock = config, clock
-        self.mirror_token = intake.expected_token(config.mirror_token_env, os.environ if environ is None else environ)
+        self.mirror_token = intake.expected_token(config.mirror_token_env, os.environ if environ is None else environ,
+                                                  config.accept_unsigned)
         remote = post or http_post(config.timeout_seconds, api_keys(config), self.mirror_token)
         self.local = (reference.LocalReference(config.reference_model,
                                                max_batch_tokens=config.reference_max_batch_tokens,

@@ -52,11 +52,12 @@ class Receiver(Protocol):
         """An authenticated mirrored copy: keep it (live sample) and offer it for a check; whether it was sampled."""
 
 
-def expected_token(env_var: str | None, environ: Mapping[str, str]) -> str | None:
-    """The token a POST must carry: None when the configuration names no variable (a guard run by hand, which then
-    checks nothing), and "" (which nothing matches: fail closed) when it names one that is unset."""
+def expected_token(env_var: str | None, environ: Mapping[str, str], accept_unsigned: bool = False) -> str | None:
+    """The token a POST must carry; "" (which nothing matches: fail closed) when the configuration names a variable
+    that is unset, or names none without saying ``accept_unsigned``; None (nothing checked) only when it names none
+    and says ``accept_unsigned`` (a guard run by hand on a trusted network)."""
     if not env_var:
-        return None
+        return None if accept_unsigned else ""
     return environ.get(env_var, "")
 
 

@@ -99,8 +99,11 @@ class GuardConfig:
     reference_auto_truncate: bool = True
     live_sample: LiveSampleSettings | None = None
     #: The environment variable holding the token the model's route (or its pools' samplers) set on what they copy:
-    #: POSTs without it are dropped. None (a guard run by hand): every POST counts.
+    #: POSTs without it are dropped. None: every POST is dropped, unless ``accept_unsigned``.
     mirror_token_env: str | None = None
+    #: Count POSTs that carry no token (only with no ``mirror_token_env``): a guard run by hand, on a trusted network,
+    #: says so; the operator never does.
+    accept_unsigned: bool = False
     #: The guard's own evidence settings (window sizes, thresholds: ``quality_guard.detector.Settings``) where a test
     #: or a person running it by hand overrides them; the operator writes none.
     evidence: Mapping[str, Any] = field(default_factory=dict)

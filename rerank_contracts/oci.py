@@ -341,7 +341,8 @@ class Registry:
         parts = urllib.parse.urlsplit(url)
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         conn = kind(parts.netloc, timeout=self.timeout)
-        sent = {"Authorization": "Basic " + _basic(*self.credentials)} if self.credentials else {}
+        trusted = self.credentials is not None and realm_may_have_credentials(self._url("/"), realm)
+        sent = {"Authorization": "Basic " + _basic(*self.credentials)} if trusted and self.credentials else {}
         try:
             conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")), headers=sent)
             resp = conn.getresponse()
@@ -380,6 +381,23 @@ class Registry:
     def _refusal(self, method: str, target: str, status: int, body: bytes) -> RegistryError:
         head = body[:300].decode("utf-8", "replace").strip()
         return RegistryError(f"{method} {self.host} {target.split('?')[0]}: HTTP {status}: {head}", status=status)
+
+
+def realm_may_have_credentials(registry_url: str, realm: str) -> bool:
+    """Whether the registry's credentials may be sent to the token ``realm`` its challenge names: over HTTPS to the
+    registry's host or a host of its domain (Docker Hub's registry-1.docker.io names auth.docker.io); for a
+    plain-HTTP registry (a dev one, configured insecure), to its own host only. A challenge naming any other place
+    gets an anonymous token request, never the password: a registry, or whoever answers for it, cannot collect
+    them elsewhere, nor over a plain-HTTP hop of its choosing."""
+    registry, target = urllib.parse.urlsplit(registry_url), urllib.parse.urlsplit(realm)
+    if target.username or target.password or not target.hostname or not registry.hostname:
+        return False
+    if registry.scheme == "http":
+        return target.hostname == registry.hostname
+    if target.scheme != "https":
+        return False
+    domain = ".".join(registry.hostname.split(".")[-2:])
+    return target.hostname in (registry.hostname, domain) or target.hostname.endswith("." + domain)
 
 
 def _basic(username: str, password: str) -> str:

@@ -176,7 +176,7 @@ def _download(reference: oci.Reference, manifest_sha256: str, parts: list[str], 
                 registry.get_blob(repo, str(layer["digest"]), out)
             fetched += tar_path.stat().st_size
             try:
-                _extract(tar_path, part, tmp)
+                _extract(tar_path, part, tmp, files)
             finally:
                 tar_path.unlink()
             _verify(tmp, part, files)
@@ -195,9 +195,11 @@ def _inventory(config_bytes: bytes, where: object) -> dict[str, dict[str, Any]]:
         raise StoreError(f"{where}: manifest.json has no usable files list ({exc})") from None
 
 
-def _extract(tar_path: Path, part: str, root: Path) -> None:
+def _extract(tar_path: Path, part: str, root: Path, files: dict[str, dict[str, Any]]) -> None:
     """Extract one part's tar under ``root``, refusing what could write outside ``root/part``: absolute names,
-    ``..``, links, devices, fifos, names outside the part, a member twice."""
+    ``..``, links, devices, fifos, names outside the part, a member twice; and, before a byte is written, a file
+    manifest.json does not list, one whose size is not the listed one, or a sparse one (whose few stored bytes
+    would expand to any size on disk)."""
     with tarfile.open(tar_path, "r:") as tar:
         for member in tar:
             name = member.name
@@ -209,6 +211,13 @@ def _extract(tar_path: Path, part: str, root: Path) -> None:
             if member.isdir():
                 target.mkdir(parents=True, exist_ok=True)
             elif member.isreg():
+                listed = files.get(name)
+                if listed is None:
+                    raise ChecksumMismatch(f"part {part!r}: member {name!r} is not in manifest.json")
+                if member.issparse() or member.size != listed["size"]:
+                    raise ChecksumMismatch(f"part {part!r}: member {name!r} is {member.size} bytes"
+                                           f"{' (sparse)' if member.issparse() else ''}, manifest.json lists "
+                                           f"{listed['size']}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 source = tar.extractfile(member)
                 if source is None:

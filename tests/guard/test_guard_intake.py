@@ -133,6 +133,22 @@ def test_a_guard_told_of_a_token_it_was_not_given_takes_nothing(tmp_path: Path) 
     assert pools.calls == 0
 
 
+def test_a_guard_configured_without_a_token_refuses_every_post_unless_told_to_accept_them(tmp_path: Path) -> None:
+    """A guard run by hand, its configuration naming no token: it takes nothing, unless the configuration says
+    ``accept_unsigned`` (then every POST counts, as on a trusted network)."""
+    for accept, expected in ((False, 401), (True, 202)):
+        pools = Pools()
+        config = GuardConfig(namespace="n", model="m", pools={"cpu": "http://cpu"}, reference="http://ref",
+                             fraction=1.0, calls_per_second=1e6, accept_unsigned=accept)
+        up = server.serve(Guard(config, post=pools, environ={}), sample_every=0.05)
+        try:
+            assert post(up.url, hostile(1)[0], None) == expected
+            settle(up)
+        finally:
+            up.stop()
+        assert (pools.calls > 0) is accept
+
+
 def raw(url: str, data: bytes, timeout: float = 5.0) -> bytes:
     """Send ``data`` as is and return all the server answers until it closes."""
     host, port = url.removeprefix("http://").split(":")

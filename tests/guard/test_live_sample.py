@@ -17,7 +17,7 @@ import pytest
 from quality_guard import sample, server
 from quality_guard.checks import Guard
 from quantizer_job.steps.evaluation import evaldata
-from rerank_contracts.guard import GuardConfig, LiveSampleSettings
+from rerank_contracts.guard import MIRROR_TOKEN_HEADER, GuardConfig, LiveSampleSettings
 from rerank_operator.core.quality import assessment as quality
 
 
@@ -100,9 +100,13 @@ def test_a_restarted_guard_takes_up_the_sample_minus_what_expired(tmp_path: Path
     assert sample.LiveSample(settings(tmp_path / "none"), clock).load() == 0
 
 
+TOKEN_ENV, TOKEN = "RERANK_GUARD_MIRROR_TOKEN", "the-models-mirror-token"
+
+
 def post(url: str, payload: Any) -> None:
+    """As the route's mirror (or a pool's sampler) sends a copy: with the model's token."""
     req = urllib.request.Request(url + "/rerank", data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", MIRROR_TOKEN_HEADER: TOKEN})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 202
 
@@ -115,8 +119,9 @@ def test_the_guard_keeps_mirrored_requests_only_and_tells_the_operator_how_many(
     live = settings(tmp_path, max_pairs=1000, max_age=3600)
     config = GuardConfig(namespace="ns", model="m", pools={"cpu": "http://cpu"}, reference="http://ref",
                            fraction=1.0, calls_per_second=1e6, replay=str(replay), replay_per_second=50.0,
-                           live_sample=live)
-    guard = Guard(config, post=lambda base, b: [float(i) for i in range(len(b["texts"]))])
+                           live_sample=live, mirror_token_env=TOKEN_ENV)
+    guard = Guard(config, post=lambda base, b: [float(i) for i in range(len(b["texts"]))],
+                  environ={TOKEN_ENV: TOKEN})
     running = server.serve(guard, sample_every=0.1)
     try:
         for i in range(5):

@@ -242,7 +242,8 @@ def test_a_manifest_json_that_does_not_match_the_content_is_caught(tmp_path: Pat
     (artifact / "manifest.json").write_bytes(body)
     ref = shared_store.push(artifact, "rerank/lies", "b5", registry=reg, scratch=tmp_path / "s")
     into = tmp_path / "out" / "b5"
-    with pytest.raises(shared_store.ChecksumMismatch, match=r"part 'cpu-int8' differs from manifest\.json"):
+    # A size or listing lie is caught from the tar's headers, before writing; a digest lie after.
+    with pytest.raises(shared_store.ChecksumMismatch, match=r"part 'cpu-int8'.*manifest\.json"):
         shared_store.fetch(ref, hashlib.sha256(body).hexdigest(), ["cpu-int8"], into, registry=reg)
     assert not into.exists()
     no_leftovers(into.parent)
@@ -286,6 +287,47 @@ def test_a_part_whose_tar_reaches_outside_or_holds_links_is_refused(tmp_path: Pa
         shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
     assert not into.exists() and not (tmp_path / "out" / "escaped").exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def push_tar(reg: oci.Registry, tar_bytes: bytes, listed: dict[str, bytes]) -> tuple[str, str]:
+    """An artifact whose one part (cpu-int8) is ``tar_bytes``, its manifest.json listing ``listed`` (path: bytes)."""
+    config = json.dumps({"files": [{"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+                                   for p, b in listed.items()]}).encode()
+    layer = reg.push_bytes("rerank/evil", tar_bytes)
+    manifest = {"schemaVersion": 2, "mediaType": shared_store.OCI_MANIFEST, "artifactType": shared_store.ARTIFACT_TYPE,
+                "config": {"mediaType": shared_store.CONFIG_MEDIA_TYPE, "digest": reg.push_bytes("rerank/evil", config),
+                           "size": len(config)},
+                "layers": [{"mediaType": shared_store.PART_MEDIA_TYPE, "digest": layer, "size": len(tar_bytes),
+                            "annotations": {"org.opencontainers.image.title": "cpu-int8"}}]}
+    digest = reg.put_manifest("rerank/evil", "y", json.dumps(manifest).encode(), shared_store.OCI_MANIFEST)
+    return f"{reg.host}/rerank/evil@{digest}", hashlib.sha256(config).hexdigest()
+
+
+def tar_of(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_sparse_oversized_or_unlisted_member_is_refused_before_it_is_written(tmp_path: Path,
+                                                                               reg: oci.Registry) -> None:
+    """A sparse member stores a few bytes that expand to any size on disk; an oversized or unlisted one fills the
+    disk before the size check after writing could catch it. Each is refused from its header."""
+    sparse = tarfile.TarInfo("cpu-int8/ok")
+    sparse.pax_headers = {"GNU.sparse.map": "0,5", "GNU.sparse.size": str(10**12)}  # a terabyte from five bytes
+    cases = {"sparse": tar_of((sparse, b"evil!")),
+             "oversized": tar_of((tarfile.TarInfo("cpu-int8/ok"), b"evil!" * 1000)),
+             "unlisted": tar_of((tarfile.TarInfo("cpu-int8/ok"), b"evil!"), (tarfile.TarInfo("cpu-int8/x"), b"x"))}
+    for case, data in cases.items():
+        ref, manifest_sha = push_tar(reg, data, {"cpu-int8/ok": b"evil!"})
+        into = tmp_path / "out" / case
+        with pytest.raises(shared_store.ChecksumMismatch, match=r"sparse|manifest.json lists 5|not in manifest"):
+            shared_store.fetch(ref, manifest_sha, ["cpu-int8"], into, registry=reg)
+        assert not into.exists()
+        assert sum(p.stat().st_size for p in (tmp_path / "out").rglob("*") if p.is_file()) <= 5, case
 
 
 def test_the_hand_made_part_fetches_when_it_holds_no_trick(tmp_path: Path, reg: oci.Registry) -> None:
@@ -470,3 +512,30 @@ def test_credentials_go_only_to_the_registry_as_configured_scheme_and_host() -> 
     assert not secure.is_ours("https://registry.example:5001/v2/")
     plain = oci.Registry("127.0.0.1:5000", insecure=True)
     assert plain.is_ours("http://127.0.0.1:5000/v2/") and not plain.is_ours("https://127.0.0.1:5000/v2/")
+
+
+@pytest.mark.parametrize(("registry", "realm", "allowed"), [
+    ("https://registry-1.docker.io/", "https://auth.docker.io/token", True),
+    ("https://ghcr.io/", "https://ghcr.io/token", True),
+    ("https://harbor.corp.example/", "https://harbor.corp.example/service/token", True),
+    ("https://harbor.corp.example/", "http://harbor.corp.example/service/token", False),  # TLS dropped
+    ("https://harbor.corp.example/", "https://collector.attacker.example/token", False),
+    ("https://harbor.corp.example/", "https://user:pw@harbor.corp.example/token", False),
+    ("http://127.0.0.1:5000/", "http://127.0.0.1:5001/token", True),  # an insecure dev registry's own host
+    ("http://127.0.0.1:5000/", "http://10.0.0.9/token", False),
+])
+def test_registry_credentials_go_only_to_a_realm_of_the_registrys_own(registry: str, realm: str,
+                                                                         allowed: bool) -> None:
+    assert oci.realm_may_have_credentials(registry, realm) is allowed
+
+
+def test_a_bearer_realm_elsewhere_gets_no_credentials(stubs: list[Stub]) -> None:
+    """A registry whose challenge names a realm on another host: the token request goes out anonymously."""
+    collector = Stub({"/token": lambda h: (401, {}, b"no")})
+    collector.host = collector.host.replace("127.0.0.1", "localhost")  # the same listener, under another host name
+    registry = Stub({"/v2/r/tags/list": lambda h: (
+        401, {"WWW-Authenticate": f'Bearer realm="http://{collector.host}/token",service="reg"'}, b"")})
+    stubs += [collector, registry]
+    with pytest.raises(oci.RegistryError, match="HTTP 401"):
+        oci.Registry(registry.host, insecure=True, credentials=("robot", "s3cret")).tags("r")
+    assert collector.seen == [("GET", "/token?service=reg", None)]

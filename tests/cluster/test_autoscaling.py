@@ -77,6 +77,8 @@ class Fleet(TrafficLoop):
         self.override_file = override_file
         self.up = True
         self.pods: dict[str, FakePod] = {}
+        #: Pods whose name starts with this serve almost nothing: their queue and latency climb (a hostile page).
+        self.hostile_prefix: str | None = None
         self.start()
 
     def step_pod(self, name: str, rate: float, dt: float) -> None:
@@ -91,6 +93,8 @@ class Fleet(TrafficLoop):
             name, pool = pod.metadata.name, pod.metadata.labels["rerank.io/pool"]
             if name not in self.pods:
                 self.pods[name] = FakePod(pool, self)
+                if self.hostile_prefix and name.startswith(self.hostile_prefix):
+                    self.pods[name].counters = TeiCounters(0.01, 5.0, 1e9)
             if not pod.metadata.deletion_timestamp and any(
                     c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
                 ready[name] = pool
@@ -363,5 +367,46 @@ def test_a_lookalike_pod_serving_hostile_metrics_scales_nothing(scaled: tuple[En
         # The look-alike goes: the count says so.
         env.kube.core.delete_namespaced_pod(lookalike, env.namespace, grace_period_seconds=0)
         eventually(lambda: env.operator.metrics().get(key) == 0.0, 30, "the count back to zero")
+    finally:
+        fleet.stop()
+
+
+def test_a_deployment_forging_the_models_controller_reference_owns_nothing(scaled: tuple[Env, Path],
+                                                                          gateway_api_installed: list[str]) -> None:
+    """A tenant who may create Deployments (``edit``) makes one whose controller reference names the model, with the
+    GPU pool's labels on it and on its pods, which serve a queue that would grow the GPU pool to the class's maximum.
+    Only the Deployments of the names the operator gives them stand for the pools (adapters/cluster.py): the forged
+    one's pods are foreign, never scraped, and nothing scales."""
+    env, override = scaled
+    serve(env, routing=GATEWAY)
+    fleet = Fleet(env.kube.api, env.namespace, override, rate=3.0)
+    shadow = f"{NAME}-gpu-shadow"
+    try:
+        fresh(env)
+        model = env.kube.model(env.namespace, NAME) or {}
+        real = env.kube.deployment(env.namespace, f"{NAME}-gpu") or {}
+        labels = {k: v for k, v in real["metadata"]["labels"].items()}
+        template = real["spec"]["template"]
+        pod_labels = {**{k: v for k, v in template["metadata"]["labels"].items() if k != "pod-template-hash"},
+                      "forged": "yes"}
+        fleet.hostile_prefix = shadow  # its pods' /metrics: a queue that climbs under their share of the load
+        env.kube.apps.create_namespaced_deployment(env.namespace, {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": shadow, "labels": labels, "ownerReferences": [{
+                "apiVersion": model["apiVersion"], "kind": "RerankModel", "name": NAME,
+                "uid": model["metadata"]["uid"], "controller": True}]},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"forged": "yes"}},
+                     "template": {"metadata": {"labels": pod_labels}, "spec": template["spec"]}}})
+        key = f'rerank_operator_foreign_pods{{namespace="{env.namespace}",rerankmodel="{NAME}"}}'
+        try:
+            eventually(lambda: env.operator.metrics().get(key) == 1.0, 60, "the forged Deployment's pod counted")
+        except AssertionError as exc:
+            found = {k: v for k, v in env.operator.metrics().items() if "foreign" in k}
+            raise AssertionError(f"{exc}\n{found}\n{env.describe()}\n{operator_log(env)}") from None
+        time.sleep(4 * 5)  # four autoscaler intervals with the hostile page on offer
+        assert replicas(env, "gpu") == 1, status(env).get("autoscaling")
+        assert "ScaledUp" not in event_reasons(env)
+        assert (env.kube.deployment(env.namespace, f"{NAME}-gpu") or {})["metadata"]["uid"] == \
+            real["metadata"]["uid"]
     finally:
         fleet.stop()

@@ -384,18 +384,14 @@ class Registry:
 
 
 def realm_may_have_credentials(registry_url: str, realm: str) -> bool:
-    """Whether the registry's credentials may be sent to the token ``realm`` its challenge names: over HTTPS to the
-    registry's host or a host of its domain (Docker Hub's registry-1.docker.io names auth.docker.io); for a
-    plain-HTTP registry (a dev one, configured insecure), to its own host only. A challenge naming any other place
-    gets an anonymous token request, never the password: a registry, or whoever answers for it, cannot collect
-    them elsewhere, nor over a plain-HTTP hop of its choosing."""
+    """Whether credentials may go to the token ``realm`` a challenge names: over HTTPS to the registry's host or its
+    domain (registry-1.docker.io names auth.docker.io); for a plain-HTTP dev registry, its own host. Elsewhere the
+    token is asked for anonymously: whoever answers for the registry cannot collect the password."""
     registry, target = urllib.parse.urlsplit(registry_url), urllib.parse.urlsplit(realm)
     if target.username or target.password or not target.hostname or not registry.hostname:
         return False
-    if registry.scheme == "http":
-        return target.hostname == registry.hostname
-    if target.scheme != "https":
-        return False
+    if registry.scheme == "http" or target.scheme != "https":
+        return registry.scheme == "http" and target.hostname == registry.hostname
     domain = ".".join(registry.hostname.split(".")[-2:])
     return target.hostname in (registry.hostname, domain) or target.hostname.endswith("." + domain)
 

@@ -78,8 +78,8 @@ class SharedArtifacts:
         except StoreUnavailable as exc:  # said in the model's status; asked again soon (not cached)
             return sharing.SharedView(artifact_id, unavailable=str(exc))
         if seen.published is None:
-            jobs, pods = self._jobs(where, artifact_id)
-            seen = sharing.SharedView(artifact_id, None, jobs, pods)
+            jobs, pods, building = self._jobs(where, artifact_id)
+            seen = sharing.SharedView(artifact_id, None, jobs, pods, building=building)
         with self._lock:
             self._seen[key] = (now, seen)
         return seen
@@ -123,15 +123,26 @@ class SharedArtifacts:
                                  manifest=content, parts=tuple(p for p in parts if p))
 
     def _jobs(self, where: platform.ArtifactStore,
-              artifact_id: str) -> tuple[tuple[Obj, ...], dict[str, tuple[Obj, ...]]]:
+              artifact_id: str) -> tuple[tuple[Obj, ...], dict[str, tuple[Obj, ...]], dict[str, int]]:
+        """The Jobs building ``artifact_id`` with their pods, and the store's unfinished shared Jobs counted by the
+        namespace they were started for (``names.LABEL_BUILT_FOR``): one list of the store's shared Jobs."""
+        shared = self.client.list_objects("batch/v1", "Job", where.namespace, f"{names.LABEL_SHARED}=true") or []
+        jobs = [j for j in shared if ((j.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ARTIFACT)
+                == artifact_id]
+        building: dict[str, int] = {}
+        for j in shared:
+            conditions = (j.get("status") or {}).get("conditions") or ()
+            built_for = ((j.get("metadata") or {}).get("labels") or {}).get(names.LABEL_BUILT_FOR)
+            if built_for and not any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                                     for c in conditions):
+                building[built_for] = building.get(built_for, 0) + 1
         selector = f"{names.LABEL_SHARED}=true,{names.LABEL_ARTIFACT}={artifact_id}"
-        jobs = self.client.list_objects("batch/v1", "Job", where.namespace, selector) or []
         pods = self.client.list_objects("v1", "Pod", where.namespace, selector) if jobs else []
         by_job: dict[str, list[Obj]] = {}
         for pod in pods or ():
             owner = (pod.get("metadata", {}).get("labels") or {}).get("job-name", "")
             by_job.setdefault(str(owner), []).append(pod)
-        return tuple(jobs), {k: tuple(v) for k, v in by_job.items()}
+        return tuple(jobs), {k: tuple(v) for k, v in by_job.items()}, building
 
     # --- collecting -------------------------------------------------------------------------------------------------
 

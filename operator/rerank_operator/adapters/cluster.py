@@ -36,6 +36,7 @@ from rerank_operator.core.reconcile.observed import (
     PoolsView,
     controlled_by,
     owned_pods,
+    pool_deployments,
     ref_of,
     short_of_replicas,
 )
@@ -109,21 +110,6 @@ def side_by_side(first: Callable[[], None], second: Callable[[], None]) -> None:
         raise failed[0]
 
 
-def _by_role(deployments: Iterable[Obj], model: str) -> dict[str, Obj]:
-    """A model's Deployments by pool name (``cpu``, ``gpu``), the quality guard's by its component. Only those of
-    the names the operator gives them: a tenant who may create Deployments can forge a controller reference to its
-    model and the labels of a pool; such a Deployment must not stand in for the pool, nor make its pods "owned"."""
-    ours = {names.deployment_name(model, "cpu"), names.deployment_name(model, "gpu"), names.canary_name(model),
-            names.guard_name(model)}
-    found: dict[str, Obj] = {}
-    for d in deployments:
-        if d["metadata"].get("name") not in ours:
-            continue
-        labels = d["metadata"].get("labels") or {}
-        found[labels.get(names.LABEL_POOL) or labels.get(names.LABEL_COMPONENT, "")] = d
-    return found
-
-
 def _refused(ref: ObjectRef, verb: str, exc: ApiError, text: str) -> Refused:
     return Refused(ref=ref, verb=verb, status=exc.status, message=exc.message, text=text)
 
@@ -174,7 +160,7 @@ class Cluster:
         jobs = [j for j in c.store("Job").controlled_by(owner.uid)
                 if (j["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_QUANTIZER]
         job_pods = [p for j in jobs for p in c.store("Pod").controlled_by(j["metadata"]["uid"])]
-        deployments = _by_role(c.store("Deployment").controlled_by(owner.uid), owner.name)
+        deployments = pool_deployments(c.store("Deployment").controlled_by(owner.uid), owner.name)
         services = {s["metadata"]["name"]: s for s in c.store("Service").controlled_by(owner.uid)}
         route = next((r for r in c.store("HTTPRoute").controlled_by(owner.uid)
                       if r["metadata"]["name"] == names.route_name(owner.name)), None)
@@ -321,7 +307,7 @@ class Cluster:
         """What the autoscaler needs, from the caches: the pool Deployments, their pods (only those the Deployments
         own: ``observed.owned_pods``), the HTTPRoute."""
         c = self.caches
-        deployments = _by_role(c.store("Deployment").controlled_by(owner.uid), owner.name)
+        deployments = pool_deployments(c.store("Deployment").controlled_by(owner.uid), owner.name)
         labelled = [p for p in c.store("Pod").select(owner.namespace, {names.LABEL_INSTANCE: owner.name})
                     if ((p["metadata"].get("labels") or {}).get(names.LABEL_POOL)
                         or (p["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_GUARD)

@@ -52,6 +52,8 @@ ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"  # on every applied child: has
 #: On the Jobs that build a shared artifact in a store's namespace (core/artifacts/sharing.py): "true". They belong to
 #: no model.
 LABEL_SHARED = f"{GROUP}/shared"
+#: On a shared Job: the namespace whose model started it (artifactStore.maxBuildsPerNamespace counts these).
+LABEL_BUILT_FOR = f"{GROUP}/built-for"
 ANNOTATION_SOURCE = f"{GROUP}/source"  # on a shared artifact's Job: the weights it builds from (for people)
 
 Component = Literal["quantizer", "cpu-pool", "gpu-pool", "model-storage", "service", "route", "network-policy",

@@ -90,6 +90,8 @@ class Activator:
 
 
 DEFAULT_UNUSED_GRACE_SECONDS = 86400
+#: The CRD's default of artifactStore.maxBuildsPerNamespace.
+DEFAULT_MAX_BUILDS_PER_NAMESPACE = 2
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class ArtifactStore:
     #: The shared Jobs' resources: the class's ``quantization.defaultResources``, never a tenant's (a tenant's tiny
     #: memory limit would fail the build every tenant of the artifact waits for).
     job_resources: Mapping[str, Any] = field(default_factory=dict)
+    #: Shared Jobs the models of one namespace may have building at once (they run outside the tenants' quotas).
+    max_builds_per_namespace: int = DEFAULT_MAX_BUILDS_PER_NAMESPACE
 
     @property
     def host(self) -> str:
@@ -129,4 +133,6 @@ class ArtifactStore:
                    push_secret=raw.get("pushSecret") or None, pull_secret=raw.get("pullSecret") or None,
                    insecure=bool(raw.get("insecure", False)),
                    unused_grace_seconds=int(raw.get("unusedGraceSeconds", DEFAULT_UNUSED_GRACE_SECONDS)),
+                   max_builds_per_namespace=int(raw.get("maxBuildsPerNamespace",
+                                                        DEFAULT_MAX_BUILDS_PER_NAMESPACE)),
                    job_resources=dict(((class_spec or {}).get("quantization") or {}).get("defaultResources") or {}))

@@ -126,6 +126,8 @@ COMMANDS: dict[str, Callable[[], frozenset[str]]] = {
     "hack/demo": entry_point_flags("rerank_devcluster.demo", "main"),
     "hack/release": entry_point_flags("rerank_devcluster.release", "main"),
     "gen_api_docs.py": entry_point_flags("rerank_devcluster.api_docs", "main"),
+    "rerank-activator": entry_point_flags("rerank_activator.main", "parse_args"),
+    "rerank-sampler": entry_point_flags("rerank_sampler.main", "parse_args"),
     **{f"benchmarks.{name}": script_flags(path) for name, path in BENCHMARK_SOURCES.items()},
 }
 #: Other names of our commands: console-script modules, ``python -m`` modules, possessives in prose.
@@ -135,6 +137,8 @@ ALIASES = {
     "rerank_devcluster": "rerank-dev-cluster", "rerank_devcluster.cli": "rerank-dev-cluster",
     "rerank_devcluster.demo": "hack/demo", "hack/gen_api_docs.py": "gen_api_docs.py",
     "rerank_devcluster.api_docs": "gen_api_docs.py",
+    "rerank_activator": "rerank-activator", "activator's": "rerank-activator",
+    "rerank_sampler": "rerank-sampler", "sampler's": "rerank-sampler",
     # a benchmark by its file or folder (tei_rerank.py, autoscale_sim; a leading benchmarks/ is a folder: PROGRAM_DIRS)
     **{path.name: f"benchmarks.{name}" for name, path in BENCHMARK_SOURCES.items()},
 }

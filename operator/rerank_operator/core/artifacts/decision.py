@@ -167,7 +167,7 @@ def decide_artifact(
         return step, None
     if shared_store is not None:
         view = shared if shared is not None and shared.artifact_id == desired else sharing.SharedView(desired)
-        return _decide_shared(spec, desired, served, shared_store, view, now, canary, backoff)
+        return _decide_shared(owner, spec, desired, served, shared_store, view, now, canary, backoff)
     claim = storage.claim_name(owner, spec)
     jobs = jobs_for(observed, desired)
     if not jobs:
@@ -224,14 +224,15 @@ SHARED_LOOKUP_SECONDS = 2.0
 SHARED_PUSH_VISIBLE_SECONDS = 60.0
 
 
-def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
+def _decide_shared(owner: names.Owner, spec: RerankModelSpec, desired: str, served: Mapping[str, Any] | None,
                    store: platform.ArtifactStore, view: sharing.SharedView, now: str,
                    canary: canaries.CanaryPolicy | None, backoff: job_outcome.RetryBackoff) -> tuple[ArtifactDecision,
                                                                                               Obj | None]:
     """A shared artifact: served from the store when published there (no Job); else the one Job in the store's
     namespace that builds it, started by the first model that asks, waited on by all of them. A failure is every
     waiting model's (the Job's own reason); a transient one is retried after the backoff, a permanent one when
-    someone deletes the Job."""
+    someone deletes the Job. A model whose namespace already has ``maxBuildsPerNamespace`` shared Jobs building
+    waits before it starts one: shared Jobs escape the tenants' quotas."""
     if view.unavailable and view.published is None:
         return ArtifactDecision(desired, served, recheck_after=SHARED_UNAVAILABLE_SECONDS, pending=Pending(
             desired, "", 0, "Waiting", conditions.REASON_REGISTRY_UNAVAILABLE,
@@ -244,8 +245,15 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
                 canaries.message(desired, served, canary, {}))), None
         return ArtifactDecision(desired, record, published=True), None
     jobs = sorted(view.jobs, key=job_outcome.attempt_of)
+    building = view.building.get(owner.namespace, 0)
+    if not jobs and building >= store.max_builds_per_namespace:
+        return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(
+            desired, "", 0, "Waiting", conditions.REASON_SHARED_BUILDS_LIMITED,
+            f"namespace {owner.namespace} has {building} shared artifacts building in {store.namespace} (its class "
+            f"allows {store.max_builds_per_namespace} at once: artifactStore.maxBuildsPerNamespace); this one "
+            "starts when one of them finishes")), None
     if not jobs:
-        new = shared_job.build_shared_job(spec, desired, 1, store)
+        new = shared_job.build_shared_job(spec, desired, 1, store, built_for=owner.namespace)
         return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(
             desired, _where(new), 1, "Creating", conditions.REASON_QUANTIZING,
             f"building shared artifact {desired} for the store {store.repository}: every model that asks for it "
@@ -260,7 +268,7 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
     if out.state == "Succeeded" and gone and attempt <= MAX_RESULT_RECOVERIES:
         # Finished, yet the store has no such tag (its result lost with the pod, or the artifact deleted since):
         # build it again.
-        new = shared_job.build_shared_job(spec, desired, attempt + 1, store)
+        new = shared_job.build_shared_job(spec, desired, attempt + 1, store, built_for=owner.namespace)
         return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(
             desired, _where(new), attempt + 1, "Creating", conditions.REASON_QUANTIZING,
             f"{where} finished but the store has no artifact {desired}: attempt {attempt + 1}")), new
@@ -276,7 +284,8 @@ def _decide_shared(spec: RerankModelSpec, desired: str, served: Mapping[str, Any
     if out.state == "Failed" and out.reason in quantize_job.TRANSIENT_FAILURES:
         in_a_row, _, left = _backoff_left(latest, now, backoff)
         if left <= 0:
-            new = shared_job.build_shared_job(spec, desired, attempt + 1, store, transient_retries=in_a_row)
+            new = shared_job.build_shared_job(spec, desired, attempt + 1, store, transient_retries=in_a_row,
+                                              built_for=owner.namespace)
             return ArtifactDecision(desired, served, recheck_after=SHARED_RECHECK_SECONDS, pending=Pending(
                 desired, _where(new), attempt + 1, "Creating", conditions.REASON_QUANTIZING,
                 f"{where} failed transiently ({out.reason}, {in_a_row} in a row): retrying")), new

@@ -111,6 +111,9 @@ class SharedView:
     pods: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     #: Why the store could not be read ("": it was): nothing is decided on a store the operator cannot see.
     unavailable: str = ""
+    #: Unfinished shared Jobs of the store by the namespace they were started for (``names.LABEL_BUILT_FOR``); read
+    #: only when none builds this id yet.
+    building: Mapping[str, int] = field(default_factory=dict)
 
     def pods_of(self, job: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
         return self.pods.get(str(job["metadata"]["name"]), ())

@@ -21,12 +21,13 @@ REGISTRY_CONFIG_MOUNT = "/etc/rerank/registry"
 
 
 def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, store: platform.ArtifactStore,
-                     transient_retries: int = 0) -> dict[str, Any]:
+                     transient_retries: int = 0, built_for: str = "") -> dict[str, Any]:
     """Attempt ``attempt`` of the Job building shared artifact ``artifact_id`` as ``spec`` asks for it, run as the
     platform says: with its class's default resources, and at least the built-in deadline and retries. What one
     tenant's spec says of those is not part of the artifact's id, so no tenant may make the build every tenant of the
     artifact waits for fail (a memory limit too small, a deadline too short, no retries); a longer deadline or more
-    retries harm no one."""
+    retries harm no one. ``built_for``: the namespace of the model that starts it, which the Job is counted for
+    (``artifactStore.maxBuildsPerNamespace``)."""
     built_in, q = Quantization(), spec.quantization
     spec = replace(spec, quantization=replace(
         q, resources=store.job_resources,
@@ -51,7 +52,7 @@ def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, stor
     metadata: dict[str, Any] = {
         "name": names.shared_job_name(artifact_id, attempt),
         "namespace": store.namespace,
-        "labels": names.shared_labels(artifact_id),
+        "labels": {**names.shared_labels(artifact_id), **({names.LABEL_BUILT_FOR: built_for} if built_for else {})},
         "annotations": {
             names.ANNOTATION_ATTEMPT: str(attempt),
             names.ANNOTATION_SOURCE: spec.model.display,

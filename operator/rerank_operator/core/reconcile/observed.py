@@ -53,6 +53,21 @@ def owned_pods(pods: Iterable[Obj], deployments: Iterable[Mapping[str, Any]],
     return trusted, foreign
 
 
+def pool_deployments(deployments: Iterable[Obj], model: str) -> dict[str, Obj]:
+    """A model's Deployments by pool name (``cpu``, ``gpu``), the quality guard's by its component. Only those of
+    the names the operator gives them: a tenant who may create Deployments can forge a controller reference to its
+    model and the labels of a pool; such a Deployment must not stand in for the pool, nor make its pods "owned"."""
+    ours = {names.deployment_name(model, "cpu"), names.deployment_name(model, "gpu"), names.canary_name(model),
+            names.guard_name(model)}
+    found: dict[str, Obj] = {}
+    for d in deployments:
+        if d["metadata"].get("name") not in ours:
+            continue
+        labels = d["metadata"].get("labels") or {}
+        found[labels.get(names.LABEL_POOL) or labels.get(names.LABEL_COMPONENT, "")] = d
+    return found
+
+
 def short_of_replicas(deployments: Iterable[Mapping[str, Any]]) -> bool:
     """Some pool has fewer ready replicas than it wants: only then are its ReplicaSets read (for a quota's
     ReplicaFailure)."""

@@ -53,6 +53,8 @@ REASON_INVALID_SPEC = "InvalidSpec"  # also MetricsAvailable's, when the autosca
 REASON_QUANTIZATION_DISABLED = "QuantizationDisabled"
 REASON_ARTIFACT_PUBLISHED = "ArtifactPublished"
 REASON_QUANTIZING = "Quantizing"
+#: A shared artifact waits: its namespace has artifactStore.maxBuildsPerNamespace shared Jobs building already.
+REASON_SHARED_BUILDS_LIMITED = "SharedBuildsLimited"
 REASON_RECOVERING_RESULT = "RecoveringResult"
 REASON_RETRYING = "Retrying"
 REASON_JOB_POD_WAITING = "JobPodWaiting"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rerank_contracts import artifact_layout, quantize_job
 from rerank_operator.core import names, platform
@@ -39,6 +41,7 @@ from tests.unit.operator.rerankmodel_gen import (
     without,
 )
 
+REPO = Path(__file__).resolve().parents[5]
 NOW = "2026-12-05T00:00:00Z"
 REPOSITORY = "registry.platform.svc:5000/rerank/artifacts"
 STORE = platform.ArtifactStore(repository=REPOSITORY, namespace="rerank-artifacts", push_secret="artifact-push",
@@ -100,7 +103,7 @@ def test_the_first_model_asking_creates_the_one_job_in_the_stores_namespace() ->
     meta = new["metadata"]
     assert meta["name"] == f"rerank-artifact-{sid}-1"
     assert meta["namespace"] == "rerank-artifacts"
-    assert meta["labels"] == names.shared_labels(sid)
+    assert meta["labels"] == {**names.shared_labels(sid), names.LABEL_BUILT_FOR: owner_of(body).namespace}
     assert new["spec"]["template"]["metadata"]["labels"] == names.shared_labels(sid)
     assert "ownerReferences" not in meta  # it serves every namespace that asks
     assert meta["annotations"][names.ANNOTATION_ATTEMPT] == "1"
@@ -161,6 +164,34 @@ def test_a_tenant_cannot_fail_a_shared_build_for_others() -> None:
     patient = spec_of(model(set_("quantization.activeDeadlineSeconds", 7200)))
     assert shared_job.build_shared_job(patient, shared_id(patient, store), 1, store)["spec"][
         "activeDeadlineSeconds"] == 7200
+
+
+def test_a_tenant_cannot_fill_the_stores_namespace_with_builds() -> None:
+    """Shared Jobs run in the store's namespace, outside the tenants' quotas, and a tenant can mint distinct ids at
+    will (each quality gate is another id). A namespace with ``maxBuildsPerNamespace`` of them building waits before
+    it starts one more; another namespace does not wait for it, and a build already running is joined freely."""
+    body = body_of()
+    ns = owner_of(body).namespace
+    store = dataclasses.replace(STORE, max_builds_per_namespace=2)
+    sid = shared_id(spec_of(body), store)
+    decision, new = decide(body, store=store, shared=sharing.SharedView(sid, building={ns: 2, "other": 5}))
+    pending = decision.pending
+    assert new is None and pending is not None
+    assert (pending.state, pending.reason) == ("Waiting", conditions.REASON_SHARED_BUILDS_LIMITED)
+    assert f"namespace {ns} has 2 shared artifacts building" in pending.message
+    assert "maxBuildsPerNamespace" in pending.message and decision.recheck_after == SHARED_RECHECK_SECONDS
+    _, new = decide(body, store=store, shared=sharing.SharedView(sid, building={ns: 1, "other": 5}))
+    assert new is not None and new["metadata"]["labels"][names.LABEL_BUILT_FOR] == ns
+    running = shared_job_of(spec_of(body), store=store)
+    decision, new = decide(body, store=store, shared=sharing.SharedView(sid, jobs=(running,), building={ns: 9}))
+    assert new is None and decision.pending is not None and decision.pending.state == "Running"
+    assert platform.ArtifactStore.from_class({"artifactStore": {
+        "repository": REPOSITORY, "namespace": "x", "maxBuildsPerNamespace": 5}}).max_builds_per_namespace == 5
+    default = platform.ArtifactStore.from_class({"artifactStore": {"repository": REPOSITORY, "namespace": "x"}})
+    crd = yaml.safe_load((REPO / "crds" / "rerankclass.yaml").read_text())
+    fields = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert default is not None and default.max_builds_per_namespace == \
+        fields["artifactStore"]["properties"]["maxBuildsPerNamespace"]["default"]  # the CRD's default, and ours
 
 
 def test_a_secure_store_without_push_credentials() -> None:

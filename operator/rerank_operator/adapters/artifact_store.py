@@ -147,10 +147,12 @@ class SharedArtifacts:
     # --- collecting -------------------------------------------------------------------------------------------------
 
     def collect(self, stores: Iterable[platform.ArtifactStore], statuses: Iterable[Mapping[str, Any]],
-                now: float) -> list[str]:
+                now: float, leading: Callable[[], bool] = lambda: True) -> list[str]:
         """Delete what no model has used for its store's grace period (``sharing.collect``): the manifest in the
         registry (its blobs go with the registry's own garbage collection) and the Jobs that built it. Returns the
-        references deleted."""
+        references deleted. ``leading`` is asked before each delete: a registry is no API server, so its deletes are
+        not fenced by the Lease, and a pass that outlives this replica's term must stop before the new leader's
+        reconciles (which may have just asked for that artifact) see it vanish."""
         used = sharing.in_use(statuses)
         deleted: list[str] = []
         for where in {s.repository: s for s in stores}.values():
@@ -169,6 +171,10 @@ class SharedArtifacts:
                 del self.unused_since[key]
             self.unused_since.update({(where.repository, tag): at for tag, at in result.unused_since.items()})
             for tag in result.delete:
+                if not leading():
+                    log.warning("artifact store %s: no longer leading: %d deletes left to the leader",
+                                where.repository, len(result.delete))
+                    return deleted
                 try:
                     digest = registry.resolve(where.path, tag)
                     if digest is not None:

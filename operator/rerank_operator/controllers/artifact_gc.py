@@ -30,16 +30,18 @@ def stores_of(classes: Iterable[Mapping[str, Any]]) -> list[platform.ArtifactSto
 
 
 def collect_once(shared: SharedArtifacts, classes: Iterable[Mapping[str, Any]],
-                 statuses: Iterable[Mapping[str, Any]], now: float) -> list[str]:
-    return shared.collect(stores_of(classes), statuses, now)
+                 statuses: Iterable[Mapping[str, Any]], now: float,
+                 leading: Callable[[], bool] = lambda: True) -> list[str]:
+    return shared.collect(stores_of(classes), statuses, now, leading)
 
 
 def run(stop: threading.Event, shared: SharedArtifacts, list_classes: Callable[[], list[Mapping[str, Any]]],
         statuses: Callable[[], list[Mapping[str, Any]]], period: float,
-        clock: Callable[[], float] = time.time) -> None:
-    """The collector's thread (started when leading); an error is logged and tried again next period."""
+        clock: Callable[[], float] = time.time, leading: Callable[[], bool] = lambda: True) -> None:
+    """The collector's thread (started when leading; ``leading`` asked before each registry delete); an error is
+    logged and tried again next period."""
     while not stop.wait(period):
         try:
-            collect_once(shared, list_classes(), statuses(), clock())
+            collect_once(shared, list_classes(), statuses(), clock(), leading)
         except Exception:  # the next pass tries again; the collector must not die with one bad answer
             log.exception("collecting unused shared artifacts")

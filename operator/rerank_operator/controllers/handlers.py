@@ -119,10 +119,12 @@ class Process:
             self.autoscaler.start(self.stop)
         if self.shared is not None and self.cluster is not None and self.caches is not None and not self.namespaces:
             models = self.caches.models
+            elector = self.elector
             threading.Thread(target=artifact_gc.run, daemon=True, name="artifact-gc", args=(
                 self.stop, self.shared, self.cluster.list_classes,
                 lambda: [(models.get(*k) or {}).get("status") or {} for k in models.all_keys()],
-                self.settings.artifact_gc_seconds)).start()
+                self.settings.artifact_gc_seconds),
+                kwargs={"leading": (lambda: elector.is_leader) if elector is not None else (lambda: True)}).start()
 
     def abdicate(self) -> None:
         """Lost the Lease: exit at once, so that only the new leader writes (the pod restarts as a standby)."""

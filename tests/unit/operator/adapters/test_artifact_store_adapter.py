@@ -84,6 +84,22 @@ def test_the_collector_deletes_only_what_nobody_uses_or_just_asked_for(registry:
     assert shared.collect([store_], [{"artifact": {"id": "used"}}], now=6000.0) == [f"{store_.repository}:asked"]
 
 
+def test_the_collectors_deletes_stop_when_this_replica_no_longer_leads(registry: LocalRegistry,
+                                                                          tmp_path: Path) -> None:
+    """A registry delete is not fenced by the Lease as an API write is: the collector asks before each one."""
+    repo = "rerank/fenced"
+    for artifact_id in ("old1", "old2", "old3"):
+        push(registry, tmp_path, artifact_id, repo)
+    shared = SharedArtifacts(NoJobs(), clock=lambda: 1000.0)  # type: ignore[arg-type]
+    store_ = where(registry, grace=0, repo=repo)
+    term = iter([True, False])  # the Lease lost during the pass, after the first delete
+    deleted = shared.collect([store_], [], now=5000.0, leading=lambda: next(term, False))
+    reg = oci.Registry(registry.host, insecure=True)
+    assert len(deleted) == 1
+    assert sum(reg.resolve(repo, t) is not None for t in ("old1", "old2", "old3")) == 2
+    assert shared.collect([store_], [], now=5000.0, leading=lambda: False) == []
+
+
 def test_a_retagged_artifact_is_refused(registry: LocalRegistry, tmp_path: Path) -> None:
     """Whoever can write the registry tags another artifact's manifest with this id: its files would verify (they
     are that other artifact's), so the operator checks the artifact a tag holds is the one its name says, and reads

@@ -90,12 +90,22 @@ def upstream_service(upstream: str) -> tuple[str, str, int]:
     return u["namespace"], u["service"], int(u["port"])
 
 
-def read_key(path: str) -> bytes:
-    """The shared key: the file's content without surrounding white space (a Secret written by hand often ends in a
-    newline). ValueError when it is empty or shorter than :data:`MIN_KEY_BYTES`; OSError when it cannot be read."""
-    key = Path(path).read_bytes().strip()
-    if not key:
+def read_keys(path: str) -> tuple[bytes, ...]:
+    """The shared keys, one a line, white space around each ignored (a Secret written by hand often ends in a
+    newline): the first signs, every one verifies. Rotation without a 401: put the new key on a line before the old
+    one, let the activator's and the operator's pods restart (the activator then takes both; the operator signs with
+    the new), then remove the old line. ValueError when there is none or one is shorter than :data:`MIN_KEY_BYTES`;
+    OSError when the file cannot be read."""
+    keys = tuple(line.strip() for line in Path(path).read_bytes().splitlines() if line.strip())
+    if not keys:
         raise ValueError(f"the activator key file {path} is empty")
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"the activator key in {path} is {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
-    return key
+    for i, key in enumerate(keys, 1):
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"the activator key in {path}{f' (line {i})' if len(keys) > 1 else ''} is {len(key)} "
+                             f"bytes; at least {MIN_KEY_BYTES} are needed")
+    return keys
+
+
+def read_key(path: str) -> bytes:
+    """The key that signs (:func:`read_keys`' first)."""
+    return read_keys(path)[0]

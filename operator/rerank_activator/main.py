@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logs.configure(args.log_format)
     try:
-        key = activator.read_key(args.key_file)
+        keys = activator.read_keys(args.key_file)
     except (OSError, ValueError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         sys.exit(f"rerank-activator: no usable key in {args.key_file}: {detail} (the chart mounts the Secret "
@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         api = _api_access(args)
     except ValueError as exc:
         sys.exit(f"rerank-activator: cannot reach the API server: {exc}")
-    settings = server.Settings(key=key, hold_seconds=args.hold_seconds, remember_seconds=args.remember_seconds,
+    settings = server.Settings(key=keys[0], also_accepted=keys[1:], hold_seconds=args.hold_seconds,
+                               remember_seconds=args.remember_seconds,
                                max_connections=int(args.max_connections), max_body_bytes=int(args.max_body_bytes),
                                max_held_bytes=int(args.max_held_bytes),
                                max_held_per_namespace=int(args.max_held_per_namespace))

@@ -66,6 +66,8 @@ DRAIN_DELAY_SECONDS = 5.0
 @dataclass(frozen=True)
 class Settings:
     key: bytes
+    #: Keys still accepted besides ``key`` while it is rotated (``activator.read_keys``).
+    also_accepted: tuple[bytes, ...] = ()
     hold_seconds: float = 30.0
     remember_seconds: float = 60.0
     max_connections: int = 256
@@ -180,7 +182,12 @@ def _single(handler: BaseHTTPRequestHandler, name: str) -> str | None:
 
 def handler(settings: Settings, holder: Holder, metrics: Metrics, admission: Admission) -> type[BaseHTTPRequestHandler]:
     """The request handler class of one activator."""
-    pending_token = activator.pending_token(settings.key).encode()
+    keys = (settings.key, *settings.also_accepted)
+    pending_tokens = [activator.pending_token(k).encode() for k in keys]
+
+    def signed_by_a_key(presented: bytes, token: Callable[[bytes], str]) -> bool:
+        """Constant-time against each key (``any`` of a list: every comparison is made)."""
+        return any([hmac.compare_digest(presented, token(k).encode()) for k in keys])
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive for the gateway's connection pool
@@ -234,7 +241,7 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics, admission: Adm
                 self._own(200, metrics.page(), CONTENT_TYPE_LATEST)
             elif path == activator.PENDING_PATH:
                 presented = (_single(self, activator.TOKEN_HEADER) or "").encode()
-                if not hmac.compare_digest(presented, pending_token):
+                if not any([hmac.compare_digest(presented, t) for t in pending_tokens]):
                     self._refuse(401, "unauthenticated", "the pending token is missing or wrong")
                     return
                 body = json.dumps({"models": holder.board.pending()}, separators=(",", ":")).encode()
@@ -261,7 +268,7 @@ def handler(settings: Settings, holder: Holder, metrics: Metrics, admission: Adm
             if model is None or upstream is None:
                 raise self._refuse(400, "invalid", "not a request for a sleeping model")
             presented = (_single(self, activator.TOKEN_HEADER) or "").encode()
-            if not hmac.compare_digest(presented, activator.token(settings.key, model, upstream).encode()):
+            if not signed_by_a_key(presented, lambda k: activator.token(k, model, upstream)):
                 raise self._refuse(401, "unauthenticated", "the activation token is missing or wrong")
             if not activator.upstream_allowed(model, upstream):
                 raise self._refuse(400, "invalid", "the upstream is not a Service of the model's namespace")

@@ -191,3 +191,15 @@ def test_a_signed_upstream_in_another_namespace_is_refused() -> None:
         pool.stop()
     assert (reply.status, unsigned.status) == (400, 400)
     assert pool.seen == [] and counts["invalid"] == 2
+
+
+def test_while_the_key_is_rotated_both_keys_are_accepted_and_no_other() -> None:
+    """The Secret holds the new key, then the old one: the activator takes tokens of either (routes written before
+    the operator restarted carry the old one), and a token of any other key is still a 401."""
+    old = b"o" * 48
+    with activator(hold_seconds=0.3, also_accepted=(old,)) as act:
+        by_new = call(act.url, "POST", "/rerank", signed(MODEL, upstream_of(1)), b"{}")
+        by_old = call(act.url, "POST", "/rerank", signed(MODEL, upstream_of(1), key=old), b"{}")
+        by_other = call(act.url, "POST", "/rerank", signed(MODEL, upstream_of(1), key=b"x" * 48), b"{}")
+        listed = call(act.url, "GET", PENDING_PATH, {TOKEN_HEADER: pending_token(old)})
+    assert (by_new.status, by_old.status, by_other.status, listed.status) == (503, 503, 401, 200)

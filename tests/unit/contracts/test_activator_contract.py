@@ -91,3 +91,14 @@ def test_the_chart_and_the_operator_agree_on_these_values() -> None:
     assert activator.PORT == 8080 and activator.PENDING_PATH == "/pending"
     assert activator.KEY_FILE == "/var/run/rerank-activator/key"
     assert activator.POD_LABELS == {"app.kubernetes.io/component": "rerank-activator"}
+
+
+def test_keys_one_a_line_the_first_signs(tmp_path: Path) -> None:
+    """Rotation: the new key on the line before the old one; both verify, the new one signs."""
+    path = tmp_path / "key"
+    new, old = b"n" * 48, b"o" * 48
+    path.write_bytes(new + b"\n" + old + b"\n\n")
+    assert activator.read_keys(str(path)) == (new, old) and activator.read_key(str(path)) == new
+    path.write_bytes(new + b"\nshort\n")
+    with pytest.raises(ValueError, match=r"line 2\) is 5 bytes"):
+        activator.read_keys(str(path))

@@ -12,7 +12,8 @@ reaching the guard at all (``rerank_operator/core/tenancy/network.py``), so the 
 only one.
 
 The HTTP limits: a body must say its length (``Content-Length``, 0..``MAX_BODY_BYTES``; anything else is 400 or 411
-or 413 without reading it), a client that stalls is cut after ``CLIENT_TIMEOUT_SECONDS``, and at most
+or 413 without reading it), a client that has not sent a whole request ``CLIENT_TIMEOUT_SECONDS`` after it began is
+cut, however it trickles its bytes (:class:`DeadlineReader`: each read may wait only what is left), and at most
 ``MAX_CONNECTIONS`` connections are served at once (more are closed at accept): a flood or a slow-loris costs the
 guard a bounded number of threads and never its /metrics for long.
 """
@@ -20,8 +21,11 @@ guard a bounded number of threads and never its /metrics for long.
 from __future__ import annotations
 
 import hmac
+import io
 import json
+import socket
 import threading
+import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -105,11 +109,40 @@ class BoundedServer(ThreadingHTTPServer):
             self.slots.release()
 
 
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads under one deadline for the whole request: a socket timeout bounds each read, so a client
+    sending a byte every few seconds would otherwise keep a connection (and a thread) for ever. Each read waits at
+    most what is left until :attr:`deadline` (monotonic), then fails with ``TimeoutError``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + CLIENT_TIMEOUT_SECONDS
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
 def handler(receiver: Receiver, token: str | None) -> type[BaseHTTPRequestHandler]:
     """The guard's routes: ``GET /metrics``, ``GET /healthz`` and ``POST /rerank`` (the mirror's copies)."""
 
     class Handler(BaseHTTPRequestHandler):
         timeout = CLIENT_TIMEOUT_SECONDS
+
+        def setup(self) -> None:
+            super().setup()
+            self.reader = DeadlineReader(self.connection)
+            self.rfile = io.BufferedReader(self.reader)
+
+        def handle_one_request(self) -> None:
+            self.reader.deadline = time.monotonic() + CLIENT_TIMEOUT_SECONDS  # each request, its own deadline
+            super().handle_one_request()
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: the metrics say what happened
             return

@@ -241,6 +241,35 @@ def test_a_slow_client_is_cut_and_surplus_connections_are_closed(monkeypatch: py
     assert pools.calls == 0
 
 
+def test_a_client_trickling_its_request_is_cut_at_the_deadline_of_the_whole_request(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each byte arrives well within the timeout of one read; the request as a whole does not, and is cut."""
+    monkeypatch.setattr(intake, "CLIENT_TIMEOUT_SECONDS", 1.0)
+    pools = Pools()
+    up = server.serve(guard_for(tmp_path, pools))
+    host, port = up.url.removeprefix("http://").split(":")
+    body = json.dumps(hostile(1)[0]).encode()
+    request = (f"POST /rerank HTTP/1.1\r\nHost: g\r\n{intake.MIRROR_TOKEN_HEADER}: {TOKEN}\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    try:
+        s = socket.create_connection((host, int(port)), timeout=5)
+        started, cut_after = time.monotonic(), None
+        try:
+            for byte in request:
+                s.sendall(bytes([byte]))
+                time.sleep(0.2)
+        except OSError:  # reset: the guard cut it
+            cut_after = time.monotonic() - started
+        if cut_after is None:
+            assert s.recv(100) == b""
+            cut_after = time.monotonic() - started
+        s.close()
+    finally:
+        up.stop()
+    assert cut_after < 2.5, f"cut after {cut_after:.1f} s"
+    assert pools.calls == 0
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(
     st.binary(max_size=2048),

@@ -94,6 +94,12 @@ DEFAULT_UNUSED_GRACE_SECONDS = 86400
 DEFAULT_MAX_BUILDS_PER_NAMESPACE = 2
 
 
+def _class_cpu_placement(class_spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    cpu = (((class_spec or {}).get("pools") or {}).get("cpu")) or {}
+    return {**({"nodeSelector": dict(cpu["nodeSelector"])} if cpu.get("nodeSelector") else {}),
+            **({"tolerations": [dict(t) for t in cpu["tolerations"]]} if cpu.get("tolerations") else {})}
+
+
 @dataclass(frozen=True)
 class ArtifactStore:
     """A class's ``spec.artifactStore``. ``repository``: ``host[:port]/path`` (tags are artifact ids);
@@ -113,6 +119,9 @@ class ArtifactStore:
     job_resources: Mapping[str, Any] = field(default_factory=dict)
     #: Shared Jobs the models of one namespace may have building at once (they run outside the tenants' quotas).
     max_builds_per_namespace: int = DEFAULT_MAX_BUILDS_PER_NAMESPACE
+    #: Where shared Jobs run: the class's CPU pool placement (``pools.cpu.nodeSelector`` and ``tolerations``) as
+    #: pod spec fields, never a tenant's (an unschedulable one would fail the build every tenant waits for).
+    job_placement: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def host(self) -> str:
@@ -135,4 +144,5 @@ class ArtifactStore:
                    unused_grace_seconds=int(raw.get("unusedGraceSeconds", DEFAULT_UNUSED_GRACE_SECONDS)),
                    max_builds_per_namespace=int(raw.get("maxBuildsPerNamespace",
                                                         DEFAULT_MAX_BUILDS_PER_NAMESPACE)),
-                   job_resources=dict(((class_spec or {}).get("quantization") or {}).get("defaultResources") or {}))
+                   job_resources=dict(((class_spec or {}).get("quantization") or {}).get("defaultResources") or {}),
+                   job_placement=_class_cpu_placement(class_spec))

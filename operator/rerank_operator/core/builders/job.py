@@ -132,12 +132,27 @@ def build_job(
     )
     pod_labels = {**names.labels(owner.name, names.COMPONENT_QUANTIZER), names.LABEL_ARTIFACT: artifact_id}
     args = quantize_job.build_args(request(spec, artifact_id))
-    return manifest(spec, metadata, pod_labels, args, env, mounts, volumes)
+    return manifest(spec, metadata, pod_labels, args, env, mounts, volumes, cpu_pool_placement(spec))
+
+
+def cpu_pool_placement(spec: RerankModelSpec) -> dict[str, Any]:
+    """Where the CPU pool's pods run (the model's placement with its class's added), as pod spec fields: the Job
+    runs there too. With ``target: auto`` the Job picks its INT8 recipe for the CPU it runs on and measures the
+    speedup it reports there: on another node pool's CPU (an AMX node for an AVX2 pool) the artifact would be
+    tuned, and its figures measured, for hardware that never serves it. Empty for a model without a CPU pool."""
+    cpu = spec.cpu
+    if not cpu.enabled:
+        return {}
+    return {**({"nodeSelector": dict(cpu.node_selector)} if cpu.node_selector else {}),
+            **({"tolerations": [dict(t) for t in cpu.tolerations]} if cpu.tolerations else {}),
+            **({"affinity": dict(cpu.affinity)} if cpu.affinity else {})}
 
 
 def manifest(spec: RerankModelSpec, metadata: dict[str, Any], pod_labels: dict[str, str], args: list[str],
-             env: list[dict[str, Any]], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
-    """A quantization Job around ``rerank-quantize args`` (a model's own, or a shared artifact's: shared_job.py)."""
+             env: list[dict[str, Any]], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]],
+             placement: dict[str, Any]) -> dict[str, Any]:
+    """A quantization Job around ``rerank-quantize args`` (a model's own, or a shared artifact's: shared_job.py),
+    its pod placed by ``placement`` (nodeSelector, tolerations, affinity)."""
     q = spec.quantization
     quantizer: dict[str, Any] = {
         "name": CONTAINER, "image": q.image, "command": ["rerank-quantize"], "args": args, "env": env,
@@ -167,6 +182,7 @@ def manifest(spec: RerankModelSpec, metadata: dict[str, Any], pod_labels: dict[s
                     "securityContext": pods.pod_security_context(),
                     "containers": [quantizer],
                     "volumes": volumes,
+                    **placement,
                 },
             },
         },

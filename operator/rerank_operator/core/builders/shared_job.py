@@ -26,7 +26,8 @@ def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, stor
     platform says: with its class's default resources, and at least the built-in deadline and retries. What one
     tenant's spec says of those is not part of the artifact's id, so no tenant may make the build every tenant of the
     artifact waits for fail (a memory limit too small, a deadline too short, no retries); a longer deadline or more
-    retries harm no one. ``built_for``: the namespace of the model that starts it, which the Job is counted for
+    retries harm no one. It runs on the class's CPU node pool (``store.job_placement``), never on a placement a
+    tenant chose. ``built_for``: the namespace of the model that starts it, which the Job is counted for
     (``artifactStore.maxBuildsPerNamespace``)."""
     built_in, q = Quantization(), spec.quantization
     spec = replace(spec, quantization=replace(
@@ -60,4 +61,4 @@ def build_shared_job(spec: RerankModelSpec, artifact_id: str, attempt: int, stor
         },
     }
     return job.manifest(spec, metadata, names.shared_labels(artifact_id), quantize_job.build_args(req), env, mounts,
-                        volumes)
+                        volumes, dict(store.job_placement))

@@ -194,6 +194,23 @@ def test_a_tenant_cannot_fill_the_stores_namespace_with_builds() -> None:
         fields["artifactStore"]["properties"]["maxBuildsPerNamespace"]["default"]  # the CRD's default, and ours
 
 
+def test_the_shared_job_runs_on_the_classs_cpu_nodes_never_a_tenants() -> None:
+    """The Job tunes and measures the INT8 recipe on the CPU it runs on: the class's CPU node pool. A tenant's own
+    placement (where its class allows one) could make the build every tenant waits for unschedulable: not taken."""
+    klass = {"artifactStore": {"repository": REPOSITORY, "namespace": "rerank-artifacts"},
+             "pools": {"cpu": {"nodeSelector": {"cpu-pool": "avx2"},
+                               "tolerations": [{"key": "cpu-pool", "operator": "Exists", "effect": "NoSchedule"}]}}}
+    store = platform.ArtifactStore.from_class(klass)
+    assert store is not None
+    tenant = spec_of(body_of(set_("pools.cpu.nodeSelector", {"cpu-pool": "nowhere"})))
+    built = pod_spec(shared_job.build_shared_job(tenant, shared_id(tenant, store), 1, store))
+    assert built["nodeSelector"] == {"cpu-pool": "avx2"}
+    assert built["tolerations"] == klass["pools"]["cpu"]["tolerations"] and "affinity" not in built
+    bare = platform.ArtifactStore.from_class({"artifactStore": klass["artifactStore"]})
+    assert bare is not None
+    assert "nodeSelector" not in pod_spec(shared_job.build_shared_job(tenant, shared_id(tenant, bare), 1, bare))
+
+
 def test_a_secure_store_without_push_credentials() -> None:
     store = dataclasses.replace(STORE, insecure=False, push_secret=None)
     _, new = decide(body_of(), store=store)

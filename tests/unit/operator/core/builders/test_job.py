@@ -222,3 +222,16 @@ def test_permanent_failures_fail_the_job_at_once_and_others_retry() -> None:
     assert quantize_job.EXIT_CODES["InternalError"] not in codes
     assert 0 not in codes and 1 not in codes
     assert fail_job[0]["onExitCodes"]["containerName"] == job_module.CONTAINER
+
+
+def test_the_job_is_placed_where_the_cpu_pool_runs() -> None:
+    """The Job picks and times its INT8 recipe on its own node's CPU: it gets the CPU pool's placement."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "cpu-pool", "operator": "In", "values": ["avx2"]}]}]}}}
+    toleration = {"key": "cpu-only", "operator": "Exists", "effect": "NoSchedule"}
+    manifest, _ = build(set_("pools.cpu.nodeSelector", {"cpu-pool": "avx2"}),
+                        set_("pools.cpu.tolerations", [toleration]), set_("pools.cpu.affinity", affinity))
+    pod = manifest["spec"]["template"]["spec"]
+    assert (pod["nodeSelector"], pod["tolerations"], pod["affinity"]) == ({"cpu-pool": "avx2"}, [toleration], affinity)
+    bare, _ = build()
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(bare["spec"]["template"]["spec"])

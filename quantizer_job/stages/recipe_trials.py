@@ -147,7 +147,8 @@ def search_recipes(ctx: Context, source: Source, exported: Exported, ref: Refere
     best = result.best
     if best is None:
         raise JobError("QuantizationFailed", f"no recipe produced a model: {result.tried}")
-    recipe_info = {**best.recipe.to_dict(), "tried": result.tried}
+    # The CPU the recipe was chosen and timed on: the pool's node pool (the Job runs there), which the figures hold for.
+    recipe_info = {**best.recipe.to_dict(), "tried": result.tried, "cpu": isa.describe_local_cpu()}
     if best.why:
         hint = isa.saturation_hint(best.recipe.target, best.recipe.reduce_range)
         raise JobError("QualityGateFailed", f"INT8 ranks too differently from FP32 ({best.recipe.name}): "

@@ -117,6 +117,20 @@ def test_detect_target():
     assert isa.REDUCE_RANGE_REQUIRED["avx2"] and not isa.REDUCE_RANGE_REQUIRED["avx512_vnni"]
 
 
+def test_an_artifact_records_the_cpu_it_was_built_on():
+    sapphire = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+                "flags\t\t: fpu avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n")
+    assert isa.describe_cpu(sapphire, "x86_64") == {
+        "model": "Intel(R) Xeon(R) Platinum 8480+", "machine": "x86_64", "target": "avx512_vnni",
+        "flags": ["amx_bf16", "amx_int8", "amx_tile", "avx2", "avx512_vnni", "avx512f"]}
+    assert isa.describe_cpu(HASWELL, "x86_64")["flags"] == ["avx2"]
+    assert isa.describe_cpu(HASWELL, "x86_64")["target"] == "avx2"
+    graviton = isa.describe_cpu("CPU part\t: 0xd40\n" + GRAVITON, "aarch64")
+    assert (graviton["model"], graviton["target"], graviton["flags"]) == ("CPU part 0xd40", "arm64", ["asimddp"])
+    here = isa.describe_local_cpu()
+    assert here["target"] == isa.detect_local_target() and here["model"]
+
+
 def test_cgroup_cpu_max():
     assert isa.parse_cgroup_cpu_max("200000 100000\n") == 2.0
     assert isa.parse_cgroup_cpu_max("150000 100000") == 1.5

@@ -56,13 +56,40 @@ def detect_target(cpuinfo_text: str, machine: str) -> str:
     return "avx2"
 
 
-def detect_local_target() -> str:
+#: The CPU flags that decide how INT8 runs (x86 ``flags``, arm ``Features`` spellings): what an artifact records of
+#: the CPU it was chosen and timed on.
+INT8_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "amx_bf16", "amx_tile",
+              "asimddp", "i8mm", "sve")
+
+
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read()
+            return f.read()
     except OSError:
-        text = ""
-    return detect_target(text, platform.machine())
+        return ""
+
+
+def detect_local_target() -> str:
+    return detect_target(_cpuinfo(), platform.machine())
+
+
+def describe_cpu(cpuinfo_text: str, machine: str) -> dict[str, object]:
+    """What an artifact records of the CPU it was built on: the model name (x86 ``model name``; arm has none,
+    its ``CPU part`` then), the machine, the target, and which of :data:`INT8_FLAGS` it has."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo_text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    flags = parse_cpu_flags(cpuinfo_text)
+    name = fields.get("model name") or (f"CPU part {fields['cpu part']}" if "cpu part" in fields else "unknown")
+    return {"model": name, "machine": machine, "target": detect_target(cpuinfo_text, machine),
+            "flags": sorted(f for f in INT8_FLAGS if f in flags)}
+
+
+def describe_local_cpu() -> dict[str, object]:
+    return describe_cpu(_cpuinfo(), platform.machine())
 
 
 def parse_cgroup_cpu_max(text: str) -> float | None:

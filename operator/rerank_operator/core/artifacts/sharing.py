@@ -72,9 +72,12 @@ def shared_inputs(spec: RerankModelSpec, store: platform.ArtifactStore) -> dict[
             "store": store.repository,
             "trustRemoteCode": spec.model.trust_remote_code,
             "hub": {"endpoint": hub.endpoint, "proxy": hub.proxy},
-            # The auto recipe keeps the fastest candidate as the CPU pool will serve it.
+            # The auto recipe keeps the fastest candidate as the CPU pool will serve it, on the CPU it runs on: the
+            # shared Job runs on the class's CPU node pool (store.job_placement), so two classes on different node
+            # pools (an AVX2 one, an AMX one) get artifacts of their own.
             "servedAt": {"threads": deployment.pool_cpus(cpu) if cpu.enabled else 0,
-                         "maxBatchTokens": (cpu.tei.max_batch_tokens or 0) if cpu.enabled else 0},
+                         "maxBatchTokens": (cpu.tei.max_batch_tokens or 0) if cpu.enabled else 0,
+                         **({"placement": dict(store.job_placement)} if store.job_placement else {})},
         },
     }
 

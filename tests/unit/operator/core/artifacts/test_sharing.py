@@ -66,6 +66,25 @@ def test_a_plain_hub_model_may_be_shared() -> None:
     assert sharing.store_for(spec, None) is None
 
 
+def test_tenants_on_different_cpus_get_different_shared_artifacts() -> None:
+    """The shared Job chooses and times its recipe on the class's CPU node pool: two classes on different node pools
+    (an AVX2 one, an AMX one) get artifacts of their own for the same hub model; a class without a placement keeps the
+    id it had."""
+    def store_on(pool: str | None) -> platform.ArtifactStore:
+        klass: dict[str, Any] = {"artifactStore": {"repository": REPOSITORY, "namespace": "rerank-artifacts"}}
+        if pool:
+            klass["pools"] = {"cpu": {"nodeSelector": {"cpu-pool": pool}}}
+        found = platform.ArtifactStore.from_class(klass)
+        assert found is not None
+        return found
+
+    spec = shareable()
+    avx2, amx, anywhere = (sharing.shared_id(spec, store_on(p)) for p in ("avx2", "amx", None))
+    assert len({avx2, amx, anywhere}) == 3
+    assert sharing.shared_id(spec, store_on("avx2")) == avx2  # stable
+    assert anywhere == sharing.shared_id(spec, dataclasses.replace(STORE, push_secret=None))
+
+
 PRIVATE: dict[str, tuple[tuple[Mod, ...], str]] = {
     "weights on the tenant's volume": ((set_("storage", {"existingClaim": "theirs"}),
                                         set_("model", {"path": "uploads/my-reranker"})), "spec.model.path"),

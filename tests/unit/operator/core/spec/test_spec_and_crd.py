@@ -57,7 +57,7 @@ def test_every_cel_rule_has_a_message() -> None:
 
 def test_printer_columns_and_names() -> None:
     columns = [c["name"].upper() for c in VERSION["additionalPrinterColumns"]]
-    assert columns == ["READY", "PHASE", "MODEL", "CPU", "GPU", "GPU%", "ARTIFACT", "AGE"]
+    assert columns == ["READY", "PHASE", "MODEL", "CPU", "GPU", "GPU%", "ARTIFACT", "TARGET", "AGE"]
     assert CRD["spec"]["names"]["shortNames"] == ["rrm"]
     assert VERSION["subresources"] == {"status": {}}
 

@@ -318,6 +318,21 @@ def test_without_gateway_scaling_still_works_and_steady_load_writes_nothing(
         fleet.stop()
 
 
+def foreign_counted_and_nothing_scaled(env: Env, timeout: float, what: str) -> str:
+    """One hostile pod counted in rerank_operator_foreign_pods, then four autoscaler intervals with its page on
+    offer, and the GPU pool still at one replica; the metric's key."""
+    key = f'rerank_operator_foreign_pods{{namespace="{env.namespace}",rerankmodel="{NAME}"}}'
+    try:
+        eventually(lambda: env.operator.metrics().get(key) == 1.0, timeout, what)
+    except AssertionError as exc:
+        found = {k: v for k, v in env.operator.metrics().items() if "foreign" in k}
+        raise AssertionError(f"{exc}\n{found}\n{env.describe()}\n{operator_log(env)}") from None
+    time.sleep(4 * 5)
+    assert replicas(env, "gpu") == 1, status(env).get("autoscaling")
+    assert "ScaledUp" not in event_reasons(env)
+    return key
+
+
 def test_a_lookalike_pod_serving_hostile_metrics_scales_nothing(scaled: tuple[Env, Path],
                                                                 gateway_api_installed: list[str]) -> None:
     """A tenant who may create pods (the built-in ``edit`` role) copies a GPU pod with every label of the pool and
@@ -351,15 +366,7 @@ def test_a_lookalike_pod_serving_hostile_metrics_scales_nothing(scaled: tuple[En
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{env.kube.core.read_namespaced_pod(lookalike, env.namespace).status}"
                                  ) from None
-        key = f'rerank_operator_foreign_pods{{namespace="{env.namespace}",rerankmodel="{NAME}"}}'
-        try:
-            eventually(lambda: env.operator.metrics().get(key) == 1.0, 30, "the look-alike counted")
-        except AssertionError as exc:
-            found = {k: v for k, v in env.operator.metrics().items() if "foreign" in k}
-            raise AssertionError(f"{exc}\n{found}\n{env.describe()}\n{operator_log(env)}") from None
-        time.sleep(4 * 5)  # four autoscaler intervals with the hostile page on offer
-        assert replicas(env, "gpu") == 1, status(env).get("autoscaling")
-        assert "ScaledUp" not in event_reasons(env)
+        key = foreign_counted_and_nothing_scaled(env, 30, "the look-alike counted")
         assert status(env)["autoscaling"]["lastDecision"]["gpuReplicas"] == 1
         warned = [line for line in env.operator.log.read_text().splitlines() if lookalike in line]
         assert warned and "do not own them" in warned[0], operator_log(env)
@@ -397,15 +404,7 @@ def test_a_deployment_forging_the_models_controller_reference_owns_nothing(scale
                 "uid": model["metadata"]["uid"], "controller": True}]},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"forged": "yes"}},
                      "template": {"metadata": {"labels": pod_labels}, "spec": template["spec"]}}})
-        key = f'rerank_operator_foreign_pods{{namespace="{env.namespace}",rerankmodel="{NAME}"}}'
-        try:
-            eventually(lambda: env.operator.metrics().get(key) == 1.0, 60, "the forged Deployment's pod counted")
-        except AssertionError as exc:
-            found = {k: v for k, v in env.operator.metrics().items() if "foreign" in k}
-            raise AssertionError(f"{exc}\n{found}\n{env.describe()}\n{operator_log(env)}") from None
-        time.sleep(4 * 5)  # four autoscaler intervals with the hostile page on offer
-        assert replicas(env, "gpu") == 1, status(env).get("autoscaling")
-        assert "ScaledUp" not in event_reasons(env)
+        foreign_counted_and_nothing_scaled(env, 60, "the forged Deployment's pod counted")
         assert (env.kube.deployment(env.namespace, f"{NAME}-gpu") or {})["metadata"]["uid"] == \
             real["metadata"]["uid"]
     finally:

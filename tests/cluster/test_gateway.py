@@ -137,20 +137,25 @@ class Pods:
             server.server_close()
 
 
+def post_rerank(gw: TraefikGateway, body: bytes, timeout: float) -> int:
+    """One /rerank to the Gateway's address; its status code."""
+    request = urllib.request.Request(gw.address + "/rerank", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
 def send(gw: TraefikGateway, n: int) -> Counter[int]:
     """``n`` rerank requests to the Gateway's address, four at a time; their status codes."""
     codes: Counter[int] = Counter()
     lock = threading.Lock()
 
     def one() -> None:
-        request = urllib.request.Request(gw.address + "/rerank", data=BODY, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                response.read()
-                code = response.status
-        except urllib.error.HTTPError as exc:
-            code = exc.code
+        code = post_rerank(gw, BODY, timeout=10)
         with lock:
             codes[code] += 1
 
@@ -493,16 +498,8 @@ def test_a_sleeping_model_is_woken_by_requests_to_the_gateway_and_none_is_lost(
 
         def one(i: int) -> None:
             time.sleep(i * 0.1)
-            body = json.dumps({"query": f"q{i}", "texts": ["a", "b"]}).encode()
-            request = urllib.request.Request(gw.address + "/rerank", data=body, method="POST",
-                                             headers={"Content-Type": "application/json"})
             started = time.monotonic()
-            try:
-                with urllib.request.urlopen(request, timeout=90) as response:
-                    response.read()
-                    code = response.status
-            except urllib.error.HTTPError as exc:
-                code = exc.code
+            code = post_rerank(gw, json.dumps({"query": f"q{i}", "texts": ["a", "b"]}).encode(), timeout=90)
             with lock:
                 results.append((code, time.monotonic() - started))
 

@@ -15,6 +15,7 @@ import http.client
 import json
 import secrets
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rerank_activator import server
 from rerank_contracts.activator import MODEL_HEADER, PENDING_PATH, TOKEN_HEADER, UPSTREAM_HEADER, pending_token
 from rerank_devcluster.processes import free_port
+from rerank_devcluster.waiting import eventually
 
 KEY = secrets.token_hex(24).encode()  # 48 characters, as the chart's generated Secret
 MODEL = "tenant-a/m1"
@@ -183,3 +185,15 @@ def outcome_counts(base: str) -> dict[str, float]:
     return {dict(labels)["outcome"]: v for (name, labels), v in samples(base).items()
             if name == "rerank_activator_requests_total"}
 
+
+
+def wait_ready(base: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Until a ``rerank-activator`` process answers /readyz (failing at once with its stderr if it exits)."""
+    def up() -> bool:
+        try:
+            return call(base, "GET", "/readyz", timeout=2).status == 200
+        except OSError:
+            assert proc.poll() is None, proc.communicate()[1]
+            return False
+
+    eventually(up, timeout=timeout, every=0.1)

@@ -17,8 +17,7 @@ from pathlib import Path
 import yaml
 
 from rerank_devcluster.processes import free_port
-from rerank_devcluster.waiting import eventually
-from tests.unit.activator.activator_helpers import KEY, call, outcome_counts, signed, upstream_of
+from tests.unit.activator.activator_helpers import KEY, outcome_counts, signed, upstream_of, wait_ready
 from tests.unit.activator.test_activator_process import run_activator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -69,14 +68,7 @@ def test_the_activator_stays_under_its_memory_limit_at_the_chart_defaults(tmp_pa
             sent[i] += 1
 
     try:
-        def up() -> bool:
-            try:
-                return call(base, "GET", "/readyz", timeout=2).status == 200
-            except OSError:
-                assert proc.poll() is None, proc.communicate()[1]
-                return False
-
-        eventually(up, timeout=30, every=0.1)
+        wait_ready(base, proc)
         baseline = peak_rss(proc.pid)
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(CLIENTS)]
         for t in threads:

@@ -19,7 +19,7 @@ from rerank_activator import logs, main, server
 from rerank_contracts.activator import PENDING_PATH, TOKEN_HEADER, pending_token
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.waiting import eventually
-from tests.unit.activator.activator_helpers import KEY, MODEL, activator, call, signed, upstream_of
+from tests.unit.activator.activator_helpers import KEY, MODEL, activator, call, signed, upstream_of, wait_ready
 
 
 def run_activator(*args: str) -> subprocess.Popen[str]:
@@ -82,14 +82,7 @@ def test_the_process_serves_its_routes_and_drains_on_sigterm(tmp_path: Path) -> 
     proc = run_activator("--key-file", str(key_file), "--port", str(port), "--hold-seconds", "1", *no_api)
     base = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            try:
-                return call(base, "GET", "/readyz", timeout=2).status == 200
-            except OSError:
-                assert proc.poll() is None, proc.communicate()[1]
-                return False
-
-        eventually(up, timeout=30, every=0.1)
+        wait_ready(base, proc)
         assert call(base, "GET", "/healthz").status == 200
         listed = call(base, "GET", PENDING_PATH, {TOKEN_HEADER: pending_token(KEY)})
         assert (listed.status, listed.json()) == (200, {"models": {}})

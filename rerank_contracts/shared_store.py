@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import secrets
 import shutil
 import stat
@@ -23,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import oci
+from . import cpu_target, oci
 
 ARTIFACT_TYPE = "application/vnd.rerank-operator.artifact.v1"
 CONFIG_MEDIA_TYPE = "application/vnd.rerank-operator.artifact.manifest.v1+json"
@@ -33,7 +34,7 @@ TITLE = "org.opencontainers.image.title"
 MANIFEST_FILE = "manifest.json"
 MAX_CONFIG_BYTES = 64 << 20  # manifest.json is KBs; a config descriptor claiming more is not ours
 #: The init container's exit codes (the pod's termination message says the reason too).
-EXIT_CODES = {"ChecksumMismatch": 20, "RegistryUnavailable": 21, "FetchFailed": 22}
+EXIT_CODES = {"ChecksumMismatch": 20, "RegistryUnavailable": 21, "FetchFailed": 22, "ArtifactTargetMismatch": 23}
 TERMINATION_LOG = "/dev/termination-log"
 DOCKER_CONFIG = "/etc/rerank/registry/config.json"
 
@@ -270,19 +271,36 @@ def _existing(into: Path, manifest_sha256: str, parts: list[str]) -> dict[str, A
 # The init container ----------------------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rerank-fetch-artifact``: fetch an artifact's parts into a serving pod's volume. Exit 0, or 20
-    (ChecksumMismatch), 21 (RegistryUnavailable: no answer, a 5xx) or 22 (FetchFailed) with a one-line JSON reason
-    in the termination log and on stderr."""
+    """``rerank-fetch-artifact``: fetch an artifact's parts into a serving pod's volume, or (``--check-cpu``
+    alone) only check that this node's CPU can serve an artifact built for a target. Exit 0, or 20
+    (ChecksumMismatch), 21 (RegistryUnavailable: no answer, a 5xx), 22 (FetchFailed) or 23 (ArtifactTargetMismatch)
+    with a one-line JSON reason in the termination log and on stderr."""
     parser = argparse.ArgumentParser(prog="rerank-fetch-artifact", description=main.__doc__)
-    parser.add_argument("--ref", required=True, help="host/repository@sha256:... (by digest)")
-    parser.add_argument("--manifest-sha256", required=True, help="sha256 of the artifact's manifest.json")
-    parser.add_argument("--part", action="append", required=True, help="a part to fetch (cpu-int8, original, ...)")
-    parser.add_argument("--into", required=True, type=Path, help="the directory to create")
+    parser.add_argument("--ref", help="host/repository@sha256:... (by digest)")
+    parser.add_argument("--manifest-sha256", help="sha256 of the artifact's manifest.json")
+    parser.add_argument("--part", action="append", help="a part to fetch (cpu-int8, original, ...)")
+    parser.add_argument("--into", type=Path, help="the directory to create")
+    parser.add_argument("--check-cpu", choices=cpu_target.TARGETS,
+                        help="first check this node's CPU against the artifact's target (recipe.target)")
+    parser.add_argument("--reduce-range", action="store_true", help="the artifact's weights are 7-bit")
+    parser.add_argument("--cpuinfo", default="/proc/cpuinfo", help=argparse.SUPPRESS)
+    parser.add_argument("--machine", default=platform.machine(), help=argparse.SUPPRESS)
     parser.add_argument("--insecure", action="store_true", help="plain HTTP")
     parser.add_argument("--docker-config", type=Path, default=Path(DOCKER_CONFIG),
                         help="a Docker config.json with the registry's credentials (used when it exists)")
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
     args = parser.parse_args(argv)
+    fetching = [args.ref, args.manifest_sha256, args.part, args.into]
+    if (any(fetching) and not all(fetching)) or (not any(fetching) and not args.check_cpu):
+        parser.error("--ref, --manifest-sha256, --part and --into go together (or --check-cpu alone)")
+    if args.check_cpu:
+        why = cpu_target.mismatch(args.check_cpu, args.reduce_range, _read(args.cpuinfo), args.machine)
+        if why is not None:
+            node = os.environ.get("NODE_NAME", "")
+            return _fail("ArtifactTargetMismatch", f"node {node}: {why}" if node else why, args.termination_log)
+        if not any(fetching):
+            print(json.dumps({"event": "cpu checked", "target": args.check_cpu}), flush=True)
+            return 0
     try:
         host = oci.parse_reference(args.ref).host
         credentials = oci.docker_credentials(args.docker_config, host)
@@ -297,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({"event": "fetched", "ref": args.ref, "parts": args.part, "into": str(args.into),
                       "artifact_id": manifest.get("artifact_id", ""), "bytes": fetched}), flush=True)
     return 0
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _fail(reason: str, message: str, termination_log: str) -> int:

@@ -9,11 +9,13 @@ import math
 import os
 import platform
 
+from rerank_contracts import cpu_target
+
 #: What each target means for ONNX Runtime's dynamic INT8 kernels (MLAS):
 #: - avx512_vnni: u8 x s8 with VPDPBUSD, no saturation; full 8-bit range is safe.
 #: - avx2: u8 x s8 via VPMADDUBSW saturates 16-bit intermediates; weights need reduce_range (7 bits).
 #: - arm64: u8/s8 via SDOT/UDOT where present; no saturation issue.
-TARGETS = ("avx512_vnni", "avx2", "arm64")
+TARGETS = cpu_target.TARGETS
 
 REDUCE_RANGE_REQUIRED = {"avx512_vnni": False, "avx2": True, "arm64": False}
 
@@ -31,13 +33,7 @@ def saturation_hint(target: str, reduce_range: bool) -> str | None:
             "spec.quantization.reduceRange: true (7-bit weights) or recipe: auto, which does")
 
 
-def parse_cpu_flags(cpuinfo_text: str) -> set[str]:
-    """The feature flags of the first CPU in ``/proc/cpuinfo`` (x86 ``flags`` or arm ``Features``)."""
-    for line in cpuinfo_text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip().lower() in ("flags", "features"):
-            return set(value.split())
-    return set()
+parse_cpu_flags = cpu_target.cpu_flags
 
 
 def detect_target(cpuinfo_text: str, machine: str) -> str:
@@ -46,12 +42,10 @@ def detect_target(cpuinfo_text: str, machine: str) -> str:
     x86 without AVX2 gets ``avx2`` too: MLAS then falls back to SSE kernels that have the same saturation
     problem, so the avx2 recipe (reduce_range) is the safe choice.
     """
-    m = machine.lower()
-    if m in ("aarch64", "arm64") or m.startswith("armv8") or m.startswith("arm"):
+    if cpu_target.is_arm(machine):
         return "arm64"
-    flags = parse_cpu_flags(cpuinfo_text)
-    if "avx512_vnni" in flags or "avx512vnni" in flags or "avx_vnni" in flags:
-        # AVX-VNNI (Alder Lake and later, 256-bit) has the same non-saturating dot product.
+    if parse_cpu_flags(cpuinfo_text) & cpu_target.VNNI_FLAGS:
+        # AVX-VNNI (Alder Lake and later, 256-bit) and AMX have the same non-saturating dot product.
         return "avx512_vnni"
     return "avx2"
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from rerank_contracts import artifact_layout
 from rerank_operator.core import names
+from rerank_operator.core.builders import cpu_check as cpu_checks
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import pods
 from rerank_operator.core.builders import sampler as sampling
@@ -124,13 +125,15 @@ def build_deployment(
     max_input_tokens: int = 0,
     fetch: fetching.Fetch | None = None,
     sampler: sampling.Sidecar | None = None,
+    cpu_check: cpu_checks.CpuCheck | None = None,
 ) -> dict[str, Any]:
     """A pool's TEI Deployment; ``canary``: the CPU pool's twin ``<name>-canary`` serving a new artifact beside the
     stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's
     pool signals count its pods. ``max_input_tokens``: what the served artifact reports (status.artifact), the CPU
     pool's default token budget (``batch_tokens``). ``fetch``: the artifact is a shared one, fetched into an
     emptyDir by an init container (``fetch.py``) instead of read from the claim. ``sampler``: the quality guard's
-    sampler in front of TEI (``sampler.py``), which then takes the pod's ``http`` port."""
+    sampler in front of TEI (``sampler.py``), which then takes the pod's ``http`` port. ``cpu_check``: the CPU pool
+    checks its node against the artifact's target before anything else (``cpu_check.py``)."""
     component = names.COMPONENT_CANARY if canary else names.pool_component(pool.name)
     env: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = [
@@ -184,8 +187,11 @@ def build_deployment(
         "containers": [container, *([sampling.container(sampler)] if sampler is not None else [])],
         "volumes": volumes,
     }
+    init = [cpu_checks.init_container(cpu_check)] if cpu_check is not None and pool.name == "cpu" else []
     if fetch is not None and artifact_id is not None:
-        pod_spec["initContainers"] = [fetching.init_container(fetch, artifact_id, (fetching.part_of(pool.name),))]
+        init.append(fetching.init_container(fetch, artifact_id, (fetching.part_of(pool.name),)))
+    if init:
+        pod_spec["initContainers"] = init
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:

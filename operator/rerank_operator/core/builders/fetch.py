@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rerank_contracts import artifact_layout, quantize_job
-from rerank_operator.core.builders import pods
+from rerank_operator.core.builders import cpu_check, pods
 
 CONTAINER = "fetch-artifact"
 REGISTRY_CONFIG_MOUNT = "/etc/rerank/registry"
@@ -71,10 +71,11 @@ def volumes(fetch: Fetch) -> list[dict[str, Any]]:
 
 
 def failure(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) of a pod whose fetch init container failed (its last run, if it is being retried): the
-    fetcher's one-line JSON termination message, or the exit code when it left none."""
+    """(reason, message) of a pod whose fetch (or CPU check: ``cpu_check.py``) init container failed (its last
+    run, if it is being retried): the fetcher's one-line JSON termination message, or the exit code when it left
+    none."""
     for status in (pod.get("status") or {}).get("initContainerStatuses") or ():
-        if status.get("name") != CONTAINER:
+        if status.get("name") not in (CONTAINER, cpu_check.CONTAINER):
             continue
         for state in (status.get("state") or {}, status.get("lastState") or {}):
             term = state.get("terminated") or {}

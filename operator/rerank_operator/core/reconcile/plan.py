@@ -27,7 +27,7 @@ from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.autoscale import zero as zeros
 from rerank_operator.core.autoscale.recorded import RecordedDecision
 from rerank_operator.core.builders import activator as activators
-from rerank_operator.core.builders import deployment, guard, pods, routing, service, storage
+from rerank_operator.core.builders import cpu_check, deployment, guard, pods, routing, service, storage
 from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.builders import sampler as sampling
 from rerank_operator.core.quality import assessment as quality
@@ -170,6 +170,8 @@ def compute(
                                         canary, backoff, store, shared)
     served_fetch = _fetch(decision.served, store, fetcher_image or spec.quantization.image)
     canary_fetch = _fetch(decision.canary, store, fetcher_image or spec.quantization.image)
+    served_check = cpu_check.for_record(decision.served, fetcher_image or spec.quantization.image)
+    canary_check = cpu_check.for_record(decision.canary, fetcher_image or spec.quantization.image)
     canary_running = decision.pending is not None and decision.pending.state == "Canary" and decision.canary
     canary_id = str((decision.canary or {}).get("id")) if canary_running else None
     claim = storage.claim_name(owner, spec)
@@ -201,7 +203,8 @@ def compute(
         if pools_deployed:
             desired.append(deployment.build_deployment(owner, spec, pool, serving, None, claim,
                                                        max_input_tokens=max_input_tokens(decision.served),
-                                                       fetch=served_fetch, sampler=sidecar))
+                                                       fetch=served_fetch, sampler=sidecar,
+                                                       cpu_check=served_check))
             scale = _scale(owner, pool.name, replicas[pool.name], observed.deployments.get(pool.name))
             if scale:
                 scales.append(scale)
@@ -232,7 +235,7 @@ def compute(
     if canary_id and pools_deployed:
         desired.append(deployment.build_deployment(owner, spec, spec.cpu, canary_id, 1, claim, canary=True,
                                                    max_input_tokens=max_input_tokens(decision.canary),
-                                                   fetch=canary_fetch, sampler=sidecar))
+                                                   fetch=canary_fetch, sampler=sidecar, cpu_check=canary_check))
         desired.append(service.build_canary_service(owner))
 
     desired = [pods.with_pull_secrets(d, pull_secrets) for d in desired]

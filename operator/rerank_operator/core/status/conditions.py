@@ -48,6 +48,8 @@ REASON_REPLICAS_UNAVAILABLE = "ReplicasUnavailable"
 REASON_CHECKSUM_MISMATCH = "ChecksumMismatch"
 REASON_REGISTRY_UNAVAILABLE = "RegistryUnavailable"
 REASON_ARTIFACT_FETCH_FAILED = "ArtifactFetchFailed"
+#: A CPU pool's node cannot serve the artifact's INT8 target (core/builders/cpu_check.py).
+REASON_ARTIFACT_TARGET_MISMATCH = "ArtifactTargetMismatch"
 REASON_INVALID_SPEC = "InvalidSpec"  # also MetricsAvailable's, when the autoscaler cannot read the spec
 # ModelReady, and the pending artifact's (plan.py, job.py)
 REASON_QUANTIZATION_DISABLED = "QuantizationDisabled"

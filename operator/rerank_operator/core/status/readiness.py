@@ -95,13 +95,15 @@ def pools_rolled_out(f: Facts) -> Verdict | None:
 
 
 def artifact_fetched(f: Facts) -> Verdict | None:
-    """A shared artifact the pods could not fetch (a checksum that does not match refuses to serve): the fetcher's
-    own reason, so a tampered store reads as ChecksumMismatch, not as pods that are merely slow."""
+    """A shared artifact the pods could not fetch (a checksum that does not match refuses to serve), or a node whose
+    CPU cannot serve the artifact's target: the init container's own reason, so a tampered store reads as
+    ChecksumMismatch and an AVX2 node under a VNNI artifact as ArtifactTargetMismatch, not as pods merely slow."""
     if not f.observed.fetch_failures:
         return None
     first = f.observed.fetch_failures[0]
     said = first.split(": ", 2)[1] if first.count(": ") >= 2 else ""
-    known = (conditions.REASON_CHECKSUM_MISMATCH, conditions.REASON_REGISTRY_UNAVAILABLE)
+    known = (conditions.REASON_CHECKSUM_MISMATCH, conditions.REASON_REGISTRY_UNAVAILABLE,
+             conditions.REASON_ARTIFACT_TARGET_MISMATCH)
     reason = said if said in known else conditions.REASON_ARTIFACT_FETCH_FAILED
     return Verdict(reason, "; ".join(f.observed.fetch_failures))
 

@@ -10,7 +10,8 @@ from rerank_contracts import artifact_layout
 from rerank_operator.core import names
 from rerank_operator.core.autoscale import split as splits
 from rerank_operator.core.autoscale.recorded import RecordedDecision
-from rerank_operator.core.builders import deployment, pods, routing, service
+from rerank_operator.core.builders import cpu_check, deployment, pods, routing, service
+from rerank_operator.core.builders import fetch as fetching
 from rerank_operator.core.reconcile import plan as plans
 from rerank_operator.core.reconcile.observed import Observed
 from tests.unit.operator.rerankmodel_gen import Mod, model, owner_of, set_, spec_of
@@ -203,3 +204,28 @@ def test_the_platforms_pull_secrets_go_on_every_pod_the_plan_makes_and_nowhere_e
     assert "imagePullSecrets" not in pool["spec"]["template"]["spec"]  # the input is left alone
     svc = service.build_pool_service(owner, spec.cpu)
     assert pods.with_pull_secrets(svc, ("regcred",)) == svc  # no pod template: nothing to add
+
+
+def test_a_cpu_pool_checks_its_node_before_serving_an_artifact_that_needs_vnni() -> None:
+    """Full-range weights chosen on a VNNI CPU saturate on AVX2: the CPU pool's pods check their node first (before
+    the fetch of a shared artifact, before TEI). A 7-bit artifact, the GPU pool and a record without a target get
+    no check."""
+    image = "registry.example/rerank-operator:1.2.3"
+    vnni = cpu_check.for_record({"recipe": {"target": "avx512_vnni", "reduce_range": False}}, image)
+    assert vnni == cpu_check.CpuCheck("avx512_vnni", False, image)
+    assert cpu_check.for_record({"recipe": {"target": "avx2", "reduce_range": True}}, image) is None
+    assert cpu_check.for_record({"recipe": {"target": "avx512_vnni", "reduce_range": True}}, image) is None
+    assert cpu_check.for_record({"recipe": {"name": "older Job"}}, image) is None
+    assert cpu_check.for_record({"recipe": {"target": "arm64"}}, image) == cpu_check.CpuCheck("arm64", False, image)
+    body = model()
+    spec = spec_of(body)
+    cpu = deployment.build_deployment(owner_of(body), spec, spec.cpu, ARTIFACT, 2, "claim", cpu_check=vnni)
+    (init,) = cpu["spec"]["template"]["spec"]["initContainers"]
+    assert (init["name"], init["image"], init["command"], init["args"]) == (
+        "check-cpu", image, ["rerank-fetch-artifact"], ["--check-cpu", "avx512_vnni"])
+    assert init["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    gpu = deployment.build_deployment(owner_of(body), spec, spec.gpu, ARTIFACT, 1, "claim", cpu_check=vnni)
+    assert "initContainers" not in gpu["spec"]["template"]["spec"]
+    failed = {"metadata": {"name": "m-cpu-x"}, "status": {"initContainerStatuses": [{"name": "check-cpu", "state": {
+        "terminated": {"exitCode": 23, "message": '{"reason": "ArtifactTargetMismatch", "message": "node n1: no"}'}}}]}}
+    assert fetching.failures([failed]) == ["pod m-cpu-x: ArtifactTargetMismatch: node n1: no"]

@@ -119,3 +119,20 @@ def test_wheel_from_the_build_context_runs_the_entry_point(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(wheel.site))
     assert "--hold-seconds" in out.stdout and "--key-file" in out.stdout
+
+
+@pytest.mark.parametrize("dockerfile", ["operator/Dockerfile", "quantizer_job/Dockerfile"])
+def test_every_path_a_dockerfile_copies_is_in_the_build_context_and_its_cache_key(dockerfile: str) -> None:
+    """.dockerignore decides what the build context sends and what the images' cache key hashes
+    (rerank_devcluster.images.context_files): a COPY of a path it leaves out either fails, or is not in the key, so a
+    change to that path alone would serve a stale image."""
+    from rerank_devcluster import images
+
+    sent = {f.relative_to(REPO_ROOT).as_posix() for f in images.context_files(REPO_ROOT)}
+    sources = [source for line in (REPO_ROOT / dockerfile).read_text().splitlines()
+               if line.startswith("COPY ") and not line.split()[1].startswith("--")
+               for source in line.split()[1:-1]]  # the last word is the destination
+    assert sources
+    for source in sources:
+        assert any(p == source or p.startswith(source.rstrip("/") + "/") for p in sent), \
+            f"{dockerfile} copies {source}, which .dockerignore leaves out"

@@ -39,6 +39,32 @@ def for_record(record: Mapping[str, Any] | None, image: str) -> CpuCheck | None:
     return CpuCheck(target, reduce_range, image) if cpu_target.needs_check(target, reduce_range) else None
 
 
+#: Node Feature Discovery's labels for the CPU features a target needs (any one will do): where nodes carry them, the
+#: pool's pods prefer nodes that can serve the artifact, so the check above rarely has to refuse.
+NFD_LABELS = {"avx512_vnni": ("feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI",
+                              "feature.node.kubernetes.io/cpu-cpuid.AVXVNNI",
+                              "feature.node.kubernetes.io/cpu-cpuid.AMXINT8")}
+#: The weight of that preference (the scheduler's 1..100): strong, yet a node the model's placement requires wins.
+NFD_WEIGHT = 50
+
+
+def preferring_capable_nodes(affinity: Mapping[str, Any] | None, check: CpuCheck) -> dict[str, Any] | None:
+    """``affinity`` with a preference for nodes whose NFD labels say they can serve ``check``'s target (one term per
+    label: a node with any of them scores); ``affinity`` unchanged for a target NFD labels do not name. A preference,
+    never a requirement: on a cluster without NFD it changes nothing."""
+    labels = NFD_LABELS.get(check.target, ())
+    if not labels:
+        return dict(affinity) if affinity else None
+    out = dict(affinity or {})
+    node = dict(out.get("nodeAffinity") or {})
+    preferred = list(node.get("preferredDuringSchedulingIgnoredDuringExecution") or ())
+    preferred += [{"weight": NFD_WEIGHT, "preference": {"matchExpressions": [
+        {"key": label, "operator": "In", "values": ["true"]}]}} for label in labels]
+    node["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    out["nodeAffinity"] = node
+    return out
+
+
 def init_container(check: CpuCheck) -> dict[str, Any]:
     return {
         "name": CONTAINER,

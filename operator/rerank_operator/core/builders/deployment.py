@@ -196,8 +196,10 @@ def build_deployment(
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
-    if pool.affinity:
-        pod_spec["affinity"] = dict(pool.affinity)
+    affinity = (cpu_checks.preferring_capable_nodes(pool.affinity, cpu_check)
+                if cpu_check is not None and pool.name == "cpu" else pool.affinity)
+    if affinity:
+        pod_spec["affinity"] = dict(affinity)
     pod_labels = {
         **names.labels(owner.name, component),
         **({} if canary else {names.LABEL_POOL: pool.name}),

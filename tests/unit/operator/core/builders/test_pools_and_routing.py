@@ -224,8 +224,34 @@ def test_a_cpu_pool_checks_its_node_before_serving_an_artifact_that_needs_vnni()
     assert (init["name"], init["image"], init["command"], init["args"]) == (
         "check-cpu", image, ["rerank-fetch-artifact"], ["--check-cpu", "avx512_vnni"])
     assert init["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    # Where nodes carry Node Feature Discovery's labels, the pods prefer those that can serve the artifact.
+    preferred = cpu["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {t["preference"]["matchExpressions"][0]["key"] for t in preferred} == {
+        "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI", "feature.node.kubernetes.io/cpu-cpuid.AVXVNNI",
+        "feature.node.kubernetes.io/cpu-cpuid.AMXINT8"}
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in cpu["spec"]["template"]["spec"]["affinity"][
+        "nodeAffinity"]
     gpu = deployment.build_deployment(owner_of(body), spec, spec.gpu, ARTIFACT, 1, "claim", cpu_check=vnni)
-    assert "initContainers" not in gpu["spec"]["template"]["spec"]
+    assert "initContainers" not in gpu["spec"]["template"]["spec"] and "affinity" not in gpu["spec"]["template"]["spec"]
     failed = {"metadata": {"name": "m-cpu-x"}, "status": {"initContainerStatuses": [{"name": "check-cpu", "state": {
         "terminated": {"exitCode": 23, "message": '{"reason": "ArtifactTargetMismatch", "message": "node n1: no"}'}}}]}}
     assert fetching.failures([failed]) == ["pod m-cpu-x: ArtifactTargetMismatch: node n1: no"]
+
+
+def test_the_preference_for_capable_nodes_keeps_the_pools_own_affinity() -> None:
+    required = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "cpu-pool", "operator": "In", "values": ["big"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 7, "preference": {"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a"]}]}}]}, "podAntiAffinity": {"x": 1}}
+    vnni = cpu_check.CpuCheck("avx512_vnni", False, "img")
+    merged = cpu_check.preferring_capable_nodes(required, vnni)
+    assert merged is not None
+    node = merged["nodeAffinity"]
+    assert node["requiredDuringSchedulingIgnoredDuringExecution"] == required["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert node["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 7
+    assert len(node["preferredDuringSchedulingIgnoredDuringExecution"]) == 4 and merged["podAntiAffinity"] == {"x": 1}
+    assert required["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 7  # untouched
+    assert len(required["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]) == 1
+    assert cpu_check.preferring_capable_nodes(None, cpu_check.CpuCheck("arm64", False, "img")) is None

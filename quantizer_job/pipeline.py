@@ -58,7 +58,7 @@ def publish_artifact(ctx: Context, choice: Choice, manifest: dict[str, Any]) -> 
                      artifact_id=req.artifact_id, path=str(final),
                      manifest_sha256=layout.sha256_file(final / MANIFEST_FILE),
                      size_bytes=int(json.loads((final / MANIFEST_FILE).read_text())["size_bytes"]),
-                     quality=rounded(best.quality), speed=rounded(best.speed, 3),
+                     quality=rounded(manifest.get("quality") or best.quality), speed=rounded(best.speed, 3),
                      recipe=_result_recipe(choice.recipe_info), max_input_tokens=int(manifest["max_input_tokens"]))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -185,6 +185,22 @@ def request_from_namespace(ns: argparse.Namespace) -> JobRequest:
     values["operators"] = tuple(o for o in values["operators"].split(",") if o)
     known = {f for f in JobRequest.__dataclass_fields__}
     return JobRequest(**{k: v for k, v in values.items() if k in known})
+
+
+#: The largest finite float16: the GPU pool serves the original weights in float16, where any intermediate beyond it
+#: overflows to inf and the scores become meaningless.
+FP16_MAX = 65504.0
+
+
+def fp16_refusal(quality: Mapping[str, float]) -> str | None:
+    """Why the GPU pool must not serve a model whose Job measured ``quality`` (None: it may, or the Job did not
+    measure): its largest activation on the evaluation pairs (``fp16_peak_activation``, FP32) overflows float16."""
+    peak = float(quality.get("fp16_peak_activation") or 0.0)
+    if peak <= FP16_MAX:
+        return None
+    return (f"the original weights overflow in float16 (an activation of {peak:.3g} on the evaluation pairs, above "
+            f"{FP16_MAX:g}): the GPU pool would serve inf/NaN scores, so it gets no traffic; serve the CPU pool, "
+            "or disable the GPU pool")
 
 
 @dataclass

@@ -25,9 +25,22 @@ from quantizer_job.steps.common.results import finite_values
 from quantizer_job.steps.evaluation import evaldata, serving
 from quantizer_job.steps.graph import external_data
 from quantizer_job.steps.tei import layout, textenc
+from rerank_contracts import quantize_job
 from rerank_contracts.artifact_layout import CPU_SUBDIR, EVALUATION_FILE, MANIFEST_FILE, ORIGINAL_SUBDIR
 
 MANIFEST_VERSION = 1
+
+
+def gpu_fp16(info: dict[str, Any]) -> dict[str, float]:
+    """What the export child measured of the original weights for the GPU pool's float16: the largest activation
+    on the reference pairs (``quantize_job.fp16_refusal`` decides); empty when it did not measure."""
+    peak = info.get("fp16_peak_activation")
+    if peak is None:
+        return {}
+    why = quantize_job.fp16_refusal({"fp16_peak_activation": float(peak)})
+    if why is not None:
+        log("verify", "fp16_overflow", peak=float(peak), module=info.get("fp16_peak_module"), reason=why)
+    return {"fp16_peak_activation": float(peak)}
 
 
 def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
@@ -86,7 +99,8 @@ def lay_out(ctx: Context, source: Source, exported: Exported, choice: Choice,
         "files": files,
         "size_bytes": sum(f["size"] for f in files),
         "recipe": choice.recipe_info,
-        "quality": finite_values(best.quality),
+        # The INT8 model's figures, and the original weights' largest activation (the GPU pool's float16 check).
+        "quality": finite_values({**best.quality, **gpu_fp16(info)}),
         "gate": {"min_spearman": req.min_spearman, "min_topk_agreement": req.min_topk_agreement, "topk": req.topk},
         "speed": finite_values(best.speed),
         "max_input_tokens": textenc.tei_max_input_length(cpu, fixed_cfg),

@@ -280,6 +280,9 @@ class ModelAutoscaler:
         assessment = self._quality(p.body, p.view, verdict)
         if assessment is not None:
             signals = replace(signals, below_floor=assessment.below_floor)
+        refused, _ = quality.refused_by_artifact(status.get("artifact"))
+        if refused:  # the served artifact's original weights overflow in float16: no GPU traffic, whatever the load
+            signals = replace(signals, below_floor=signals.below_floor | refused)
         current = policy.Current(gpu_replicas=p.view.replicas("gpu") or 0, cpu_replicas=p.view.replicas("cpu") or 0,
                                  cpu_percent=record.current_cpu_percent(p.view.route, self.name, status))
         decision = policy.decide(p.auto, signals, current, self.history, now=self.clock())

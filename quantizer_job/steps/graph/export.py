@@ -103,6 +103,26 @@ def describe(model: Any, raw_config: dict[str, Any], cap: int) -> dict[str, Any]
             "pad_token_id": cfg.pad_token_id if isinstance(getattr(cfg, "pad_token_id", None), int) else None}
 
 
+def _watch_activations(model: Any) -> tuple[dict[str, float], list[Any]]:
+    """Forward hooks recording, per module, the largest magnitude of its floating-point output on the reference
+    pairs; and the hooks, for removal. The GPU pool serves the original weights in float16 (TEI's
+    CUDA path), where any intermediate beyond 65504 becomes inf: what overflows there is seen here in FP32, on CPU,
+    without a GPU (the seeds' own pitfall: some rerankers' FFN activations exceed it)."""
+    import torch
+
+    peaks: dict[str, float] = {}
+
+    def watch(name: str) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            out = output[0] if isinstance(output, tuple) and output else output
+            out = getattr(out, "logits", out)
+            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+                peaks[name] = max(peaks.get(name, 0.0), float(out.detach().abs().max()))
+        return hook
+
+    return peaks, [m.register_forward_hook(watch(name or "model")) for name, m in model.named_modules()]
+
+
 def torch_inputs(model: Any, feed: dict[str, Any], uses_token_types: bool) -> dict[str, Any]:
     """The inputs a user's transformers code gives the model: ids and mask, and token types only where the model
     has more than one (a RoBERTa table of one row would be indexed out of range by a WordPiece tokenizer's 1s)."""
@@ -157,11 +177,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     ref_pairs = [tuple(p) for p in spec.get("ref_pairs", [])]
     if ref_pairs:
         feed = encode_pairs(tok, ref_pairs, int(pad_id))
+        peaks, handles = _watch_activations(model)  # the GPU pool's float16: each module's largest output
         with torch.no_grad():
             logits = model(**torch_inputs(model, feed, described["uses_token_types"])).logits
+        for handle in handles:
+            handle.remove()
         if tuple(logits.shape) != (len(ref_pairs), 1):
             raise RuntimeError(f"UnsupportedModel: logits shape {tuple(logits.shape)}, expected [batch, 1]")
         result["torch_ref_logits"] = logits[:, 0].tolist()
+        if peaks:
+            where = max(peaks, key=lambda k: peaks[k])
+            result["fp16_peak_activation"] = peaks[where]
+            result["fp16_peak_module"] = where
 
     if spec.get("original_dir"):
         # The GPU pool (Candle) needs model.safetensors; write it only when the source has no safetensors.

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rerank_contracts import quantize_job
 from rerank_operator.core import names, platform
 from rerank_operator.core.autoscale import exposition
 from rerank_operator.core.quality import requantize
@@ -135,6 +136,14 @@ def below_floor_of(status: Mapping[str, Any]) -> frozenset[str]:
     """The pools ``status.quality`` records as below the floor (what routing keeps traffic away from)."""
     recorded = (status.get("quality") or {}).get("belowFloor") or ()
     return frozenset(str(p) for p in recorded if p in names.POOLS)
+
+
+def refused_by_artifact(record: Mapping[str, Any] | None) -> tuple[frozenset[str], str | None]:
+    """The pools the served artifact's own figures keep out of traffic, and why: the GPU pool when the Job found the
+    original weights overflow in float16 (``quantize_job.fp16_refusal``). Routing and the autoscaler add them to the
+    pools below the floor: the other pool takes everything while it has ready replicas."""
+    why = quantize_job.fp16_refusal((record or {}).get("quality") or {})
+    return (frozenset({"gpu"}), why) if why is not None else (frozenset(), None)
 
 
 def against(reference: str) -> str:

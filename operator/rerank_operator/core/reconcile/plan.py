@@ -11,7 +11,7 @@ writes at all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rerank_operator.core import gateway, names, platform
@@ -178,8 +178,11 @@ def compute(
     serving = (decision.served or {}).get("id") if decision.desired_id is not None else None
     pools_deployed = decision.desired_id is None or serving is not None
     autoscaler = _autoscaler_decision(spec, status)
-    below_floor = quality.below_floor_of(status)
+    refused, why_refused = quality.refused_by_artifact(decision.served)
+    below_floor = quality.below_floor_of(status) | refused
     traffic = splits.split(spec, observed.ready("gpu"), observed.ready("cpu"), autoscaler, below_floor)
+    if why_refused is not None and traffic.gpu_percent == 0 and spec.gpu.enabled:
+        traffic = replace(traffic, reason=why_refused)
     guarding = guard_settings if pools_deployed and guard_policy.applies(spec, guard_settings) else None
     # Where the guard's copy of live requests comes from: the route's mirror, or a sampler in the pool pods.
     token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""

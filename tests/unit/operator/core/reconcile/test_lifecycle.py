@@ -316,3 +316,23 @@ def test_result_recovery_gives_up_after_a_few_attempts_in_a_row() -> None:
     assert life.cond("ModelReady") == ("False", "ResultLost")
     assert life.status["pendingArtifact"]["state"] == "Failed"
     assert life.step().create == ()  # given up: no more Jobs until the spec changes
+
+
+def test_a_model_that_overflows_in_fp16_gets_no_gpu_traffic() -> None:
+    """The Job found an activation of the original weights beyond float16's range (the GPU pool serves them in
+    float16 on TEI's CUDA path: inf, then NaN scores). Its INT8 artifact still serves the CPU pool; the GPU pool gets
+    no traffic, and the split says why. The same model within range routes GPU first as usual."""
+    for peak, gpu_percent in ((1.2e6, 0), (310.0, 100)):
+        life = Life(model())
+        life.step()
+        artifact_id = artifact.artifact_id(spec_of(life.body))
+        life.finish_job(True, published(artifact_id, quality={"spearman": 0.995, "topk_agreement": 0.97,
+                                                              "fp16_peak_activation": peak}))
+        life.step()
+        life.settle()
+        assert life.status["artifact"]["quality"]["fp16_peak_activation"] == peak
+        assert life.served("cpu") == artifact_id and life.cond("Ready") == ("True", "Serving")
+        traffic = life.status["traffic"]
+        assert traffic["gpuPercent"] == gpu_percent, traffic
+        if gpu_percent == 0:
+            assert "float16" in traffic["reason"] and "1.2e+06" in traffic["reason"], traffic

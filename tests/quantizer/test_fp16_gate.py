@@ -56,3 +56,25 @@ def test_a_model_within_float16_range_is_not_refused(published_bert: tuple[Path,
     quality = json.loads((artifact / "manifest.json").read_text())["quality"]
     assert 0 < quality["fp16_peak_activation"] <= quantize_job.FP16_MAX
     assert quantize_job.fp16_refusal(quality) is None
+
+
+def test_the_manifest_names_the_target_and_cpu_and_a_pool_on_this_machine_is_checked_against_it(
+        published_bert: tuple[Path, object], tmp_path: Path) -> None:
+    """What an artifact records of the CPU it was built on, and the pool's check of this machine against a VNNI
+    artifact (refused here when the CPU has no VNNI, as on the AVX2-only EPYC these tests run on; taken with it)."""
+    from quantizer_job.steps.common import isa
+    from rerank_contracts import cpu_target, shared_store
+
+    artifact, _ = published_bert
+    recipe = json.loads((artifact / "manifest.json").read_text())["recipe"]
+    here = isa.describe_local_cpu()
+    assert recipe["cpu"] == here and recipe["target"] == here["target"] == isa.detect_local_target()
+    log = tmp_path / "termination-log"
+    arm = cpu_target.is_arm(str(here["machine"]))
+    has_vnni = bool(cpu_target.cpu_flags(Path("/proc/cpuinfo").read_text()) & cpu_target.VNNI_FLAGS)
+    expected = 0 if has_vnni and not arm else shared_store.EXIT_CODES["ArtifactTargetMismatch"]
+    assert shared_store.main(["--check-cpu", "avx512_vnni", "--termination-log", str(log)]) == expected
+    if expected:
+        assert json.loads(log.read_text())["reason"] == "ArtifactTargetMismatch"
+    seven_bit = shared_store.main(["--check-cpu", "avx2", "--reduce-range", "--termination-log", str(log)])
+    assert seven_bit == (shared_store.EXIT_CODES["ArtifactTargetMismatch"] if arm else 0)

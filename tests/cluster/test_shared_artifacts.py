@@ -232,3 +232,38 @@ def test_the_last_users_deletion_frees_the_artifact_after_the_grace_period(
     assert artifact_id not in reg.tags(REPOSITORY)
     eventually(lambda: not [j for j in store_jobs(kube) if j.metadata.labels["rerank.io/artifact"] == artifact_id
                             and not j.metadata.deletion_timestamp], 30, "its Job deleted")
+
+
+def test_classes_on_two_cpu_node_pools_build_two_shared_artifacts_each_on_its_pool(
+        cluster: Cluster, kube: client.ApiClient, registry: LocalRegistry, world: dict[str, Any]) -> None:
+    """The same hub model under a class whose CPU pool is on AVX2 nodes and one on AMX nodes: two shared ids, two
+    Jobs, each on its class's node pool (the recipe is chosen and timed for the CPU that will serve it)."""
+    a, b = world["tenants"]
+    api = world["api"]
+    classes = {}
+    for tenant, pool in ((a, "avx2"), (b, "amx")):
+        name = f"{world['class']}-{pool}"
+        api.create_cluster_custom_object(GROUP, VERSION, "rerankclasses", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "RerankClass", "metadata": {"name": name},
+            "spec": {"artifactStore": {"repository": f"{registry.host}/{REPOSITORY}", "namespace": STORE_NS,
+                                       "insecure": True},
+                     "pools": {"cpu": {"nodeSelector": {"cpu-pool": pool}}}}})
+        classes[tenant] = (name, pool)
+    try:
+        for tenant, (name, _) in classes.items():
+            apply(cluster, shared_model("same-model", tenant, name))
+        jobs = eventually(lambda: (j if len(j := store_jobs(kube)) == 2 else None), 60, "two shared Jobs")
+        by_pool = {job.spec.template.spec.node_selector["cpu-pool"]: job.metadata.labels["rerank.io/artifact"]
+                   for job in jobs}
+        assert set(by_pool) == {"avx2", "amx"} and by_pool["avx2"] != by_pool["amx"]
+        for tenant, (_, pool) in classes.items():
+            pending = eventually(lambda t=tenant: status_of(kube, t, "same-model").get("pendingArtifact"), 30,
+                                 "pendingArtifact")
+            assert pending["id"] == by_pool[pool]
+            assert {j.metadata.labels.get("rerank.io/built-for") for j in jobs} == {a, b}
+    finally:
+        for tenant in classes:
+            cluster.kubectl_run("delete", "rerankmodel", "same-model", "-n", tenant, "--wait=true", "--timeout=60s",
+                                check=False)
+        for name, _ in classes.values():
+            api.delete_cluster_custom_object(GROUP, VERSION, "rerankclasses", name)

@@ -11,7 +11,11 @@
 4. the operator's quantization Job runs on the real node from the quantizer image (an admission policy of the dev
    cluster sends quantizer pods there: kwok's nodes run nothing); the demo streams its log;
 5. watch the RerankModel go to Ready and print the artifact's figures. The TEI pools run on kwok nodes (no TEI image
-   here), so they turn Ready without serving.
+   here), so they turn Ready without serving;
+6. put the model behind a real gateway: Traefik (built from the Go module proxy) as the cluster's Gateway, the
+   model's HTTPRoute attached to it by the operator, and the CPU pool pods' addresses served on this machine by the
+   published INT8 artifact in TEI's /rerank shape (``artifact_server``: no TEI image can run here); then a request
+   to the Gateway's address, and the ``curl`` that sends it again.
 """
 
 from __future__ import annotations
@@ -19,17 +23,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rerank_devcluster import binaries, nodeimage, realnode
+from rerank_devcluster import artifact_server, binaries, nodeimage, realnode
 from rerank_devcluster import release as releases
-from rerank_devcluster.cluster import Cluster
+from rerank_devcluster.cluster import POD_CIDR, Cluster
+from rerank_devcluster.gateway import start_gateway
+from rerank_devcluster.operator_process import apply_and_wait_established
 from rerank_devcluster.operator_release import OperatorRelease, ReleaseError
 from rerank_devcluster.waiting import eventually
 from rerank_operator import __version__
@@ -194,6 +203,57 @@ def watch(cluster: Cluster, release: OperatorRelease, timeout: float) -> dict[st
     return result
 
 
+QUERY = {"query": "what is a panda?", "texts": ["The giant panda is a bear native to south central China.",
+                                                "Paris is the capital and largest city of France.",
+                                                "Pandas eat bamboo for most of the day."]}
+
+
+@contextlib.contextmanager
+def through_the_gateway(cluster: Cluster, artifact: Path) -> Iterator[None]:
+    """Step 6: Traefik as the demo namespace's Gateway, the model routed through it (all to the CPU pool: the GPU
+    pool's kwok pods have no GPU here), the CPU pods' addresses served by the artifact, one request through it."""
+    if os.geteuid() != 0:
+        say("not root: the model is not put behind a gateway (serving the pods' addresses needs a local route)")
+        yield
+        return
+    say("putting the model behind a real gateway: Traefik as the Gateway of namespace " + DEMO_NS)
+    gw = start_gateway(cluster, namespace=DEMO_NS)
+    subprocess.run(["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"], check=True)
+    servers: list[Any] = []
+    try:
+        routing = {"policy": "fixed", "weights": {"gpu": 0, "cpu": 100}, "gateway": {"parentRefs": [gw.parent_ref()]}}
+        cluster.kubectl_run("patch", "rerankmodel", MODEL, "-n", DEMO_NS, "--type", "merge", "-p",
+                            json.dumps({"spec": {"routing": routing}}))
+        gw.wait_route(DEMO_NS, MODEL, timeout=120)
+        scorer = artifact_server.Scorer(artifact)
+        pods = eventually(lambda: [p["status"]["podIP"] for p in kubectl_json(
+            cluster, "get", "pods", "-n", DEMO_NS, "-l", f"app.kubernetes.io/instance={MODEL},rerank.io/pool=cpu")[
+            "items"] if p["status"].get("podIP")] or None, 120, "the CPU pool's pod addresses")
+        servers = [artifact_server.serve(scorer, ip, f"{DEMO_NS}/{MODEL}") for ip in pods]
+        say(f"the CPU pool's pods {', '.join(pods)} answer with artifact {artifact.name} (kwok pods: served here)")
+        body = json.dumps(QUERY)
+        answer = eventually(lambda: _post(gw.address + "/rerank", body), 60, "an answer through the gateway")
+        say(f"through the gateway: HTTP 200 {answer}")
+        say(f"  curl -s {gw.address}/rerank -H 'Content-Type: application/json' -d '{body}'")
+        yield
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        subprocess.run(["ip", "route", "del", "local", POD_CIDR, "dev", "lo"], check=False)
+        gw.stop()
+
+
+def _post(url: str, body: str) -> str | None:
+    """The answer's body when the gateway answers 200 (None while the route is not in place yet)."""
+    request = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.read().decode() if response.status == 200 else None
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rerank-demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -207,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     volume.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
+    stack = contextlib.ExitStack()
     say("starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok) and the real "
         "node (kubelet, containerd; the images are built from the Dockerfiles the first time: minutes)")
     cluster = Cluster.start(workdir / "cluster", real_node=True, timeout=900)
@@ -217,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         # First, so that the API server has loaded it when the quantizer's pod is created.
         cluster.kubectl_run("apply", "-f", "-", input="\n---\n".join(
             json.dumps(o) for o in realnode.quantizer_placement_policy(REAL_NODE_LABEL)))
+        # Before the operator: it finds the Gateway API at start-up (an API installed later is looked for again
+        # only every minute), and step 6 attaches the model to a Gateway.
+        apply_and_wait_established(cluster, binaries.gateway_api_crds())
         release = install_operator(cluster, workdir)
         say("preparing the demo model (all-MiniLM-L6-v2 encoder + 1-logit head) on the local volume")
         model_path = prepare_model(volume)
@@ -235,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  speed: {json.dumps(art.get('speed', {}))}")
         print(cluster.kubectl_run("get", "deployments,services,jobs,pvc", "-n", DEMO_NS).stdout)
         print(cluster.kubectl_run("get", "pods", "-n", OPERATOR_NS, "-o", "wide").stdout)
+        stack.enter_context(through_the_gateway(cluster, volume / "artifacts" / str(art.get("id"))))
         if args.keep:
             say(f"kept running: export KUBECONFIG={cluster.kubeconfig}; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
@@ -242,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3600)
         return 0
     finally:
+        stack.close()
         cluster.stop()
         say("control plane stopped")
 

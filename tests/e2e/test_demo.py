@@ -37,4 +37,11 @@ def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
     # The printed figures are the ones the Job measured and the operator recorded in status.
     assert f"Artifact {artifacts[0].name} at /models/artifacts/{artifacts[0].name}" in done.stdout
     assert (artifacts[0] / "cpu-int8" / "model.onnx").is_file()
+    # Step 6: the model through a real gateway (Traefik, the operator's HTTPRoute, the pool's EndpointSlice).
+    answered = next(line for line in done.stdout.splitlines() if "through the gateway: HTTP 200" in line)
+    results = json.loads(answered.split("HTTP 200 ", 1)[1])
+    assert sorted(r["index"] for r in results) == [0, 1, 2]
+    assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
+    assert all(0.0 < r["score"] < 1.0 for r in results)  # TEI's sigmoid over the INT8 model's logits
+    assert "curl -s http://127.0.0.1:" in done.stdout and "/rerank -H 'Content-Type: application/json'" in done.stdout
     assert (artifacts[0] / "original" / "model.safetensors").is_file()

@@ -15,6 +15,7 @@ from rerank_operator import __version__
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.quantizer, pytest.mark.node]
 
 
+@pytest.mark.timeout(1800)  # the demo's own limit below; a cold image build alone takes minutes
 def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "rerank_devcluster.demo", "--workdir", str(tmp_path),
                            "--timeout", "900"],

@@ -119,44 +119,43 @@ class Holder:
         logged."""
         deadline = arrived + self.hold_seconds
         ticket = self.board.arrive(request.model)
-        why: list[str] = []
         try:
-            sock = self._connect(request.upstream, deadline, why)
+            sock, why = self._connect(request.upstream, deadline)
         finally:
             self.board.leave(request.model, ticket)
         held = time.monotonic() - arrived
         if sock is None:
             answer = refusal(503, "timeout", f"the model did not wake within {self.hold_seconds:g} s"
-                             + (f" ({why[-1]})" if why else ""), [("Retry-After", str(RETRY_AFTER_SECONDS))])
+                             + (f" ({why})" if why else ""), [("Retry-After", str(RETRY_AFTER_SECONDS))])
         else:
             self.metrics.held(held)
             answer = self._forward(sock, request, max_answer_bytes)
         self.metrics.count(answer.outcome)
-        extra: dict[str, Any] = {"lookup_error": why[-1]} if why and sock is None else {}
+        extra: dict[str, Any] = {"lookup_error": why} if why and sock is None else {}
         logs.event("held request answered", model=request.model, outcome=answer.outcome, status=answer.status,
                    held_seconds=round(held, 3), **extra)
         return answer
 
-    def _connect(self, upstream: str, deadline: float, why: list[str]) -> socket.socket | None:
-        """A connection to one of ``upstream``'s ready endpoints made before ``deadline`` (monotonic), or None;
-        why the endpoints could not be looked up, if they could not, appended to ``why``."""
+    def _connect(self, upstream: str, deadline: float) -> tuple[socket.socket | None, str | None]:
+        """A connection to one of ``upstream``'s ready endpoints made before ``deadline`` (monotonic), or None; and
+        why the endpoints could not be looked up the last time they could not (None: they always could)."""
         namespace, service, port = activator.upstream_service(upstream)
+        why: str | None = None
         while deadline - time.monotonic() > 0:
             try:  # looked up again each round: the pool's pods come and go while it wakes
                 addresses = self.locate(namespace, service, port)
             except LookupFailed as exc:
-                why.append(str(exc))
-                addresses = []
+                why, addresses = str(exc), []
             random.shuffle(addresses)
             for address in addresses:
                 if (left := deadline - time.monotonic()) <= 0:
                     break
                 try:
-                    return socket.create_connection(address, timeout=min(self.connect_timeout, left))
+                    return socket.create_connection(address, timeout=min(self.connect_timeout, left)), why
                 except OSError:  # refused (a pod that is not listening yet or any more), or the try timed out
                     pass
             time.sleep(max(0.0, min(self.pause, deadline - time.monotonic())))
-        return None
+        return None, why
 
     def _forward(self, sock: socket.socket, request: Held, max_answer_bytes: int) -> Answer:
         try:

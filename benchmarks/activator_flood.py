@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks.sampler_overhead import cpu_model
 from rerank_contracts import activator
+from rerank_devcluster.processes import free_port
 
 KEY = b"k" * 48
 OTHER_NAMESPACE = "other"
@@ -110,13 +111,6 @@ class Pool(ThreadingHTTPServer):
                 self.wfile.write(body)
 
         super().__init__(("127.0.0.1", port), Handler)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -54,11 +54,12 @@ from rerank_devcluster.operator_process import (
     install_crds,
     static_pv,
 )
-from rerank_devcluster.processes import free_port
 from rerank_devcluster.waiting import eventually
 
 NAME, NAMESPACE = "minilm", "gateway-bench"
 TEI_PORT = 8080
+#: TEI's own default ``--max-batch-tokens``.
+TEI_BATCH_TOKENS = 16384
 POOLS = {"cpu": {"minReplicas": 1, "maxReplicas": 1},
          "gpu": {"minReplicas": 1, "maxReplicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1}}}}
 
@@ -67,45 +68,12 @@ def log(msg: str) -> None:
     print(f"[gateway_e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-class Router:
-    """A real ``text-embeddings-router`` on a pod's address and TEI port."""
-
-    def __init__(self, binary: str, model_dir: Path, address: str, logs: Path) -> None:
-        self.address = address
-        self.logf = (logs / f"router-{address}.log").open("w")
-        self.proc = subprocess.Popen(
-            [binary, "--model-id", str(model_dir), "--hostname", address, "--port", str(TEI_PORT),
-             "--prometheus-port", str(free_port()), "--dtype", "float32", "--max-client-batch-size", "64"],
-            stdout=self.logf, stderr=subprocess.STDOUT, env=dict(os.environ, HOSTNAME=address))
-        eventually(self._healthy, 300, f"the router on {address}", every=0.5)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}:{TEI_PORT}"
-
-    def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise SystemExit(f"the router on {self.address} exited {self.proc.returncode}")
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def served(self) -> float:
-        """TEI's own count of requests it served (``te_request_count``, every method: a /rerank of several texts
-        counts as ``method="batch"``)."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
-            return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
-                       if line.startswith("te_request_count{"))
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.logf.close()
+def served(router: tei_serving.RouterServer) -> float:
+    """TEI's own count of requests a router served (``te_request_count``, every method: a /rerank of several texts
+    counts as ``method="batch"``)."""
+    with urllib.request.urlopen(router.url + "/metrics", timeout=5) as r:
+        return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
+                   if line.startswith("te_request_count{"))
 
 
 def rerank_body(query: str, texts: list[str]) -> bytes:
@@ -189,7 +157,8 @@ def pool_pods(cluster: Cluster) -> dict[str, str]:
     return found
 
 
-def flip(cluster: Cluster, gw: TraefikGateway, routers: dict[str, Router], gpu: int, probe: bytes) -> dict[str, float]:
+def flip(cluster: Cluster, gw: TraefikGateway, routers: dict[str, tei_serving.RouterServer], gpu: int,
+         probe: bytes) -> dict[str, float]:
     """Set the split to ``gpu``/``100 - gpu``; seconds to the route written and to the first request served by the
     pool that now takes everything."""
     to = "gpu" if gpu == 100 else "cpu"
@@ -200,9 +169,9 @@ def flip(cluster: Cluster, gw: TraefikGateway, routers: dict[str, Router], gpu: 
     while True:
         if written is None and route_weights(cluster).get(to) == 100:
             written = time.monotonic() - changed
-        before = routers[to].served()
+        before = served(routers[to])
         post(gw.address, probe)
-        if routers[to].served() > before:
+        if served(routers[to]) > before:
             return {"route_written_s": round(written if written is not None else time.monotonic() - changed, 3),
                     "traffic_moved_s": round(time.monotonic() - changed, 3)}
         if time.monotonic() - changed > 60:
@@ -225,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bodies = held_out(fx, args.texts)
     binaries.ensure("traefik")
     subprocess.run(["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"], check=True)
-    routers: dict[str, Router] = {}
+    routers: dict[str, tei_serving.RouterServer] = {}
     try:
         with Cluster.start() as cluster:
             install_crds(cluster)
@@ -241,7 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pods = eventually(lambda: (p if len(p := pool_pods(cluster)) == 2 else None), 180,
                                   "a Ready GPU and CPU pod")
                 log(f"pool pods {pods}; starting a TEI router on each")
-                routers = {pool: Router(args.router, dirs["fp32"], ip, work) for pool, ip in pods.items()}
+                routers = {pool: tei_serving.RouterServer(args.router, dirs["fp32"], work / f"router-{ip}.log",
+                                                          TEI_BATCH_TOKENS, hostname=ip, port=TEI_PORT)
+                           for pool, ip in pods.items()}
                 gw.wait_route(NAMESPACE, NAME, timeout=60)
                 eventually(lambda: route_weights(cluster).get("gpu") == 100, 60, "the route at 100/0")
                 eventually(lambda: post(gw.address, bodies[0]) > 0, 60, "a request through the gateway")
@@ -260,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 gw.stop()
     finally:
         for r in routers.values():
-            r.stop()
+            r.close()
         subprocess.run(["ip", "route", "del", "local", POD_CIDR, "dev", "lo"], check=False)
     direct = statistics.median(r["pairs_per_s"] for r in cost["direct"])
     through = statistics.median(r["pairs_per_s"] for r in cost["gateway"])

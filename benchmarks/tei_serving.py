@@ -240,34 +240,40 @@ class RouterServer:
 
     harness = "tei-router"
 
-    def __init__(self, binary: str, model_dir: Path, log: Path, budget: int, prefix: list[str] | None = None):
+    def __init__(self, binary: str, model_dir: Path, log: Path, budget: int, prefix: list[str] | None = None,
+                 hostname: str = "127.0.0.1", port: int | None = None):
+        """``hostname``/``port``: where it listens (default a free local port; a pod's address in gateway_e2e)."""
         ports = []
         for _ in range(2):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 ports.append(s.getsockname()[1])
-        self.port = ports[0]
+        self.hostname, self.port = hostname, port or ports[0]
         self.logf = open(log, "w")  # noqa: SIM115 - the router writes to it until close()
-        self.proc = subprocess.Popen([*(prefix or []), binary, "--model-id", str(model_dir), "--hostname", "127.0.0.1",
+        self.proc = subprocess.Popen([*(prefix or []), binary, "--model-id", str(model_dir), "--hostname", hostname,
                                       "--port", str(self.port), "--prometheus-port", str(ports[1]),
                                       "--dtype", "float32", "--max-client-batch-size", "64",
                                       "--max-batch-tokens", str(budget)],
                                      stdout=self.logf, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, HOSTNAME="127.0.0.1"))
+                                     env=dict(os.environ, HOSTNAME=hostname))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"router exited {self.proc.returncode}; see {log}")
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2).read()
+                urllib.request.urlopen(f"{self.url}/health", timeout=2).read()
                 return
             except OSError:
                 time.sleep(0.5)
         raise SystemExit(f"router did not become healthy; see {log}")
 
+    @property
+    def url(self) -> str:
+        return f"http://{self.hostname}:{self.port}"
+
     def rerank(self, query: str, texts: list[str]) -> list[float]:
         body = json.dumps({"query": query, "texts": texts, "raw_scores": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/rerank", data=body,
+        req = urllib.request.Request(f"{self.url}/rerank", data=body,
                                      headers={"Content-Type": "application/json"})
         out = json.loads(urllib.request.urlopen(req, timeout=600).read())
         scores = [0.0] * len(texts)

@@ -1,13 +1,17 @@
-"""``rerank-sampler``: the sampler process, beside TEI in each serving pod of a guarded model.
+"""``rerank-sampler``: the front of each serving pod, beside TEI: the rerank API and the quality guard's sample.
 
-    rerank-sampler --guard-url http://<model>-guard.<namespace>.svc:80 --fraction 0.05
+    rerank-sampler [--guard-url http://<model>-guard.<namespace>.svc:80 --fraction 0.05]
+                   [--model-name NAME ...] [--long-documents truncate|chunk]
                    [--port 8082] [--metrics-port 9091] [--upstream http://127.0.0.1:8080]
                    [--token-env RERANK_GUARD_MIRROR_TOKEN] [--queue-size 64] [--queue-bytes 16777216]
                    [--max-body-bytes 2097152] [--max-connections 1024] [--upstream-timeout 60]
                    [--drain-seconds 10] [--seed N] [--log-format json|text]
 
-It refuses to start without the mirror token (the variable ``--token-env`` names unset or empty): every copy would
-be refused by the guard (``quality_guard/intake.py``), so the guard would check nothing while the pod looked healthy.
+Every model's pool pods run it (the front of each serving pod): it answers the rerank API in the Cohere and Jina
+shapes (``--model-name``, ``--long-documents``; :mod:`.translation`) and, for a guarded model (``--guard-url``),
+copies a sample to the quality guard. A guarded front refuses to start without the mirror token (the variable
+``--token-env`` names unset or empty): every copy would be refused by the guard (``quality_guard/intake.py``), so
+the guard would check nothing while the pod looked healthy.
 On SIGTERM it drains (:meth:`.server.Running.drain`) and exits 0.
 """
 
@@ -19,9 +23,9 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from rerank_contracts import guard
+from rerank_contracts import guard, rerank_api
 
-from . import logs, relay, sampling, server
+from . import logs, relay, sampling, server, translation
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
@@ -53,10 +57,16 @@ def _http_url(text: str) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rerank-sampler", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--guard-url", type=_http_url, required=True,
-                        help="the model's quality guard, http://host:port: where the copies go")
-    parser.add_argument("--fraction", type=_fraction, required=True,
+    parser.add_argument("--guard-url", type=_http_url, default=None,
+                        help="the model's quality guard, http://host:port: where the copies go (unset: an unguarded "
+                        "model, nothing is copied)")
+    parser.add_argument("--fraction", type=_fraction, default=0.0,
                         help="the fraction of answered POST /rerank requests copied to the guard, 0 to 1")
+    parser.add_argument("--model-name", action="append", default=[], dest="model_names",
+                        help="a name the rerank API's `model` may carry (repeatable; the first is the one answered)")
+    parser.add_argument("--long-documents", choices=rerank_api.LONG_DOCUMENTS, default="truncate",
+                        help="documents longer than the model's input: truncate (TEI's cut) or chunk (overlapping "
+                        "windows, the best one's score) (default %(default)s)")
     parser.add_argument("--port", type=int, default=guard.SAMPLER_PORT,
                         help="the serving port: every request goes to TEI, but GET "
                         f"{guard.SAMPLER_HEALTH_PATH} (default %(default)s)")
@@ -87,10 +97,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logs.configure(args.log_format)
     token = os.environ.get(args.token_env, "")
-    if not token:
+    if args.guard_url and not token:
         sys.exit(f"rerank-sampler: no mirror token: the environment variable {args.token_env} is unset or empty "
                  f"(the operator sets it to the model's mirror token; without it the guard refuses every copy)")
-    settings = server.Settings(guard_url=args.guard_url, token=token, fraction=args.fraction, upstream=args.upstream,
+    api = translation.ApiSettings(models=tuple(args.model_names),
+                                  served_model=args.model_names[0] if args.model_names else "",
+                                  long_documents=args.long_documents)
+    settings = server.Settings(guard_url=args.guard_url, token=token, fraction=args.fraction, api=api,
+                               upstream=args.upstream,
                                queue_size=int(args.queue_size), queue_bytes=int(args.queue_bytes),
                                max_body_bytes=int(args.max_body_bytes), max_connections=int(args.max_connections),
                                upstream_timeout=args.upstream_timeout, seed=args.seed)

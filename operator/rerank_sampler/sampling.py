@@ -79,9 +79,13 @@ _STOP = Copy("", None, b"")  # tells the courier to stop (compared by identity)
 class Courier:
     """The bounded queue of copies and the thread that POSTs them to the guard at ``guard_url``."""
 
-    def __init__(self, guard_url: str, token: str, metrics: Metrics, draw: Draw, *, queue_size: int = QUEUE_SIZE,
-                 queue_bytes: int = QUEUE_BYTES, timeout: float = COPY_TIMEOUT_SECONDS) -> None:
-        self.host, self.port = address(guard_url)
+    def __init__(self, guard_url: str | None, token: str, metrics: Metrics, draw: Draw, *,
+                 queue_size: int = QUEUE_SIZE, queue_bytes: int = QUEUE_BYTES,
+                 timeout: float = COPY_TIMEOUT_SECONDS) -> None:
+        """``guard_url`` None: an unguarded model's front, whose ``draw`` must never copy."""
+        if guard_url is None and draw.fraction > 0:
+            raise ValueError("copies drawn for no guard")
+        self.host, self.port = address(guard_url) if guard_url else ("", 0)
         self.token, self.metrics, self.draw, self.timeout = token, metrics, draw, timeout
         self._queue: queue.Queue[Copy] = queue.Queue(maxsize=queue_size)
         self.queue_bytes = queue_bytes

@@ -28,11 +28,11 @@ import http
 import json
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rerank_contracts import guard
+from rerank_contracts import guard, rerank_api
 
 from .framing import Gone, Refused, read_body
 from .metrics import CONTENT_TYPE, Metrics
@@ -47,6 +47,7 @@ from .relay import (
     end_to_end,
 )
 from .sampling import COPY_TIMEOUT_SECONDS, QUEUE_BYTES, QUEUE_SIZE, SAMPLED_PATHS, Courier, Draw
+from .translation import ApiSettings, Translator
 
 #: How long a client connection may sit idle (or stall mid-request) before it is closed: longer than the idle
 #: timeouts of the gateways' upstream pools (nginx 60 s, Traefik 90 s), so that the gateway closes an idle connection
@@ -65,9 +66,13 @@ COPIES_GRACE_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Settings:
-    guard_url: str
+    """``guard_url``: the model's quality guard (None: an unguarded model, nothing is copied); ``api``: the rerank
+    API's settings (:mod:`.translation`)."""
+
+    guard_url: str | None
     token: str
     fraction: float
+    api: ApiSettings = field(default_factory=ApiSettings)
     upstream: str = "http://127.0.0.1:8080"
     queue_size: int = QUEUE_SIZE
     queue_bytes: int = QUEUE_BYTES
@@ -149,6 +154,7 @@ def _from_the_guard(presented: str | None, token: str) -> bool:
 
 def handler(settings: Settings, pool: Pool, courier: Courier, metrics: Metrics) -> type[BaseHTTPRequestHandler]:
     """The serving port's request handler class."""
+    translator = Translator(pool, settings.api, metrics)
 
     class Proxy(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive for the gateway's connection pool
@@ -187,6 +193,10 @@ def handler(settings: Settings, pool: Pool, courier: Courier, metrics: Metrics) 
                 metrics.request("invalid")
                 self.close_connection = True
                 return
+            shape = rerank_api.API_PATHS.get(path)
+            if shape is not None and self.command == "POST":
+                self._translate(shape, body)
+                return
             request = Outgoing(self.command, self.path, end_to_end(self.headers.items(), REQUEST_ONLY), body)
             try:
                 exchange = pool.send(request)
@@ -207,6 +217,19 @@ def handler(settings: Settings, pool: Pool, courier: Courier, metrics: Metrics) 
                     and body is not None and not _from_the_guard(self.headers.get(guard.MIRROR_TOKEN_HEADER),
                                                                  settings.token)):
                 courier.offer(path, self.headers.get("Content-Type"), body)  # after the answer: off its path
+
+        def _translate(self, shape: rerank_api.Shape, body: bytes | None) -> None:
+            """A Cohere or Jina request, answered through TEI's own routes; what TEI scored is offered to the
+            sampling after the answer is written, as a request to TEI's route would be."""
+            scored: list[bytes] = []
+            sampled = not _from_the_guard(self.headers.get(guard.MIRROR_TOKEN_HEADER), settings.token)
+            status, payload = translator.handle(shape, self.headers.items(), body, self.headers.get("Content-Type"),
+                                                scored.append)
+            metrics.request("translated")
+            self._own(status, json.dumps(payload, ensure_ascii=False).encode(), "application/json")
+            if sampled and status == 200:
+                for copy in scored:
+                    courier.offer(rerank_api.TEI_PATH, "application/json", copy)
 
         def _relay(self, exchange: Exchange) -> bool:
             """Write TEI's answer to the client, and count it before the write that completes it (a client that has
@@ -342,8 +365,9 @@ class Running:
 
 def start(settings: Settings, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0) -> Running:
     """Serve both ports in background threads and start the courier."""
-    metrics = Metrics(settings.fraction)
-    courier = Courier(settings.guard_url, settings.token, metrics, Draw(settings.fraction, settings.seed),
+    fraction = settings.fraction if settings.guard_url else 0.0
+    metrics = Metrics(fraction)
+    courier = Courier(settings.guard_url, settings.token, metrics, Draw(fraction, settings.seed),
                       queue_size=settings.queue_size, queue_bytes=settings.queue_bytes,
                       timeout=settings.copy_timeout)
     metrics.queued = courier.queued

@@ -29,11 +29,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rerank_contracts.guard import SAMPLER_PORT
 from rerank_devcluster import artifact_server, binaries, nodeimage, realnode
 from rerank_devcluster import release as releases
 from rerank_devcluster.cluster import POD_CIDR, Cluster
@@ -42,6 +44,8 @@ from rerank_devcluster.operator_process import apply_and_wait_established
 from rerank_devcluster.operator_release import OperatorRelease, ReleaseError
 from rerank_devcluster.waiting import eventually
 from rerank_operator import __version__
+from rerank_sampler import server as front
+from rerank_sampler.translation import ApiSettings
 
 REPO = binaries.REPO_ROOT
 CHART = REPO / "charts" / "rerank-operator"
@@ -206,12 +210,15 @@ def watch(cluster: Cluster, release: OperatorRelease, timeout: float) -> dict[st
 QUERY = {"query": "what is a panda?", "texts": ["The giant panda is a bear native to south central China.",
                                                 "Paris is the capital and largest city of France.",
                                                 "Pandas eat bamboo for most of the day."]}
+COHERE_QUERY = {"model": MODEL, "query": QUERY["query"], "documents": QUERY["texts"], "top_n": 2}
 
 
 @contextlib.contextmanager
 def through_the_gateway(cluster: Cluster, artifact: Path) -> Iterator[None]:
     """Step 6: Traefik as the demo namespace's Gateway, the model routed through it (all to the CPU pool: the GPU
-    pool's kwok pods have no GPU here), the CPU pods' addresses served by the artifact, one request through it."""
+    pool's kwok pods have no GPU here), each CPU pod's address served as the pod would be (the real front on the
+    pod's serving port, the artifact in TEI's shapes behind it on TEI's), one request in TEI's shape and one in
+    Cohere's through the gateway."""
     if os.geteuid() != 0:
         say("not root: the model is not put behind a gateway (serving the pods' addresses needs a local route)")
         yield
@@ -220,6 +227,7 @@ def through_the_gateway(cluster: Cluster, artifact: Path) -> Iterator[None]:
     gw = start_gateway(cluster, namespace=DEMO_NS)
     subprocess.run(["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"], check=True)
     servers: list[Any] = []
+    fronts: list[front.Running] = []
     try:
         routing = {"policy": "fixed", "weights": {"gpu": 0, "cpu": 100}, "gateway": {"parentRefs": [gw.parent_ref()]}}
         cluster.kubectl_run("patch", "rerankmodel", MODEL, "-n", DEMO_NS, "--type", "merge", "-p",
@@ -229,14 +237,25 @@ def through_the_gateway(cluster: Cluster, artifact: Path) -> Iterator[None]:
         pods = eventually(lambda: [p["status"]["podIP"] for p in kubectl_json(
             cluster, "get", "pods", "-n", DEMO_NS, "-l", f"app.kubernetes.io/instance={MODEL},rerank.io/pool=cpu")[
             "items"] if p["status"].get("podIP")] or None, 120, "the CPU pool's pod addresses")
-        servers = [artifact_server.serve(scorer, ip, f"{DEMO_NS}/{MODEL}") for ip in pods]
-        say(f"the CPU pool's pods {', '.join(pods)} answer with artifact {artifact.name} (kwok pods: served here)")
-        body = json.dumps(QUERY)
-        answer = eventually(lambda: _post(gw.address + "/rerank", body), 60, "an answer through the gateway")
-        say(f"through the gateway: HTTP 200 {answer}")
-        say(f"  curl -s {gw.address}/rerank -H 'Content-Type: application/json' -d '{body}'")
+        api = ApiSettings(models=(MODEL, f"{DEMO_NS}/{MODEL}"), served_model=MODEL)
+        for ip in pods:
+            servers.append(artifact_server.serve(scorer, ip, f"{DEMO_NS}/{MODEL}"))
+            fronts.append(front.start(front.Settings(guard_url=None, token="", fraction=0.0, api=api,
+                                                     upstream=f"http://{ip}:{artifact_server.TEI_PORT}"),
+                                      ip, SAMPLER_PORT))
+        say(f"the CPU pool's pods {', '.join(pods)} answer with artifact {artifact.name} behind the pods' front "
+            f"(kwok pods: served here)")
+        tei_body, cohere_body = json.dumps(QUERY), json.dumps(COHERE_QUERY)
+        answer = _through(cluster, gw, "/rerank", tei_body, pods)
+        say(f"through the gateway, TEI's shape: HTTP 200 {answer}")
+        say(f"  curl -s {gw.address}/rerank -H 'Content-Type: application/json' -d '{tei_body}'")
+        answer = _through(cluster, gw, "/v2/rerank", cohere_body, pods)
+        say(f"through the gateway, Cohere's shape: HTTP 200 {answer}")
+        say(f"  curl -s {gw.address}/v2/rerank -H 'Content-Type: application/json' -d '{cohere_body}'")
         yield
     finally:
+        for running in fronts:
+            running.stop()
         for server in servers:
             server.shutdown()
             server.server_close()
@@ -244,14 +263,41 @@ def through_the_gateway(cluster: Cluster, artifact: Path) -> Iterator[None]:
         gw.stop()
 
 
-def _post(url: str, body: str) -> str | None:
-    """The answer's body when the gateway answers 200 (None while the route is not in place yet)."""
-    request = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+def _through(cluster: Cluster, gw: Any, path: str, body: str, pods: list[str]) -> str:
+    """The gateway's 200 answer to ``body`` at ``path``; on a timeout, what was seen on the way (the gateway's last
+    answer, the pods' own answer, the route and its endpoints, the end of Traefik's log)."""
+    last: list[str] = []
+
+    def attempt() -> str | None:
+        status, text = _post(gw.address + path, body)
+        last[:] = [f"{status} {text[:300]}"]
+        return text if status == 200 else None
+
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.read().decode() if response.status == 200 else None
-    except OSError:
-        return None
+        result: str = eventually(attempt, 90, f"an answer through the gateway at {path}")
+        return result
+    except AssertionError:
+        direct = [f"{ip}: {' '.join(map(str, _post(f'http://{ip}:{SAMPLER_PORT}{path}', body)))[:300]}" for ip in pods]
+        route = cluster.kubectl_run("get", "httproute", MODEL, "-n", DEMO_NS, "-o", "yaml", check=False).stdout
+        slices = cluster.kubectl_run("get", "endpointslices", "-n", DEMO_NS, "-o", "wide", check=False).stdout
+        log = cluster.logs_dir / f"{gw.process}.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else "(no log)"
+        raise SystemExit(f"no answer through the gateway at {path}: last {last}\nthe pods directly: {direct}\n"
+                         f"--- route ---\n{route}\n--- endpoint slices ---\n{slices}\n--- {log.name} ---\n{tail}"
+                         ) from None
+
+
+def _post(url: str, body: str) -> tuple[int | str, str]:
+    """The answer's status and body (an error's name instead of a status when none came)."""
+    request = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the gateway is local: never a proxy
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except OSError as exc:
+        return type(exc).__name__, str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:

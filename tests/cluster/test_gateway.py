@@ -114,7 +114,7 @@ class Pods:
         self.lock = threading.Lock()
         self.servers: dict[str, Counted] = {}
 
-    def serve(self, port: int = 8080) -> list[str]:
+    def serve(self, port: int = SAMPLER_PORT) -> list[str]:
         """Serve every Ready pool pod's address not served yet; their addresses."""
         for pod in self.kube.pods(self.namespace, f"app.kubernetes.io/instance={NAME},rerank.io/pool"):
             ip, pool = pod["status"].get("podIP"), pod["metadata"]["labels"]["rerank.io/pool"]

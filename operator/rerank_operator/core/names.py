@@ -117,6 +117,12 @@ def route_name(model: str) -> str:
     return model
 
 
+def api_model_names(owner: Owner, hub_id: str | None) -> tuple[str, ...]:
+    """What the rerank API's ``model`` may say for this model: its name (the one answered), ``namespace/name``, and
+    the hub id it was made from (clients often send that)."""
+    return tuple(dict.fromkeys([owner.name, f"{owner.namespace}/{owner.name}", *([hub_id] if hub_id else [])]))
+
+
 def canary_name(model: str) -> str:
     """The canary CPU Deployment and its Service."""
     return f"{model}-canary"

@@ -128,12 +128,12 @@ def build_deployment(
     cpu_check: cpu_checks.CpuCheck | None = None,
 ) -> dict[str, Any]:
     """A pool's TEI Deployment; ``canary``: the CPU pool's twin ``<name>-canary`` serving a new artifact beside the
-    stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's
-    pool signals count its pods. ``max_input_tokens``: what the served artifact reports (status.artifact), the CPU
-    pool's default token budget (``batch_tokens``). ``fetch``: the artifact is a shared one, fetched into an
-    emptyDir by an init container (``fetch.py``) instead of read from the claim. ``sampler``: the quality guard's
-    sampler in front of TEI (``sampler.py``), which then takes the pod's ``http`` port. ``cpu_check``: the CPU pool
-    checks its node against the artifact's target before anything else (``cpu_check.py``)."""
+    stable one (plan.py) — its own component and no pool label, so neither the pool's Service nor the autoscaler's pool
+    signals count its pods. ``max_input_tokens``: what the served artifact reports (status.artifact), the CPU pool's
+    default token budget (``batch_tokens``). ``fetch``: the artifact is a shared one, fetched into an emptyDir by an
+    init container (``fetch.py``) instead of read from the claim. ``sampler``: the pod's front (``sampler.py``: the
+    rerank API, the guard's sample), which then takes the pod's ``http`` port. ``cpu_check``: the CPU pool checks its
+    node against the artifact's target before anything else (``cpu_check.py``)."""
     component = names.COMPONENT_CANARY if canary else names.pool_component(pool.name)
     env: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = [

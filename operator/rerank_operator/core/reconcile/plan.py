@@ -188,10 +188,12 @@ def compute(
     token = guard.mirror_token(observed.deployments.get(names.COMPONENT_GUARD)) if guarding is not None else ""
     source = guard_policy.sample_source(spec, guarding, observed.gateways) if guarding is not None else None
     mode = source.mode if source is not None else None
-    sidecar = (sampling.Sidecar(fetcher_image or spec.quantization.image,
-                                guard.service_url(owner, names.guard_name(owner.name)), guarding.sample_fraction,
+    copies = (sampling.Sampling(guard.service_url(owner, names.guard_name(owner.name)), guarding.sample_fraction,
                                 token)
-               if guarding is not None and mode == "sampler" else None)
+              if guarding is not None and mode == "sampler" else None)
+    # Every pool pod's front: the rerank API's shapes, and the guard's copies where the route cannot mirror.
+    sidecar = sampling.Sidecar(fetcher_image or spec.quantization.image, names.api_model_names(owner, spec.model.id),
+                               spec.api.long_documents, copies)
 
     desired: list[Obj] = []
     # A model whose artifact comes from the store needs no volume of its own (unless one still serves).

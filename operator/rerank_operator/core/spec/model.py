@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from rerank_contracts import quantize_job
+from rerank_contracts.rerank_api import LongDocuments
 from rerank_operator import __version__
 from rerank_operator.core import names
 
@@ -196,6 +197,13 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class RerankApi:
+    """``spec.api``: how the pool pods' front answers the Cohere and Jina shapes (``rerank_sampler.translation``)."""
+
+    long_documents: LongDocuments = "truncate"
+
+
+@dataclass(frozen=True)
 class StepBehavior:
     """One direction of scaling: HPA-like stabilization window, largest change per decision, and cooldown."""
 
@@ -262,6 +270,7 @@ class RerankModelSpec:
     gpu: Pool
     routing: Routing
     autoscaling: Autoscaling
+    api: RerankApi = field(default_factory=RerankApi)
 
     def pool(self, name: names.PoolName) -> Pool:
         return self.cpu if name == "cpu" else self.gpu

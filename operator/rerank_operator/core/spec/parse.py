@@ -23,6 +23,7 @@ from rerank_operator.core.spec.model import (
     QualityGate,
     Quantization,
     RequantizeOnDrift,
+    RerankApi,
     RerankModelSpec,
     SpecError,
     Storage,
@@ -42,6 +43,11 @@ def parse(spec: Mapping[str, Any]) -> RerankModelSpec:
         raise SpecError(f"spec cannot be read: {type(exc).__name__}: {exc}") from exc
 
 
+def _api(section: Mapping[str, Any]) -> RerankApi:
+    mode = fields.choice(section, "longDocuments", "api.longDocuments", "Truncate", ("Truncate", "Chunk"))
+    return RerankApi(long_documents="chunk" if mode == "Chunk" else "truncate")
+
+
 def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
     if not isinstance(spec, Mapping):
         raise SpecError(f"spec must be an object, got {fields.show(spec)}")
@@ -58,6 +64,7 @@ def _parse(spec: Mapping[str, Any]) -> RerankModelSpec:
         gpu=parse_pool("gpu", fields.obj(pools, "gpu", "pools.gpu"), present=gpu_section is not None),
         routing=parse_routing(fields.obj(spec, "routing", "routing")),
         autoscaling=parse_autoscaling(autoscaling),
+        api=_api(fields.obj(spec, "api", "api")),
     )
     if not parsed.enabled_pools:
         raise SpecError("no pool is enabled")

@@ -27,14 +27,14 @@ def build_network_policy(
     """The NetworkPolicy isolating a model's TEI pods and its quality guard, or None when its class turns it off (or
     there is no class).
 
-    Ingress to the TEI port only from: the routing layer (class ``network.routingNamespaces``, optionally only pods
-    with ``routingPodLabels``), ``network.allowedNamespaces``, the model's own namespace (``allowSameNamespace``)
-    and the operator (which scrapes TEI's /metrics for autoscaling); the model's quality guard where the class has
-    one and the namespace is not already allowed (for a guarded model, the sampler's port too). Ingress to the guard's
-    port only from the routing layer (whose mirror sends it copies), the model's own pool pods (whose sampler does,
-    on a gateway without RequestMirror) and the operator (which reads its verdicts): no other tenant pod, not even of
-    the model's own namespace, may post to it (``quality_guard/intake.py`` checks the mirror's token as well). Egress
-    is left alone (TEI downloads models). ``activator``: (namespace, pod labels) of the platform's activator, which
+    Ingress to the TEI port only from: the routing layer (class ``network.routingNamespaces``, optionally only pods with
+    ``routingPodLabels``), ``network.allowedNamespaces``, the model's own namespace (``allowSameNamespace``) and the
+    operator (which scrapes TEI's /metrics for autoscaling); the model's quality guard where the class has one and the
+    namespace is not already allowed; the same to the port of the pods' front (the rerank API). Ingress to the guard's
+    port only from the routing layer (whose mirror sends it copies), the model's own pool pods (whose front does, on a
+    gateway without RequestMirror) and the operator (which reads its verdicts): no other tenant pod, not even of the
+    model's own namespace, may post to it (``quality_guard/intake.py`` checks the mirror's token as well). Egress is
+    left alone (TEI downloads models). ``activator``: (namespace, pod labels) of the platform's activator, which
     forwards the requests it held while the model was at zero to its pools: given for models that may go to zero.
     """
     network = fields.get(rclass or {}, "spec", "network")
@@ -58,9 +58,9 @@ def build_network_policy(
     if activator is not None:
         peers.append(_namespace_peer([activator[0]], activator[1]))
     guarded = bool(fields.get(rclass or {}, "spec", "qualityGuard").get("enabled"))
-    # A guarded model's pools may run the guard's sampler in front of TEI (builders/sampler.py): its port is the
-    # pods' http port then, and the pools' pods send the guard its copies.
-    ports = [names.TEI_PORT, *([SAMPLER_PORT] if guarded else [])]
+    # Every pool pod's front (builders/sampler.py) has the pods' http port; a guarded model's pods may send the
+    # guard its copies.
+    ports = [names.TEI_PORT, SAMPLER_PORT]
     ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": p} for p in ports]}] if peers else []
     pools = ([{"podSelector": {"matchLabels": {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name,
                                                names.LABEL_SERVING: "true"}}}] if guarded else [])

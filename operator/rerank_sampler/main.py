@@ -60,8 +60,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--guard-url", type=_http_url, default=None,
                         help="the model's quality guard, http://host:port: where the copies go (unset: an unguarded "
                         "model, nothing is copied)")
-    parser.add_argument("--fraction", type=_fraction, default=0.0,
-                        help="the fraction of answered POST /rerank requests copied to the guard, 0 to 1")
+    parser.add_argument("--fraction", type=_fraction, default=None,
+                        help="the fraction of answered POST /rerank requests copied to the guard, 0 to 1 (with "
+                        "--guard-url only, and required with it)")
     parser.add_argument("--model-name", action="append", default=[], dest="model_names",
                         help="a name the rerank API's `model` may carry (repeatable; the first is the one answered)")
     parser.add_argument("--long-documents", choices=rerank_api.LONG_DOCUMENTS, default="truncate",
@@ -90,7 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="on SIGTERM, how long the requests in flight are given (default %(default)s)")
     parser.add_argument("--seed", type=int, default=None, help="seed the sampling's draws (tests, benchmarks)")
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.guard_url is None) != (args.fraction is None):
+        parser.error("--guard-url and --fraction go together: a guarded front copies a fraction to its guard, an "
+                     "unguarded one copies nothing")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -103,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     api = translation.ApiSettings(models=tuple(args.model_names),
                                   served_model=args.model_names[0] if args.model_names else "",
                                   long_documents=args.long_documents)
-    settings = server.Settings(guard_url=args.guard_url, token=token, fraction=args.fraction, api=api,
+    settings = server.Settings(guard_url=args.guard_url, token=token, fraction=args.fraction or 0.0, api=api,
                                upstream=args.upstream,
                                queue_size=int(args.queue_size), queue_bytes=int(args.queue_bytes),
                                max_body_bytes=int(args.max_body_bytes), max_connections=int(args.max_connections),
@@ -114,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     running = server.start(settings, "0.0.0.0", args.port, args.metrics_port)
     logs.event("sampler listening", port=args.port, metrics_port=args.metrics_port, upstream=args.upstream,
-               guard=args.guard_url, fraction=args.fraction)
+               guard=args.guard_url, fraction=args.fraction or 0.0, models=args.model_names,
+               long_documents=args.long_documents)
     signal.sigwait(STOP_SIGNALS)
     logs.event("draining", in_flight=running.front.in_flight, queued=running.courier.queued())
     drained = running.drain(args.drain_seconds)

@@ -42,8 +42,13 @@ from rerank_devcluster.gateway import TraefikGateway, start_gateway
 from rerank_devcluster.operator_process import REPO, kubectl_apply
 from rerank_devcluster.processes import free_port
 from rerank_devcluster.waiting import eventually
+from rerank_operator.core.names import TEI_PORT
+from rerank_sampler import server as front
+from rerank_sampler.translation import ApiSettings
+from tests.clients import official
 from tests.cluster.rrm_harness import GROUP, OPERATOR_NS, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
 from tests.cluster.sleeping_pool import CpuPool, bind_activator_rbac
+from tests.tei_words import WordTei
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -242,6 +247,66 @@ def test_the_operators_weights_reach_the_pods_through_a_real_gateway(stack: tupl
         print(json.dumps({"spec_change_to_traffic_moved_s": moved}))
     finally:
         pods.stop()
+
+
+def test_the_official_rerank_clients_reach_the_model_through_a_real_gateway(
+        stack: tuple[Env, TraefikGateway]) -> None:
+    """Each pool pod served as it runs: the real front on the pod's serving port, a TEI (scoring by words,
+    ``tests/tei_words.py``) on TEI's port. The official clients from PyPI (cohere v1 and v2, langchain-cohere,
+    llama-index), given the Gateway's address as their base URL, rank through Traefik, the operator's route, the
+    pool's Service and EndpointSlice, and the front: TEI's own scores for the pairs, in TEI's order."""
+    env, gw = stack
+    routing = {"policy": "fixed", "weights": {"gpu": 0, "cpu": 100}, "gateway": {"parentRefs": [gw.parent_ref()]}}
+    env.kube.create_model(env.model(quantization={"enabled": False}, pools=POOLS, routing=routing))
+    teis: list[WordTei] = []
+    fronts: list[front.Running] = []
+    try:
+        ips = eventually(lambda: [p["status"]["podIP"] for p in env.kube.pods(
+            env.namespace, f"app.kubernetes.io/instance={NAME},rerank.io/pool") if p["status"].get("podIP")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+            or None, 120, f"Ready pool pods\n{env.describe()}")
+        deployment = env.kube.deployment(env.namespace, f"{NAME}-cpu")
+        assert deployment is not None
+        containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+        args = containers["sampler"]["args"]
+        names_given = [args[i + 1] for i, a in enumerate(args) if a == "--model-name"]
+        assert names_given[:2] == [NAME, f"{env.namespace}/{NAME}"]
+        api = ApiSettings(models=tuple(names_given), served_model=names_given[0])
+        for ip in ips:
+            teis.append(WordTei(host=ip, port=TEI_PORT))
+            fronts.append(front.start(front.Settings(guard_url=None, token="", fraction=0.0, api=api,
+                                                     upstream=f"http://{ip}:{TEI_PORT}"), ip, SAMPLER_PORT))
+        gw.wait_route(env.namespace, NAME, timeout=60)
+        query = "where do giant pandas live"
+        documents = ["Giant pandas live in the mountains of central China.", "Paris is the capital of France.",
+                     "Pandas eat bamboo.", "The giant panda is a bear.", "Where do you live?"]
+
+        def teis_own() -> dict[int, float] | None:
+            status, answer = post_json(gw, "/rerank", {"query": query, "texts": documents, "truncate": True})
+            return {r["index"]: r["score"] for r in answer} if status == 200 else None
+        expected = eventually(teis_own, 60, "TEI's /rerank through the gateway")
+        got = official.rerank(gw.address, NAME, query, documents, top_n=3)
+        best = sorted(expected, key=lambda i: (-expected[i], i))[:3]
+        for client_name, ranking in got.items():
+            assert [r[0] for r in ranking] == best, client_name
+            assert all(r[1] == pytest.approx(expected[r[0]], abs=1e-5) for r in ranking), client_name
+        status, refusal = post_json(gw, "/v2/rerank", {"model": "other", "query": query, "documents": documents})
+        assert status == 404 and refusal["field"] == "model"
+    finally:
+        for running in fronts:
+            running.stop()
+        for tei in teis:
+            tei.stop()
+
+
+def post_json(gw: TraefikGateway, path: str, payload: Any) -> tuple[int, Any]:
+    request = urllib.request.Request(gw.address + path, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status), json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read() or b"null")
 
 
 def test_a_route_the_gateway_does_not_accept_shows_in_the_models_status_within_10_s(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -42,9 +43,10 @@ MALFORMED: list[tuple[bytes, str | None, int, str, str | None]] = [
     (json.dumps({"query": "q", "documents": []}).encode(), None, 422, "documents is empty", "documents"),
     (json.dumps({"query": "q", "documents": ["a"] * 1001}).encode(), None, 422, "1001 entries; at most 1000",
      "documents"),
-    (json.dumps({"query": "q", "documents": ["a", 7]}).encode(), None, 422, "documents[1] must be a string or an object",
-     "documents[1]"),
-    (json.dumps({"query": "q", "documents": [None]}).encode(), None, 422, "documents[0] must be a string", "documents[0]"),
+    (json.dumps({"query": "q", "documents": ["a", 7]}).encode(), None, 422,
+     "documents[1] must be a string or an object", "documents[1]"),
+    (json.dumps({"query": "q", "documents": [None]}).encode(), None, 422, "documents[0] must be a string",
+     "documents[0]"),
     (json.dumps({"query": "q", "documents": [{"title": "x"}]}).encode(), None, 422, "documents[0] has no text",
      "documents[0].text"),
     (json.dumps({"query": "q", "documents": [{"text": 5}]}).encode(), None, 422, "has text a number, not a string",
@@ -111,8 +113,8 @@ def test_the_answer_is_sorted_by_score_with_ties_by_index_and_cut_at_top_n() -> 
 
 def test_a_document_of_several_windows_scores_its_best_and_each_window_is_billed() -> None:
     request = rerank_api.parse("v2", body(), None)
-    windows = (Window(0, 0, 5), Window(0, 4, 9), Window(1, 0, 3)) + tuple(Window(1, 0, 3) for _ in range(100))
-    scores = (0.1, 0.8, 0.3) + tuple(0.2 for _ in range(100))
+    windows = (Window(0, 0, 5), Window(0, 4, 9), Window(1, 0, 3), *tuple(Window(1, 0, 3) for _ in range(100)))
+    scores = (0.1, 0.8, 0.3, *tuple(0.2 for _ in range(100)))
     answer = rerank_api.answer(request, Scored(windows, scores), "x", "m")
     assert [(r["index"], r["relevance_score"]) for r in answer["results"]] == [(0, 0.8), (1, 0.3)]
     assert "document" not in answer["results"][0]
@@ -142,7 +144,7 @@ def test_windows_cover_the_document_in_order_overlapping_and_within_size(n: int,
         return
     assert got[0].start == 0
     assert all(len([s for s in spans if w.start <= s[0] and s[1] <= w.end]) <= size for w in got)
-    assert all(a.start < b.start < a.end for a, b in zip(got, got[1:], strict=False))  # overlapping, advancing
+    assert all(a.start < b.start < a.end for a, b in itertools.pairwise(got))  # overlapping, advancing
     if limit is None or len(got) < limit:
         assert got[-1].end == length  # the end of the document is in a window
     else:

@@ -147,7 +147,7 @@ def test_only_answered_post_rerank_is_copied(tei: Tei, guard: Guard) -> None:
         requests = counts(s.metrics_url, "requests")
     assert refused.status == 422 and others == [200, 200, 404, 404, 404] and ok.status == 200
     assert nothing_yet == 0 and [c.body for c in guard.received] == [RERANK]
-    assert requests == {"proxied": 7, "upstream_error": 0, "invalid": 0}
+    assert requests == {"proxied": 7, "upstream_error": 0, "invalid": 0, "translated": 0}
 
 
 def timed_requests(base: str, n: int, clients: int = 4) -> list[tuple[int, float]]:
@@ -241,7 +241,9 @@ def test_the_metrics_page(tei: Tei, guard: Guard) -> None:
     assert page.status == 200 and page.header("Content-Type") == [CONTENT_TYPE]
     assert elsewhere.status == 404
     assert teis.body == b"te_request_count 7\n"
-    assert values == {
+    assert all(v == 0 for (name, _), v in values.items() if name.startswith("rerank_api_"))  # no API request
+    assert {k: v for k, v in values.items() if not k[0].startswith("rerank_api_")} == {
+        ("rerank_sampler_requests_total", (("outcome", "translated"),)): 0.0,
         ("rerank_sampler_requests_total", (("outcome", "proxied"),)): 2.0,  # the page's own read of TEI's /metrics
         ("rerank_sampler_requests_total", (("outcome", "upstream_error"),)): 0.0,
         ("rerank_sampler_requests_total", (("outcome", "invalid"),)): 1.0,

@@ -59,7 +59,11 @@ def test_the_flags_and_their_defaults() -> None:
     assert (defaults.upstream_timeout, defaults.drain_seconds, defaults.seed, defaults.log_format) == (
         60.0, 10.0, None, "json")
     assert (defaults.guard_url, defaults.fraction) == ("http://m1-guard.tenant-a.svc:80", 0.05)
-    for bad in ([], ["--fraction", "0.1"], ["--guard-url", "http://g:80"],
+    unguarded = main.parse_args(["--model-name", "m1", "--model-name", "tenant-a/m1", "--long-documents", "chunk"])
+    assert (unguarded.guard_url, unguarded.fraction, unguarded.model_names, unguarded.long_documents) == (
+        None, None, ["m1", "tenant-a/m1"], "chunk")
+    assert main.parse_args([]).long_documents == "truncate"
+    for bad in (["--fraction", "0.1"], ["--guard-url", "http://g:80"], ["--long-documents", "summarize"],
                 ["--guard-url", "https://g:443", "--fraction", "0.1"],
                 ["--guard-url", "http://g:80/rerank", "--fraction", "0.1"],
                 ["--guard-url", "http://g:80", "--fraction", "1.5"],

@@ -91,7 +91,7 @@ def test_own_health_route_never_reaches_tei(tei: Tei, guard: Guard) -> None:
         requests = counts(s.metrics_url, "requests")
     assert (own.status, own.body) == (200, b"ok\n")
     assert teis.status == 502 and b"error" in teis.body
-    assert requests == {"proxied": 0, "upstream_error": 1, "invalid": 0}
+    assert requests == {"proxied": 0, "upstream_error": 1, "invalid": 0, "translated": 0}
 
 
 def test_connections_to_tei_are_kept_alive(tei: Tei, guard: Guard) -> None:

@@ -218,10 +218,14 @@ def test_without_a_mirror_the_pool_pods_sample_for_the_guard_with_its_token() ->
         assert sampler["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_with_a_mirror_the_pool_pods_run_tei_alone() -> None:
+def test_with_a_mirror_the_pool_pods_front_copies_nothing_but_still_answers_the_rerank_api() -> None:
     plan, _ = plan_for((view(frozenset({gateway.REQUEST_MIRROR, gateway.REQUEST_PERCENTAGE_MIRROR})),))
-    tei = containers_of(plan, "bge-m3-cpu")
-    assert list(tei) == ["tei"] and tei["tei"]["ports"][0]["name"] == "http"
+    pod = containers_of(plan, "bge-m3-cpu")
+    assert list(pod) == ["tei", "sampler"] and pod["tei"]["ports"][0]["name"] == "tei"
+    args = pod["sampler"]["args"]
+    assert "--guard-url" not in args and "--fraction" not in args and "env" not in pod["sampler"]  # no copies
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--model-name"][:2] == ["bge-m3", "search/bge-m3"]
+    assert args[args.index("--long-documents") + 1] == "truncate"
 
 
 def status_with(*conds: tuple[str, str, str]) -> dict[str, Any]:

@@ -319,7 +319,6 @@ def test_the_network_policy_lets_a_guarded_models_pool_pods_sample_for_its_guard
     plain = network.build_network_policy(body, {"spec": {"network": {"routingNamespaces": ["infra"]}}})
     assert plain is not None  # every model's pods run the front (the rerank API): its port is open, no guard's is
     assert [p["port"] for p in plain["spec"]["ingress"][0]["ports"]] == [names.TEI_PORT, SAMPLER_PORT]
-    assert len(plain["spec"]["ingress"]) == 1
 
 
 # --- the verdict, as the real guard exports it --------------------------------------------------------------------

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from rerank_contracts.guard import SAMPLER_PORT
 from rerank_operator.core import names, tenancy
 from tests.unit.operator.core.tenancy.tenancy_helpers import at, rclass
 
@@ -30,7 +31,9 @@ def test_network_policy_selects_only_the_models_tei_pods_and_port() -> None:
     # A canary is TEI too; the quality guard is selected for its own port (test_the_guard_is_reached_only_...).
     assert selector["matchExpressions"][0]["values"] == ["cpu-pool", "gpu-pool", "cpu-canary", "quality-guard"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
+    # TEI's port and the port of the pods' front (the rerank API, builders/sampler.py)
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080},
+                                                     {"protocol": "TCP", "port": 8082}]
     assert peers(policy) == [{"podSelector": {}}]  # default class: the model's own namespace only
 
 
@@ -75,7 +78,8 @@ def test_the_guard_is_reached_only_by_the_routing_layer_and_the_operator(
                                           operator_pod_labels={"app.kubernetes.io/name": "rerank-operator"})
     assert policy is not None
     tei, guard = policy["spec"]["ingress"]
-    assert tei["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT}] and {"podSelector": {}} in tei["from"]
+    assert tei["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT}, {"protocol": "TCP", "port": SAMPLER_PORT}]
+    assert {"podSelector": {}} in tei["from"]
     assert guard["ports"] == [{"protocol": "TCP", "port": names.GUARD_PORT}] and names.GUARD_PORT != names.TEI_PORT
     assert guard["from"] == guard_peers
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rerank_contracts.guard import SAMPLER_PORT
 from rerank_operator.controllers import class_index
 from rerank_operator.core import names, tenancy
 from rerank_operator.core.builders import deployment
@@ -138,7 +139,8 @@ def test_network_policy_admits_the_operator_and_drops_an_empty_ingress() -> None
                                    spec_parse.parse(t.effective))
     assert policy is not None and policy["metadata"]["name"] == names.network_policy_name("bge") == "bge-tei"
     assert policy["spec"]["ingress"][0]["from"][-1]["podSelector"] == {"matchLabels": DEFAULT_OPERATOR_POD_LABELS}
-    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT}]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": names.TEI_PORT},
+                                                     {"protocol": "TCP", "port": SAMPLER_PORT}]
     closed = rclass(at("network.allowSameNamespace", False), name="standard", default=True)
     t = tenant.resolve_model(body(), [closed])
     policy = tenant.network_policy(body(), t, Settings.from_env({}), spec_parse.parse(t.effective))

@@ -32,10 +32,13 @@ from typing import Any, Protocol
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from rerank_contracts import rerank_api
 from rerank_contracts.guard import MIRROR_TOKEN_HEADER
 
 __all__ = ["MIRROR_TOKEN_HEADER", "BoundedServer", "Receiver", "authentic", "body_length", "expected_token",
-           "handler"]
+           "handler", "tei_shaped"]
+#: The paths a copy may come to: TEI's own, and the rerank API's (a route's mirror copies every request as it came).
+COPY_PATHS = frozenset({rerank_api.TEI_PATH, *rerank_api.API_PATHS})
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: Connections served at once; one more is closed as soon as it is accepted.
 MAX_CONNECTIONS = 32
@@ -63,6 +66,22 @@ def expected_token(env_var: str | None, environ: Mapping[str, str], accept_unsig
     if not env_var:
         return None if accept_unsigned else ""
     return environ.get(env_var, "")
+
+
+def tei_shaped(path: str, raw: bytes, content_type: str | None) -> Any:
+    """A copy's body as TEI's ``{"query", "texts"}``: TEI's own as it came (the worker judges it), a Cohere or Jina
+    request read by the rerank API's rules (None when they refuse it: the pools refused it too)."""
+    shape = rerank_api.API_PATHS.get(path)
+    if shape is None:
+        try:
+            return json.loads(raw or b"null")
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; deep nesting recurses
+            return None
+    try:
+        request = rerank_api.parse(shape, raw, content_type)
+    except rerank_api.ApiError:
+        return None
+    return {"query": request.query, "texts": list(request.texts)}
 
 
 def authentic(expected: str | None, presented: str | None) -> bool:
@@ -130,7 +149,7 @@ class DeadlineReader(io.RawIOBase):
 
 
 def handler(receiver: Receiver, token: str | None) -> type[BaseHTTPRequestHandler]:
-    """The guard's routes: ``GET /metrics``, ``GET /healthz`` and ``POST /rerank`` (the mirror's copies)."""
+    """The guard's routes: ``GET /metrics``, ``GET /healthz`` and ``POST`` :data:`COPY_PATHS` (the copies)."""
 
     class Handler(BaseHTTPRequestHandler):
         timeout = CLIENT_TIMEOUT_SECONDS
@@ -169,7 +188,7 @@ def handler(receiver: Receiver, token: str | None) -> type[BaseHTTPRequestHandle
                 self._send(404, b"{}")
 
         def do_POST(self) -> None:
-            if self.path != "/rerank":
+            if self.path not in COPY_PATHS:
                 self._refuse(404, "invalid")
                 return
             if not authentic(token, self.headers.get(MIRROR_TOKEN_HEADER)):
@@ -194,11 +213,7 @@ def handler(receiver: Receiver, token: str | None) -> type[BaseHTTPRequestHandle
             if len(raw) < length:  # the client closed early
                 self._refuse(400, "invalid")
                 return
-            try:
-                body = json.loads(raw or b"null")
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; deep nesting recurses
-                body = None
-            sampled = receiver.receive(body)
+            sampled = receiver.receive(tei_shaped(self.path, raw, self.headers.get("Content-Type")))
             self._send(202, json.dumps({"sampled": sampled}).encode())
 
     return Handler

@@ -295,3 +295,32 @@ def test_fuzzed_requests_without_the_token_are_never_scored_or_kept(
         assert resp.status == 200
     up.worker.guard.write_sample()
     assert kept(tmp_path) == []
+
+
+def test_a_mirrored_copy_in_the_cohere_or_jina_shape_is_checked_as_teis(
+        running: tuple[server.Running, Pools], tmp_path: Path) -> None:
+    """A route's mirror copies every request as it came: one in the rerank API's shapes is read by its rules and
+    checked and kept as TEI's; one those rules refuse (the pools refused it too) is not."""
+    up, pools = running
+    headers = {"Content-Type": "application/json", intake.MIRROR_TOKEN_HEADER: TOKEN}
+
+    def send(path: str, body: Any) -> int:
+        req = urllib.request.Request(up.url + path, data=json.dumps(body).encode(), method="POST", headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+
+    v2 = send("/v2/rerank", {"model": "search", "query": "cohere v2", "documents": ["a", "b"]})
+    v1 = send("/v1/rerank", {"query": "jina v1", "documents": [{"text": "a"}, "b"], "top_n": 1})
+    refused = send("/v2/rerank", {"query": "no documents", "documents": []})
+    settle(up)
+    assert (v2, v1, refused) == (202, 202, 202)
+    assert sorted(kept(tmp_path)) == ["cohere v2", "jina v1"]
+    assert pools.calls >= 4  # each kept copy checked on the reference and the pool
+
+
+def test_the_rerank_apis_bodies_become_teis_and_anything_else_is_passed_as_it_came() -> None:
+    assert intake.tei_shaped("/v1/rerank", b'{"query": "q", "documents": [{"text": "a", "id": 1}, "b"]}',
+                             "application/json") == {"query": "q", "texts": ["a", "b"]}
+    assert intake.tei_shaped("/v2/rerank", b'{"query": "q", "documents": "a"}', None) is None
+    assert intake.tei_shaped("/rerank", b'{"query": "q", "texts": ["a"]}', None) == {"query": "q", "texts": ["a"]}
+    assert intake.tei_shaped("/rerank", b"\xff", None) is None

@@ -273,7 +273,7 @@ def test_the_official_rerank_clients_reach_the_model_through_a_real_gateway(
         assert names_given[:2] == [NAME, f"{env.namespace}/{NAME}"]
         api = ApiSettings(models=tuple(names_given), served_model=names_given[0])
         for ip in ips:
-            teis.append(WordTei(host=ip, port=TEI_PORT))
+            teis.append(WordTei(max_batch=8, host=ip, port=TEI_PORT))
             fronts.append(front.start(front.Settings(guard_url=None, token="", fraction=0.0, api=api,
                                                      upstream=f"http://{ip}:{TEI_PORT}"), ip, SAMPLER_PORT))
         gw.wait_route(env.namespace, NAME, timeout=60)
@@ -281,10 +281,16 @@ def test_the_official_rerank_clients_reach_the_model_through_a_real_gateway(
         documents = ["Giant pandas live in the mountains of central China.", "Paris is the capital of France.",
                      "Pandas eat bamboo.", "The giant panda is a bear.", "Where do you live?"]
 
+        seen: list[Any] = []
+
         def teis_own() -> dict[int, float] | None:
             status, answer = post_json(gw, "/rerank", {"query": query, "texts": documents, "truncate": True})
+            seen[:] = [status, answer]
             return {r["index"]: r["score"] for r in answer} if status == 200 else None
-        expected = eventually(teis_own, 60, "TEI's /rerank through the gateway")
+        try:
+            expected = eventually(teis_own, 60, "TEI's /rerank through the gateway")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the gateway's last answer: {seen}\n{env.describe()}") from None
         got = official.rerank(gw.address, NAME, query, documents, top_n=3)
         best = sorted(expected, key=lambda i: (-expected[i], i))[:3]
         for client_name, ranking in got.items():
@@ -306,7 +312,11 @@ def post_json(gw: TraefikGateway, path: str, payload: Any) -> tuple[int, Any]:
         with urllib.request.urlopen(request, timeout=30) as response:
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read() or b"null")
+        raw = exc.read()
+        try:
+            return int(exc.code), json.loads(raw or b"null")
+        except ValueError:
+            return int(exc.code), raw.decode(errors="replace")
 
 
 def test_a_route_the_gateway_does_not_accept_shows_in_the_models_status_within_10_s(

@@ -132,6 +132,10 @@ matchExpressions:
 http
 {{- end }}
 
+{{- define "rerank-operator.frontMetricsPortName" -}}
+sampler-metrics
+{{- end }}
+
 {{- define "rerank-operator.teiPoolLabelMeta" -}}
 __meta_kubernetes_pod_label_rerank_io_pool
 {{- end }}

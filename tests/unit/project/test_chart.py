@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rerank_devcluster import binaries
-from rerank_operator.core.builders import deployment
+from rerank_operator.core.builders import deployment, sampler
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHART = REPO_ROOT / "charts" / "rerank-operator"
@@ -346,6 +346,9 @@ def test_monitors_are_optional(helm: str) -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert pm["spec"]["namespaceSelector"] == {"any": True}
+    # TEI's te_* through the pod's serving port, and the pods' front's own (the rerank API's usage)
+    assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["http", sampler.container(
+        sampler.Sidecar("img", ("m",)))["ports"][1]["name"]]
     docs = render(helm, "--set", "teiPodMonitor.enabled=true", "--set", "watchNamespaces={team-a}")
     assert only(docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
 

@@ -39,10 +39,15 @@ def test_demo_reaches_ready_with_a_published_artifact(tmp_path: Path) -> None:
     assert f"Artifact {artifacts[0].name} at /models/artifacts/{artifacts[0].name}" in done.stdout
     assert (artifacts[0] / "cpu-int8" / "model.onnx").is_file()
     # Step 6: the model through a real gateway (Traefik, the operator's HTTPRoute, the pool's EndpointSlice).
-    answered = next(line for line in done.stdout.splitlines() if "through the gateway: HTTP 200" in line)
+    answered = next(line for line in done.stdout.splitlines() if "through the gateway, TEI's shape: HTTP 200" in line)
     results = json.loads(answered.split("HTTP 200 ", 1)[1])
     assert sorted(r["index"] for r in results) == [0, 1, 2]
     assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
     assert all(0.0 < r["score"] < 1.0 for r in results)  # TEI's sigmoid over the INT8 model's logits
     assert "curl -s http://127.0.0.1:" in done.stdout and "/rerank -H 'Content-Type: application/json'" in done.stdout
+    # The same documents in Cohere's shape, answered by the pods' real front: TEI's scores, the top two.
+    cohere = next(line for line in done.stdout.splitlines() if "through the gateway, Cohere's shape: HTTP 200" in line)
+    ranked = json.loads(cohere.split("HTTP 200 ", 1)[1])["results"]
+    assert [(r["index"], r["relevance_score"]) for r in ranked] == [(r["index"], r["score"]) for r in results[:2]]
+    assert "/v2/rerank -H 'Content-Type: application/json'" in done.stdout
     assert (artifacts[0] / "original" / "model.safetensors").is_file()

@@ -15,6 +15,7 @@ from rerank_sampler import server
 from rerank_sampler.translation import ApiSettings
 from tests.clients import official
 from tests.tei_words import WordTei
+from tests.unit.contracts.test_rerank_api_shapes import MALFORMED
 from tests.unit.sampler.sampler_helpers import TOKEN, Guard, call, samples
 
 QUERY = "where do giant pandas live"
@@ -88,6 +89,21 @@ def test_top_n_and_return_documents_as_cohere_v1_and_jina_give_them(tei: WordTei
         sent = documents[result["index"]]
         assert result["document"] == (sent if isinstance(sent, dict) else {"text": sent})
     assert answer["model"] == "BAAI/bge-reranker-v2-m3"
+
+
+def test_each_of_the_malformed_requests_gets_its_4xx_from_the_front_and_tei_sees_none(tei: WordTei) -> None:
+    """The contract's 32 malformed requests (tests/unit/contracts/test_rerank_api_shapes.py) sent to the real front:
+    each answered with its status and a message naming the problem; TEI is never called."""
+    with front(tei) as running:
+        answers = []
+        for raw, content_type, _, _, _ in MALFORMED:
+            headers = {"Content-Type": content_type} if content_type else {}
+            reply = call(running.url, "POST", "/v2/rerank", headers, raw)
+            answers.append((reply.status, json.loads(reply.body)))
+    assert [status for status, _ in answers] == [m[2] for m in MALFORMED]
+    assert all(said in body["message"] and body.get("field") == field
+               for (_, body), (_, _, _, said, field) in zip(answers, MALFORMED, strict=True))
+    assert sum(tei.calls.values()) == 0
 
 
 def test_a_malformed_request_never_reaches_tei_and_is_counted(tei: WordTei) -> None:

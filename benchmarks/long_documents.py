@@ -6,11 +6,11 @@ JSON.
 
 Opt-in (not in ./hack/test): TEI's router cannot be built in CI (``docs/tei-contract.md``). The set is built from a
 public corpus in a PyPI package: numpy's docstrings (BSD). A *page* is the bodies (the docstring without its summary
-line) of consecutive functions of one numpy module, joined until it is 700 to 2700 words long (about 1 to 4 thousand
-tokens); a *query* is the summary line of one function on a page, taken only from the trained fixture's held-out
-queries (``benchmarks/trained_fixture.py``, ``is_heldout``), so the model never trained on it; its candidates are its
-page and ``--candidates`` - 1 other pages. The relevant body lies anywhere on its page, so most of the time beyond the
-model's 512 tokens.
+line) of consecutive functions of one numpy module, joined until it is 700 to 2700 words long (1.9 to 6.9 thousand
+tokens with MiniLM's tokenizer: numpy's docstrings are dense in code); a *query* is the summary line of one function on
+a page, taken only from the trained fixture's held-out queries (``benchmarks/trained_fixture.py``, ``is_heldout``), so
+the model never trained on it; its candidates are its page and ``--candidates`` - 1 other pages. The relevant body lies
+anywhere on its page, so most of the time beyond the model's 512 tokens.
 
 The model is the trained MiniLM-size cross-encoder (minilm-ce): its INT8 artifact as the CPU pool serves it and its
 FP32 export, each in a real ``text-embeddings-router``, each behind the pods' front (``rerank-sampler``) in the mode

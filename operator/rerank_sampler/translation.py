@@ -77,6 +77,9 @@ class Translator:
         except UpstreamError as exc:
             self.metrics.api_request(api, "upstream_error")
             return exc.status, {"message": f"the model server gave no usable answer: {exc}"}
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # TEI's /info or /tokenize not in its shape
+            self.metrics.api_request(api, "upstream_error")
+            return 502, {"message": f"the model server's answer is not in TEI's shape: {type(exc).__name__}: {exc}"}
         usage = rerank_api.usage_of(request, scored)
         self.metrics.api_usage(api, usage)
         return 200, rerank_api.answer(request, scored, str(uuid.uuid4()), self.settings.served_model)

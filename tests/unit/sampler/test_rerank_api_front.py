@@ -16,7 +16,7 @@ from rerank_sampler.translation import ApiSettings
 from tests.clients import official
 from tests.tei_words import WordTei
 from tests.unit.contracts.test_rerank_api_shapes import MALFORMED
-from tests.unit.sampler.sampler_helpers import TOKEN, Guard, call, samples
+from tests.unit.sampler.sampler_helpers import TOKEN, Guard, Tei, call, samples
 
 QUERY = "where do giant pandas live"
 DOCUMENTS = ["Giant pandas live in the mountains of central China.", "Paris is the capital of France.",
@@ -211,3 +211,30 @@ def test_the_official_clients_unmodified_but_for_their_base_url_get_teis_ranking
         for index, score, *text in ranking:
             assert score == pytest.approx(expected[index], abs=1e-5), client
             assert text in ([], [DOCUMENTS[index]]), client
+
+
+def test_a_model_server_that_is_not_tei_gets_a_502_not_a_dropped_connection(tei: WordTei) -> None:
+    """An upstream whose /info is not TEI's (or that is down) is the server's fault: 502 with a message, counted."""
+    with front(tei) as running:
+        tei.stop()  # down: nothing listens
+        down, said = post(running, "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS})
+    other = Tei()  # answers 404 to /info: not TEI's routes
+    try:
+        with front(other) as running:  # type: ignore[arg-type]
+            wrong, what = post(running, "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS})
+            metrics = samples(running.metrics_url)
+    finally:
+        other.stop()
+    odd = WordTei()
+    odd.max_input = "many"  # type: ignore[assignment]  # an /info that is not TEI's shape
+    try:
+        with front(odd) as running:
+            garbled, told = post(running, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
+            odd_metrics = samples(running.metrics_url)
+    finally:
+        odd.stop()
+    assert down == 502 and "no usable answer" in said["message"]
+    assert wrong == 404 and "refused" in what["message"]  # TEI's 4xx is passed on as TEI said it
+    assert metrics["rerank_api_requests_total", (("api", "v2"), ("outcome", "invalid"))] == 1
+    assert garbled == 502 and "not in TEI's shape" in told["message"]
+    assert odd_metrics["rerank_api_requests_total", (("api", "v1"), ("outcome", "upstream_error"))] == 1

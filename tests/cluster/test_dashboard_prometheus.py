@@ -207,7 +207,10 @@ def prometheus_config(pod_monitor: Mapping[str, Any], service_monitor: Mapping[s
                       operator_port: int) -> dict[str, Any]:
     """Scrape jobs as the Prometheus Operator generates them from the chart's monitors (namespace and pod from
     discovery, then the monitor's relabelings; the operator's endpoint with its honorLabels), every second."""
-    tei, = pod_monitor["spec"]["podMetricsEndpoints"]
+    # TEI's te_* through the pods' serving port; the front's own endpoint (sampler-metrics: the rerank API's usage)
+    # has no panel or rule, and the stand-in pods here serve TEI's page only.
+    tei, front = pod_monitor["spec"]["podMetricsEndpoints"]
+    assert (tei["port"], front["port"]) == ("http", "sampler-metrics") and front["relabelings"] == tei["relabelings"]
     operator, = service_monitor["spec"]["endpoints"]
     discovered = [{"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                   {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]

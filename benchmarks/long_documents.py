@@ -29,10 +29,7 @@ import inspect
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import tei_serving, trained_fixture
-from benchmarks.sampler_overhead import cpu_model, free_port, wait_until_up
+from benchmarks.sampler_overhead import FrontProcess, cpu_model
 
 BATCH_TOKENS = 16384
 MODULES = ("numpy", "numpy.linalg", "numpy.random", "numpy.fft", "numpy.ma", "numpy.polynomial", "numpy.lib")
@@ -98,8 +95,8 @@ def queries(book: list[tuple[str, list[str]]], count: int, candidates: int, rng:
     return out
 
 
-def rerank(base: str, query: str, documents: list[str]) -> tuple[list[float], int]:
-    """The front's scores in document order, and the tokens TEI computed for them."""
+def rerank(base: str, query: str, documents: list[str]) -> list[float]:
+    """The front's scores in document order."""
     host, port = base.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
     conn.request("POST", "/v2/rerank", body=json.dumps({"query": query, "documents": documents}).encode(),
@@ -112,7 +109,7 @@ def rerank(base: str, query: str, documents: list[str]) -> tuple[list[float], in
     scores = [0.0] * len(documents)
     for r in answer["results"]:
         scores[r["index"]] = r["relevance_score"]
-    return scores, int(answer["usage"]["total_tokens"])
+    return scores
 
 
 def scored_texts(metrics: str) -> float:
@@ -132,29 +129,13 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-class Front:
-    """A ``rerank-sampler`` process before ``upstream`` in one long-document mode."""
-
-    def __init__(self, upstream: str, mode: str) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "rerank_sampler", "--upstream", upstream, "--port",
-                                      str(self.port), "--metrics-port", str(self.metrics_port), "--long-documents",
-                                      mode], stderr=subprocess.DEVNULL)
-        self.url, self.metrics = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.metrics_port}"
-        wait_until_up(self.url)
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
-
-
-def run_mode(front: Front, book: list[tuple[str, list[str]]], asked: list[tuple[str, list[int], int]]
+def run_mode(front: FrontProcess, book: list[tuple[str, list[str]]], asked: list[tuple[str, list[int], int]]
              ) -> tuple[list[list[float]], dict[str, float]]:
-    before = scored_texts(front.metrics)
+    before = scored_texts(front.metrics_url)
     started = time.perf_counter()
-    scores = [rerank(front.url, q, [book[p][0] for p in chosen])[0] for q, chosen, _ in asked]
+    scores = [rerank(front.url, q, [book[p][0] for p in chosen]) for q, chosen, _ in asked]
     seconds = time.perf_counter() - started
-    texts = scored_texts(front.metrics) - before
+    texts = scored_texts(front.metrics_url) - before
     pages_scored = sum(len(chosen) for _, chosen, _ in asked)
     return scores, {"seconds": round(seconds, 1), "pages_per_s": round(pages_scored / seconds, 2),
                     "texts_scored": int(texts), "texts_per_page": round(texts / pages_scored, 2),
@@ -194,18 +175,18 @@ def main(argv: list[str] | None = None) -> None:
     lengths = sorted(len(tok.encode(text, add_special_tokens=False).ids) for text, _ in book)
     routers = {name: tei_serving.RouterServer(args.router, dirs[key], work / f"router-{name}.log", BATCH_TOKENS)
                for name, key in (("fp32", "fp32"), ("int8", args.recipe))}
-    fronts: list[Front] = []
+    fronts: list[FrontProcess] = []
     results: dict[str, Any] = {}
     try:
-        reference_front = Front(routers["fp32"].url, "chunk")
+        reference_front = FrontProcess(routers["fp32"].url, "--long-documents", "chunk")
         fronts.append(reference_front)
         reference, results["fp32_chunk_reference"] = run_mode(reference_front, book, asked)
         for mode in ("truncate", "chunk"):
-            front = Front(routers["int8"].url, mode)
+            front = FrontProcess(routers["int8"].url, "--long-documents", mode)
             fronts.append(front)
             scores, cost = run_mode(front, book, asked)
             results[f"int8_{mode}"] = {**quality(scores, reference, asked), **cost}
-        truncated_fp32 = Front(routers["fp32"].url, "truncate")
+        truncated_fp32 = FrontProcess(routers["fp32"].url, "--long-documents", "truncate")
         fronts.append(truncated_fp32)
         scores, cost = run_mode(truncated_fp32, book, asked)
         results["fp32_truncate"] = {**quality(scores, reference, asked), **cost}

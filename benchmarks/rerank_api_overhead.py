@@ -28,13 +28,11 @@ router share it, so the front's own CPU time is part of what a client waits for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -42,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import tei_serving, trained_fixture
-from benchmarks.sampler_overhead import cpu_model, free_port, wait_until_up
+from benchmarks.sampler_overhead import FrontProcess, cpu_model
 
 #: The CPU pool's default token budget per batch (TEI's --max-batch-tokens as the Job sets it for MiniLM-size models).
 BATCH_TOKENS = 16384
@@ -72,6 +70,7 @@ def client(base: str, target: str, groups: list[tuple[str, list[str]]], n: int, 
     try:
         for k in range(n):
             query, texts = groups[(offset + k) % len(groups)]
+            body: dict[str, Any]
             if target == "front_cohere":
                 path, body = "/v2/rerank", {"model": "minilm", "query": query, "documents": texts}
             else:
@@ -127,19 +126,13 @@ def tei_against_itself(router: str, groups: list[tuple[str, list[str]]]) -> floa
 
 def agreement(binary: str, model_dir: Path, log: Path, groups: list[tuple[str, list[str]]]) -> dict[str, float]:
     """The Cohere route's scores against TEI's own for the same pairs on ``model_dir``, and TEI's against itself."""
-    router = tei_serving.RouterServer(binary, model_dir, log, BATCH_TOKENS)
-    port = free_port()
-    front = subprocess.Popen([sys.executable, "-m", "rerank_sampler", "--upstream", router.url, "--port", str(port),
-                              "--metrics-port", str(free_port())], stderr=subprocess.DEVNULL)
-    try:
-        wait_until_up(f"http://127.0.0.1:{port}")
-        return {"cohere_vs_tei": scores_agree(f"http://127.0.0.1:{port}", router.url, groups),
+    with contextlib.ExitStack() as stack:
+        router = tei_serving.RouterServer(binary, model_dir, log, BATCH_TOKENS)
+        stack.callback(router.close)
+        front = FrontProcess(router.url)
+        stack.callback(front.close)
+        return {"cohere_vs_tei": scores_agree(front.url, router.url, groups),
                 "tei_vs_itself": tei_against_itself(router.url, groups)}
-    finally:
-        front.send_signal(signal.SIGTERM)
-        front.wait(timeout=30)
-        router.close()
-
 
 def post(base: str, path: str, body: Any) -> Any:
     host, port = base.removeprefix("http://").split(":")
@@ -168,15 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     groups = bodies(fx, args.texts)
     agreements = {name: agreement(args.router, dirs[key], work / f"router-{name}-agreement.log", groups)
                   for name, key in (("fp32", "fp32"), ("int8", args.recipe))}
-    router = tei_serving.RouterServer(args.router, dirs[args.recipe], work / "router.log", BATCH_TOKENS)
-    port = free_port()
-    front = subprocess.Popen([sys.executable, "-m", "rerank_sampler", "--upstream", router.url, "--port", str(port),
-                              "--metrics-port", str(free_port()), "--model-name", "minilm"],
-                             stderr=subprocess.DEVNULL)
-    through = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(through)
-        targets = {"tei": router.url, "front_tei": through, "front_cohere": through}
+    with contextlib.ExitStack() as stack:
+        router = tei_serving.RouterServer(args.router, dirs[args.recipe], work / "router.log", BATCH_TOKENS)
+        stack.callback(router.close)
+        front = FrontProcess(router.url, "--model-name", "minilm")
+        stack.callback(front.close)
+        targets = {"tei": router.url, "front_tei": front.url, "front_cohere": front.url}
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
         with ProcessPoolExecutor(args.concurrency) as pool:
             for name, base in targets.items():  # warm-up: connections, the router's first batches
@@ -184,10 +174,6 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.rounds):
                 for name, base in targets.items():
                     rounds[name].append(load(pool, base, name, groups, args.requests, args.concurrency))
-    finally:
-        front.send_signal(signal.SIGTERM)
-        front.wait(timeout=30)
-        router.close()
 
     def median(name: str, key: str) -> float:
         return round(statistics.median(r[key] for r in rounds[name]), 2)

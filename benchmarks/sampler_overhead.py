@@ -177,6 +177,29 @@ def free_port() -> int:
         return port
 
 
+class FrontProcess:
+    """``python -m rerank_sampler`` (the pods' front) before ``upstream``, on free local ports, as a pod runs it:
+    ``args`` are its other flags, ``env`` what its environment adds (a guarded front's mirror token). Up (its own
+    health route answers) once constructed; ``close`` sends SIGTERM and waits for it to drain."""
+
+    def __init__(self, upstream: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rerank_sampler", "--upstream", upstream, "--port", str(self.port),
+             "--metrics-port", str(self.metrics_port), *args],
+            env={**os.environ, **(env or {})}, stderr=subprocess.DEVNULL)
+        self.url, self.metrics_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.metrics_port}"
+        try:
+            wait_until_up(self.url)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
 def copies(metrics_base: str) -> dict[str, int]:
     host, port = metrics_base.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=5)
@@ -207,19 +230,14 @@ def main(argv: list[str] | None = None) -> None:
                                  f"the caller sorts them" for i in range(args.texts)]}).encode()
     stand_ins = subprocess.Popen([sys.executable, "-m", "benchmarks.sampler_overhead", "--serve-stand-ins"],
                                  stdout=subprocess.PIPE, text=True)
-    sampler: subprocess.Popen[bytes] | None = None
+    sampler: FrontProcess | None = None
     try:
         assert stand_ins.stdout is not None
         ports = json.loads(stand_ins.stdout.readline())
         upstream = args.upstream or f"http://127.0.0.1:{ports['tei']}"
-        port, metrics_port = free_port(), free_port()
-        sampler = subprocess.Popen(
-            [sys.executable, "-m", "rerank_sampler", "--upstream", upstream, "--guard-url",
-             f"http://127.0.0.1:{ports['guard']}", "--fraction", str(args.fraction), "--port", str(port),
-             "--metrics-port", str(metrics_port), "--seed", "1"],
-            env={**os.environ, contract.MIRROR_TOKEN_ENV: TOKEN}, stderr=subprocess.DEVNULL)
-        through = f"http://127.0.0.1:{port}"
-        wait_until_up(through)
+        sampler = FrontProcess(upstream, "--guard-url", f"http://127.0.0.1:{ports['guard']}", "--fraction",
+                               str(args.fraction), "--seed", "1", env={contract.MIRROR_TOKEN_ENV: TOKEN})
+        through = sampler.url
         targets = {"direct": upstream, "sampler": through}
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
         with ProcessPoolExecutor(args.concurrency) as pool:
@@ -228,12 +246,12 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.rounds):
                 for name, base in targets.items():
                     rounds[name].append(load(pool, base, body, args.requests, args.concurrency))
-        sent_copies = copies(f"http://127.0.0.1:{metrics_port}")
+        sent_copies = copies(sampler.metrics_url)
     finally:
-        for proc in (sampler, stand_ins):
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
+        if sampler is not None:
+            sampler.close()
+        stand_ins.send_signal(signal.SIGTERM)
+        stand_ins.wait(timeout=30)
 
     def median(name: str, key: str) -> float:
         return round(statistics.median(r[key] for r in rounds[name]), 3)

@@ -119,10 +119,12 @@ class Translator:
             offsets.extend([(int(t["start"]), int(t["stop"])) for t in tokens] for tokens in answer)
         return offsets
 
-    def _windows(self, request: Request, limits: Limits, passed: list[tuple[str, str]]) -> list[Window]:
+    def _windows(self, request: Request, encoded: list[bytes], limits: Limits, passed: list[tuple[str, str]]
+                 ) -> list[Window]:
         """The texts to score: one per document, cut at ``max_tokens_per_doc`` when it asks; in the ``chunk`` mode,
         the windows of each document longer than the room beside the query (at most ``max_tokens_per_doc`` tokens
-        of it, :data:`~rerank_contracts.rerank_api.DEFAULT_MAX_TOKENS_PER_DOC` by default)."""
+        of it, :data:`~rerank_contracts.rerank_api.DEFAULT_MAX_TOKENS_PER_DOC` by default). ``encoded``: the
+        documents' UTF-8, which the windows' byte offsets index."""
         chunk = self.settings.long_documents == "chunk"
         cap = request.max_tokens_per_doc or (rerank_api.DEFAULT_MAX_TOKENS_PER_DOC if chunk else None)
         size = limits.max_input_tokens
@@ -137,8 +139,8 @@ class Translator:
         per_doc = request.max_chunks_per_doc or (rerank_api.DEFAULT_MAX_CHUNKS_PER_DOC if request.api == "v1"
                                                  else None)
         spans: list[Window] = []
-        for i, text in enumerate(request.texts):
-            length = len(text.encode("utf-8"))
+        for i, text in enumerate(encoded):
+            length = len(text)
             if i not in offsets:
                 spans.append(Window(i, 0, length))
                 continue
@@ -152,8 +154,8 @@ class Translator:
 
     def _score(self, request: Request, passed: list[tuple[str, str]], offer: Callable[[bytes], None]) -> Scored:
         limits = self.limits(passed)
-        spans = self._windows(request, limits, passed)
         encoded = [t.encode("utf-8") for t in request.texts]
+        spans = self._windows(request, encoded, limits, passed)
         texts = [w.of(encoded[w.document]) for w in spans]
         scores: list[float] = []
         tokens = 0

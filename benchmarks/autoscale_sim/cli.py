@@ -19,8 +19,8 @@ from .controllers import BASELINES
 from .experiments import ABLATIONS, policy_spec, runs_for
 from .observation import BASELINE_LAG_S, RATE_WINDOW_S, SCRAPE_S
 from .report import markdown, report_for
-from .simulation import RunSpec, simulate
-from .traffic import HELD_OUT, SHAPES, diurnal, diurnal_spikes
+from .simulation import RunSpec, segment, simulate
+from .traffic import HELD_OUT, PEAK_SHARE, SHAPES, diurnal, diurnal_spikes, held_out_from, recorded, scaled
 from .world import DELAY_S, PoolModel, Realism
 
 
@@ -32,6 +32,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape-seeds", type=str, default="1-8",
                         help="seeds of the other shapes (noise, and the square waves' phase)")
     parser.add_argument("--shapes", type=str, default="diurnal,ramp,flat,square10,square30,overload")
+    parser.add_argument("--traces", type=str, default="",
+                        help="recorded traces to replay too: CSV files of per-second arrivals (t_s,requests), "
+                             "comma-separated; each is reported whole and as its tuning and held-out parts")
+    parser.add_argument("--trace-seeds", type=str, default="1-4",
+                        help="seeds of each recorded trace's runs (start-up jitter, failed scrapes)")
+    parser.add_argument("--trace-peak-share", type=float, default=PEAK_SHARE,
+                        help="scale each recorded trace so its busiest minute fills this share of the pools' "
+                             "combined capacity at the SLO (GPU and CPU at their maximum)")
+    parser.add_argument("--trace-scale", type=float, default=None,
+                        help="multiply each recorded trace by this instead (one recorded request = this many)")
     parser.add_argument("--variants", type=str, default="nominal,delay10,cpu90",
                         help="nominal (CPU start-up 40 s), delay10 (10 s actuation delay), cpu90 (90 s CPU start-up)")
     parser.add_argument("--baselines", type=str, default=",".join(BASELINES), help="which baselines to run")
@@ -95,13 +105,22 @@ def main(argv: list[str] | None = None) -> None:
     chosen = [v for v in args.variants.split(",") if v]
     seeds = _seeds(args.seeds)
     traces: list[tuple[str, int, np.ndarray, list[tuple[int, int, float]]]] = []
-    for shape in args.shapes.split(","):
+    for shape in [s for s in args.shapes.split(",") if s]:
         if shape == "diurnal":
             traces += [("diurnal", s, diurnal(args.hours, s), diurnal_spikes(args.hours, s)) for s in seeds]
         elif shape in SHAPES:
             traces += [(shape, s, SHAPES[shape](s), []) for s in _seeds(args.shape_seeds)]
         else:
             parser.error(f"--shapes: unknown shape {shape!r}")
+    combined = gpu.max_replicas * gpu.capacity_at(slo) + cpu.max_replicas * cpu.capacity_at(slo)
+    busiest = args.trace_peak_share * combined
+    for path in [Path(p) for p in args.traces.split(",") if p]:
+        try:
+            counts = recorded(path)
+        except (OSError, ValueError) as error:
+            parser.error(f"--traces: {error}")
+        rates = counts * args.trace_scale if args.trace_scale else scaled(counts, busiest)
+        traces += [(f"trace:{path.stem}", s, rates, []) for s in _seeds(args.trace_seeds)]
 
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
@@ -112,8 +131,15 @@ def main(argv: list[str] | None = None) -> None:
                              ablations if variant == "nominal" else {}, args.baselines.split(","),
                              args.bounds, baseline_period=args.baseline_period_s, baseline_lag=args.baseline_lag_s,
                              rate_window=args.rate_window_s)
-        for row in simulate(rates, runs, gpu, cpu, slo, seed, spikes=spikes):
-            rows.append({"shape": shape, "seed": seed, **row})
+        record: list[np.ndarray] = []
+        billed: list[np.ndarray] = []
+        results = simulate(rates, runs, gpu, cpu, slo, seed, record=record, spikes=spikes, replicas=billed)
+        rows += [{"shape": shape, "seed": seed, **row} for row in results]
+        if shape.startswith("trace:"):
+            cut = held_out_from(rates.size)
+            for part, (a, b) in (("tuning", (0, cut)), ("held_out", (cut, rates.size))):
+                rows += [{"shape": f"{shape}@{part}", "seed": seed, **row}
+                         for row in segment(results, record, billed, gpu, cpu, a, b)]
         print(f"{shape} seed {seed}: {time.monotonic() - started:.0f}s", file=sys.stderr)
 
     parameters = {**vars(args), "gpu_capacity_at_slo": round(gpu.capacity_at(slo), 1),
@@ -123,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
                       "rate_window_s": args.rate_window_s,
                       "equal_to_policy": args.baseline_period_s == int(spec.interval_seconds)
                       and args.baseline_lag_s == 0},
-                  "held_out_seeds": list(HELD_OUT), "runtime_s": round(time.monotonic() - started, 1)}
+                  "held_out_seeds": list(HELD_OUT), "trace_busiest_minute_rps": round(busiest, 1),
+                  "runtime_s": round(time.monotonic() - started, 1)}
     report = report_for(rows, parameters, chosen)
     text = json.dumps(report, indent=1)
     if args.out:

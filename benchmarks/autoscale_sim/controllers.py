@@ -221,11 +221,11 @@ def oracle_controller(gpu: PoolModel, cpu: PoolModel, slo: float, f: float = 0.8
 
 BASELINES: dict[str, dict[str, Any]] = {
     # name: default tuning factor, sweep for cost-matching
-    "hpa_rps": {"f": 0.7, "sweep": (0.4, 0.5, 0.6, 0.8, 0.9)},
-    "hpa_queue": {"f": 2.0, "sweep": (0.25, 0.5, 1.0, 4.0)},
-    "keda": {"f": 0.7, "sweep": (0.4, 0.5, 0.6, 0.8, 0.9)},
-    "fixed_cpu": {"f": 0.7, "sweep": (0.4, 0.5, 0.6, 0.8, 0.9)},
-    "cap_spill": {"f": 0.8, "sweep": (0.5, 0.6, 0.7, 0.9, 1.0)},
+    "hpa_rps": {"f": 0.7, "sweep": (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9)},
+    "hpa_queue": {"f": 2.0, "sweep": (0.06, 0.12, 0.25, 0.5, 1.0, 4.0)},
+    "keda": {"f": 0.7, "sweep": (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9)},
+    "fixed_cpu": {"f": 0.7, "sweep": (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9)},
+    "cap_spill": {"f": 0.8, "sweep": (0.3, 0.4, 0.5, 0.6, 0.7, 0.9, 1.0)},
 }
 # Not baselines: bounds that know the true rate (and, foresight, the next 3 minutes); ticks every second.
 BOUNDS: dict[str, dict[str, Any]] = {

@@ -68,6 +68,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_drain_room": {"tuning": {"drain_room": False}},
     "no_backoff": {"tuning": {"backoff": False}},
     "no_reserve": {"tuning": {"reserve": False}},
+    "no_noise_bridge": {"tuning": {"noise_bridge": False}},
+    "no_brief_bursts": {"tuning": {"brief_bursts": False}},
     "interval_15s": {"intervalSeconds": 15},
     "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }

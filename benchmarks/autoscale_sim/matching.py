@@ -39,6 +39,51 @@ def cost_matched(points: list[tuple[float, float, float]], cost: float) -> dict[
     raise AssertionError("unreachable")
 
 
+def violation_matched(points: list[tuple[float, float, float]], violations: float) -> dict[str, Any]:
+    """What a baseline would cost at `violations`: linear interpolation along its sweep's Pareto frontier, the
+    converse of `cost_matched` (the same frontier, read along the other axis).
+
+    Why both: a ratio of violations at equal cost hides a controller that buys nothing with its money (on traffic no
+    controller can serve, all settings violate alike, and the dearer one looks no worse). Outside the frontier's
+    violations the nearest end is reported, flagged `extrapolated`: fewer violations than any setting reached (the
+    dearest end: the baseline cannot match them at any swept cost, `beyond` is True) or more than its cheapest had.
+    """
+    frontier: list[tuple[float, float, float]] = []
+    for c, v, f in sorted((c, v, f) for f, c, v in points):
+        if not frontier or v < frontier[-1][1]:
+            frontier.append((c, v, f))
+    cheapest, dearest = frontier[0], frontier[-1]
+    if violations >= cheapest[1]:
+        c, v, f = cheapest
+        return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": violations > v, "beyond": False}
+    if violations < dearest[1]:
+        c, v, f = dearest
+        return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": True, "beyond": True}
+    for (c0, v0, f0), (c1, v1, f1) in itertools.pairwise(frontier):
+        if v1 <= violations <= v0:
+            w = 0.0 if v0 == v1 else (v0 - violations) / (v0 - v1)
+            return {"violation_s": violations, "cost_usd": round(c0 + w * (c1 - c0), 3),
+                    "f": round(f0 + w * (f1 - f0), 3), "extrapolated": False, "beyond": False}
+    raise AssertionError("unreachable")
+
+
+def cheapest_matched(pooled: dict[str, dict[str, float]], violations: float) -> dict[str, Any] | None:
+    """The baseline that reaches `violations` at the least cost (`violation_matched`). A baseline that cannot
+    reach them at any swept setting is left out (it has no cost at those violations); None when none can."""
+    best = None
+    for name in BASELINES:
+        points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
+                  if label.startswith(f"{name}@")]
+        if len(points) < 2:
+            continue
+        matched = violation_matched(points, violations)
+        if matched["beyond"]:
+            continue
+        if best is None or matched["cost_usd"] < best["cost_usd"]:
+            best = {"baseline": name, **matched}
+    return best
+
+
 def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
     """Pooled figures per controller, the strongest baseline, and the cost-matched comparison."""
     pooled: dict[str, dict[str, float]] = {}
@@ -71,6 +116,7 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
             continue
         default = pooled[f"{name}@{tuning['f']}"]
         matched = cost_matched(points, policy["cost_usd"]) if len(points) > 1 else None
+        at_violations = violation_matched(points, policy["violation_s"]) if len(points) > 1 else None
         baselines[name] = {
             "default": {**default, "f": tuning["f"]},
             "cost_matched": matched,
@@ -78,6 +124,9 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
             "policy_cost_ratio_default": round(policy["cost_usd"] / default["cost_usd"], 3),
             "policy_violation_ratio_matched": None if matched is None else violation_ratio(policy["violation_s"],
                                                                                    matched["violation_s"]),
+            "violation_matched": at_violations,
+            "policy_cost_ratio_matched": None if at_violations is None or at_violations["beyond"]
+            else round(policy["cost_usd"] / at_violations["cost_usd"], 3),
         }
     strongest = min(baselines, key=lambda n: (baselines[n]["cost_matched"] or baselines[n]["default"])
                     ["violation_s"]) if baselines else None
@@ -91,10 +140,12 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
         points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
                   if label.startswith(f"{name}@")]
         if len(points) > 1:
-            bounds[name] = cost_matched(points, policy["cost_usd"])
+            bounds[name] = {**cost_matched(points, policy["cost_usd"]),
+                            "at_policy_violations": violation_matched(points, policy["violation_s"])}
     best = best_matched(pooled, policy["cost_usd"])
     return {"policy": policy, "hpa_util": pooled.get("hpa_util@0.7"), "baselines": baselines, "bounds": bounds,
             "strongest_baseline": strongest, "policy_vs_best_cost_matched": best,
+            "policy_vs_cheapest_at_violations": cheapest_matched(pooled, policy["violation_s"]),
             "ablations": ablations, "attribution": _attribution(pooled, causes, policy["cost_usd"],
                                                                  [best["baseline"]] if best else [])}
 

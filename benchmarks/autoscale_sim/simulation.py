@@ -225,3 +225,18 @@ def _split_stats(shares: list[int]) -> dict[str, Any]:
     reversals = sum(1 for a, b in itertools.pairwise(moves) if (a > 0) != (b > 0))
     return {"split_moves": len(moves), "split_travel_pct": sum(abs(m) for m in moves), "split_reversals": reversals,
             "max_cpu_share_pct": max(shares, default=0)}
+
+
+def segment(results: Sequence[dict[str, Any]], record: Sequence[np.ndarray], replicas: Sequence[np.ndarray],
+            gpu: PoolModel, cpu: PoolModel, start: int, end: int) -> list[dict[str, Any]]:
+    """Each run's violations and cost over seconds [start, end) of one `simulate` call (given its `record` and
+    `replicas`): a part of a trace reported apart (a recorded trace's held-out part) while every controller ran the
+    whole trace, so none starts the part cold."""
+    violated = np.array(record[start:end], dtype=float).sum(axis=0)
+    billed = np.array(replicas[start:end]).sum(axis=0)          # run x pool replica-seconds
+    return [{"controller": result["controller"], "violation_s": int(violated[i]),
+             "cost_usd": round(float(billed[i, 0] * gpu.price_per_hour + billed[i, 1] * cpu.price_per_hour) / 3600,
+                               3),
+             "gpu_replica_h": round(float(billed[i, 0]) / 3600, 2),
+             "cpu_replica_h": round(float(billed[i, 1]) / 3600, 2)}
+            for i, result in enumerate(results)]

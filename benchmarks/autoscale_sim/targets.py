@@ -65,11 +65,13 @@ def targets(summary: dict[str, Any], variants: Sequence[str]) -> dict[str, Any]:
         if shape.startswith("diurnal_seed") or best is None:
             continue
         ratio = violation_ratio(entry["policy"]["violation_s"], best["violation_s"])
-        goal = 0.5 if shape.startswith("diurnal") else 1.0
-        out[key] = {"ratio": ratio, "goal": goal, "met": ratio <= goal, "against": best["baseline"]}
-        oracle = entry.get("bounds", {}).get("oracle")
-        if oracle:
-            out[key]["oracle_ratio"] = violation_ratio(oracle["violation_s"], best["violation_s"])
+        goal = goal_for(shape)
+        out[key] = {"ratio": ratio, "goal": goal, "met": ratio <= goal, "against": best["baseline"],
+                    "extrapolated": best["extrapolated"], **_cost_target(entry)}
+        for bound in ("oracle", "foresight"):
+            matched = entry.get("bounds", {}).get(bound)
+            if matched:
+                out[key][f"{bound}_ratio"] = violation_ratio(matched["violation_s"], best["violation_s"])
         beyond = _beyond_onset(entry)
         if beyond:
             out[key]["beyond_onset"] = beyond
@@ -88,6 +90,26 @@ def targets(summary: dict[str, Any], variants: Sequence[str]) -> dict[str, Any]:
                 if cost:
                     out[key]["delay_per_episode"] = cost
     return out
+
+
+def goal_for(shape: str) -> float:
+    """The violation ratio a shape's target asks for: issue 12's 0.5 on diurnal traffic with spikes, issue 60's 0.9
+    on recorded traces, and no worse than the best baseline on the other synthetic shapes."""
+    if shape.startswith("diurnal"):
+        return 0.5
+    return 0.9 if shape.startswith("trace:") else 1.0
+
+
+def _cost_target(entry: dict[str, Any]) -> dict[str, Any]:
+    """Issue 60's other half: the policy's cost over the cheapest baseline's at the policy's violations (goal 1.0:
+    never pay more than a baseline that violates as little). No baseline reaching the policy's violations at any
+    swept setting leaves the ratio out (`cost_against` None): nothing that cheap violates that little."""
+    cheapest = entry.get("policy_vs_cheapest_at_violations")
+    if cheapest is None:
+        return {"cost_ratio": None, "cost_goal": 1.0, "cost_met": True, "cost_against": None}
+    ratio = round(entry["policy"]["cost_usd"] / cheapest["cost_usd"], 3)
+    return {"cost_ratio": ratio, "cost_goal": 1.0, "cost_met": ratio <= 1.0, "cost_against": cheapest["baseline"],
+            "cost_extrapolated": cheapest["extrapolated"]}
 
 
 def _beyond_onset(entry: dict[str, Any]) -> dict[str, Any] | None:

@@ -5,8 +5,10 @@ Pure functions of (shape, seed), independent of the operator, so a trace can be 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -87,3 +89,58 @@ SHAPES: dict[str, Callable[[int], np.ndarray]] = {
     "square30": lambda seed: square(30, seed=seed),
     "overload": lambda seed: overload(seed=seed),
 }
+
+
+# Recorded traces: the last HELD_OUT_FRACTION of each is held out of any tuning and reported apart.
+HELD_OUT_FRACTION = 0.3
+# A recorded trace is scaled so that its busiest minute fills this share of the pools' combined capacity at the SLO.
+PEAK_SHARE = 0.8
+
+
+def recorded(path: Path) -> np.ndarray:
+    """Per-second arrivals of a recorded request stream: a CSV with a header `t_s,requests`, one row per second from
+    0, every second present (zeros included). A file not in that shape is refused with the line that breaks it:
+    a trace silently shifted or thinned would be compared as if it were the real one."""
+    lines = path.read_text().splitlines()
+    if not lines or lines[0].strip().replace(" ", "") != "t_s,requests":
+        raise ValueError(f"{path}: the first line must be the header 't_s,requests'")
+    counts = []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split(",")
+        try:
+            second, requests = int(fields[0]), float(fields[1])
+        except (ValueError, IndexError):
+            raise ValueError(f"{path}:{number}: expected 'seconds,requests', got {line!r}") from None
+        if second != len(counts):
+            raise ValueError(f"{path}:{number}: second {second} where {len(counts)} was expected "
+                             "(one row per second from 0, none missing)")
+        if not math.isfinite(requests) or requests < 0:
+            raise ValueError(f"{path}:{number}: requests must be a finite count >= 0, got {fields[1]!r}")
+        counts.append(requests)
+    if not counts:
+        raise ValueError(f"{path}: no rows")
+    return np.array(counts, dtype=float)
+
+
+def busiest_minute(rates: np.ndarray) -> float:
+    """The highest mean rate over any 60 consecutive seconds (the whole trace's mean if it is shorter)."""
+    if rates.size <= 60:
+        return float(rates.mean())
+    sums = np.cumsum(np.concatenate([[0.0], rates]))
+    return float((sums[60:] - sums[:-60]).max() / 60)
+
+
+def scaled(rates: np.ndarray, busiest_rps: float) -> np.ndarray:
+    """The trace with every second multiplied alike, so that its busiest minute averages `busiest_rps`. Scaling
+    keeps the trace's shape, its bursts and lulls, and makes each recorded request stand for several."""
+    peak = busiest_minute(rates)
+    if peak <= 0:
+        raise ValueError("a trace without any request cannot be scaled")
+    return rates * (busiest_rps / peak)
+
+
+def held_out_from(seconds: int) -> int:
+    """The first second of a recorded trace's held-out part."""
+    return round(seconds * (1 - HELD_OUT_FRACTION))

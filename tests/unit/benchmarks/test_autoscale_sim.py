@@ -4,7 +4,9 @@ small worked cases, and the world model on cases whose answer follows from capac
 
 from __future__ import annotations
 
+import json
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from benchmarks.autoscale_sim import (
     report,
     simulation,
     targets,
+    traffic,
     world,
 )
 
@@ -187,3 +190,84 @@ def test_a_cadence_the_world_cannot_run_is_refused(flags: list[str], message: st
     with pytest.raises(SystemExit):
         cli.main(["--quick", *flags])
     assert message in capsys.readouterr().err
+
+
+# --- recorded traces: replayed as recorded, both ratios, held-out parts ---------------------------------------------
+
+@pytest.mark.parametrize("violations, cost, extrapolated, beyond", [
+    (40.0, 110.0, False, False),    # halfway from (100, 50) to (120, 30); the dominated (110, 60) is ignored
+    (20.0, 130.0, False, False),
+    (50.0, 100.0, False, False),    # exactly the cheapest setting's violations
+    (70.0, 100.0, True, False),     # more than even the cheapest setting had: its cost, flagged
+    (5.0, 140.0, True, True),       # fewer than the dearest setting reached: it cannot match them at any swept cost
+])
+def test_violation_matched_reads_the_same_frontier_along_the_cost_axis(violations: float, cost: float,
+                                                                      extrapolated: bool, beyond: bool) -> None:
+    matched = matching.violation_matched(POINTS, violations)
+    assert matched["cost_usd"] == pytest.approx(cost)
+    assert matched["extrapolated"] is extrapolated and matched["beyond"] is beyond
+
+
+def test_the_cost_target_names_the_cheapest_baseline_at_the_policys_violations() -> None:
+    # The policy: 100 violation-s at $15. cap_spill reaches 100 at $12 (its dearer setting), hpa_rps at $14
+    # (halfway between (10, 150) and (18, 50)), keda never (its best is 200): the cheapest is cap_spill, 1.25x.
+    rows = [_row("trace:x", 1, f"nominal|{label}", violations, cost) for label, violations, cost in (
+        ("policy", 100, 15.0), ("cap_spill@0.8", 300, 8.0), ("cap_spill@0.6", 100, 12.0), ("hpa_rps@0.7", 150, 10.0),
+        ("hpa_rps@0.4", 50, 18.0), ("keda@0.7", 400, 5.0), ("keda@0.4", 200, 9.0))]
+    result = report.report_for(rows, {}, ["nominal"])
+    target = result["targets"]["trace:x|nominal"]
+    assert (target["cost_ratio"], target["cost_against"], target["cost_met"]) == (1.25, "cap_spill", False)
+    assert target["goal"] == 0.9                                                   # issue 60's goal on recorded traffic
+    hpa = result["summary"]["trace:x|nominal"]["baselines"]["hpa_rps"]
+    assert hpa["violation_matched"]["cost_usd"] == pytest.approx(14.0) and hpa["policy_cost_ratio_matched"] == 1.071
+    assert result["summary"]["trace:x|nominal"]["baselines"]["keda"]["policy_cost_ratio_matched"] is None
+    cheaper = report.report_for([{**rows[0], "cost_usd": 11.0}, *rows[1:]], {}, ["nominal"])["targets"]
+    assert cheaper["trace:x|nominal"]["cost_met"] is True
+
+
+def test_a_recorded_trace_is_read_as_written_and_refused_otherwise(tmp_path: Path) -> None:
+    good = tmp_path / "good.csv"
+    good.write_text("t_s,requests\n0,1\n1,0\n2,4\n")
+    assert traffic.recorded(good).tolist() == [1.0, 0.0, 4.0]
+    for text, message in (("s,n\n0,1\n", "header"), ("t_s,requests\n0,1\n2,3\n", "second 2 where 1"),
+                          ("t_s,requests\n0,-1\n", "finite count"), ("t_s,requests\n0,x\n", ":2: expected"),
+                          ("t_s,requests\n", "no rows")):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            traffic.recorded(bad)
+
+
+def test_a_trace_is_scaled_so_its_busiest_minute_has_the_asked_rate() -> None:
+    counts = np.zeros(600)
+    counts[100:160] = 3.0           # the busiest minute: 3 requests/s
+    counts[300] = 50.0              # one second's burst: 50 in a minute, under a mean of 1/s
+    rates = traffic.scaled(counts, 600.0)
+    assert traffic.busiest_minute(rates) == pytest.approx(600.0)
+    assert rates[300] == pytest.approx(50 * 200.0)                               # every second alike: x200
+    assert traffic.held_out_from(600) == 420                                    # the last 30% held out
+
+
+def test_a_recorded_trace_is_replayed_whole_and_reported_in_its_two_parts(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(3)
+    path = tmp_path / "bursty.csv"
+    counts = rng.poisson(2.0, 1800) * (rng.random(1800) < 0.4)
+    path.write_text("t_s,requests\n" + "".join(f"{t},{c}\n" for t, c in enumerate(counts)))
+    out = tmp_path / "report.json"
+    cli.main(["--shapes", "", "--traces", str(path), "--trace-seeds", "1", "--variants", "nominal",
+              "--baselines", "hpa_rps", "--out", str(out)])
+    result = json.loads(out.read_text())
+    rows = {(r["shape"], r["controller"]): r for r in result["rows"]}
+    for controller in ("nominal|policy", "nominal|hpa_rps@0.7"):
+        whole, tuning, held = (rows[(f"trace:bursty{part}", controller)] for part in ("", "@tuning", "@held_out"))
+        assert tuning["violation_s"] + held["violation_s"] == whole["violation_s"]
+        assert tuning["cost_usd"] + held["cost_usd"] == pytest.approx(whole["cost_usd"], abs=0.002)
+        assert held["cost_usd"] > 0
+    assert {"trace:bursty|nominal", "trace:bursty@held_out|nominal"} <= set(result["targets"])
+    busiest = result["parameters"]["trace_busiest_minute_rps"]
+    assert busiest == pytest.approx(0.8 * (6 * 113.6 + 32 * 4.3), rel=0.02)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["--shapes", "", "--traces", str(tmp_path / "missing.csv")])
+    assert "--traces" in capsys.readouterr().err

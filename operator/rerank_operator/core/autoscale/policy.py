@@ -14,7 +14,9 @@ Order of a tick, each step explained where it lives:
 5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess and queue), so it starts scaling
    with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
    measured; once the route sends it nothing and the GPU has every replica it asked for ready, its replicas are
-   released after the scale-down cooldown instead of being kept for the stabilization window.
+   released after the scale-down cooldown instead of being kept for the stabilization window. The bridge counts a
+   rise at once only beyond the traffic's own tick-to-tick noise, and does not grow at all for traffic whose
+   excursions end before a new CPU replica could start (`bursts`).
 No I/O and no clock: `now` is an argument, so every behaviour is reproducible in tests and the simulator.
 """
 
@@ -24,8 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from rerank_operator.core import names
+from rerank_operator.core.autoscale import bursts, scaling
 from rerank_operator.core.autoscale import load as loads
-from rerank_operator.core.autoscale import scaling
 from rerank_operator.core.autoscale import split as routing
 from rerank_operator.core.autoscale import surge as surges
 from rerank_operator.core.autoscale import zero as zeros
@@ -142,16 +144,24 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     elif split.cpu_percent < current.cpu_percent:
         history = replace(history, last_recover=now)
 
-    cpu_demand = signals.total_request_rate * split.sizing_percent / 100
+    # The bridge is sized for a rise at once only beyond the traffic's own noise, and grows only for traffic whose
+    # excursions last long enough for a new CPU replica to serve them (`bursts`).
+    bridge_rate = bursts.bridge_rate(history, now, spec.interval_seconds) if tuning.noise_bridge else None
+    cpu_demand = (signals.total_request_rate if bridge_rate is None else bridge_rate) * split.sizing_percent / 100
     if policy == "gpu-only":
         cpu_demand = 0.0
     # Shifting back: the CPU pool does not grow for a share it is losing (unless it is over target).
     shrinking = policy == "gpu-first" and split.cpu_percent < current.cpu_percent and not cpu_load.overloaded
+    brief = (tuning.brief_bursts and policy == "gpu-first" and not cpu_load.overloaded and bool(history.gpu.capacity)
+             and not bursts.bridge_worth(history, now, signals.gpu.ready_replicas * (history.gpu.capacity or 0.0),
+                                         spec.interval_seconds))
+    if brief and split.cpu_percent > 0:
+        notes.append("cpu: not grown: this traffic's bursts end before a new replica would start")
     surge = spec.spillover.surge_max_step if split.surge else None
     release = (policy == "gpu-first" and cpu_demand <= 0 and signals.gpu.ready_replicas > 0
                and signals.gpu.ready_replicas >= gpu_replicas)
     cpu_replicas, history = _size(spec, signals, "cpu", cpu_load, cpu_demand, current, history, now, external, notes,
-                                  surge, release, grow=not shrinking, backoff=tuning.backoff)
+                                  surge, release, grow=not (shrinking or brief), backoff=tuning.backoff)
 
     reason = "; ".join([split.why, *notes, _loads_summary(signals, gpu_load, cpu_load)])
     decision = Decision(gpu_replicas, cpu_replicas, split.cpu_percent, reason, history=history)

@@ -60,6 +60,8 @@ class Tuning:
     drain_room: bool = True    # while the GPU's queue alone outlasts its target, the CPU may take DRAIN_ROOM x its room
     backoff: bool = True       # scale-downs that had to be undone lengthen the scale-down window (scaling.backed_off)
     reserve: bool = True       # keep standing GPU headroom for the next surge, learned from the last ones (surge)
+    noise_bridge: bool = True  # size the CPU bridge for a rise at once only beyond the traffic's noise (bursts)
+    brief_bursts: bool = True  # no bridge growth for traffic whose excursions end before a CPU replica starts (bursts)
 
 
 PRODUCTION = Tuning()  # every part on: what the operator runs

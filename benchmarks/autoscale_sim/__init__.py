@@ -32,20 +32,32 @@ Baselines (each with a tuning factor that cost-matching sweeps):
 Bounds (--bounds, not baselines): `oracle` knows the true rate every second and each pod's true capacity but not
 the future; `foresight` also sees the next 3 minutes (more than a GPU's start-up), the perfect-foresight figure.
 Cost-matching: each baseline's sweep is reduced to its Pareto frontier (cost up, violations down) and interpolated
-at the policy's cost; a cost outside the swept range takes the nearest end and is flagged `extrapolated`.
+at the policy's cost; a cost outside the swept range takes the nearest end and is flagged `extrapolated`. The same
+frontier is also read the other way (`violation_matched`): what each baseline would pay for the policy's
+violations, and the cheapest that reaches them (`policy_vs_cheapest_at_violations`); a ratio of violations at equal
+cost alone hides a controller that spends money on traffic no capacity can serve. A baseline whose sweep never
+reaches the policy's violations has no cost there (`beyond`).
 Traffic shapes: diurnal + spikes (per seed; seeds 9-12 are held out of any tuning and reported apart), slow ramp
 50 -> 650 -> 50 rps over 6 h, flat with noise, square waves of 10 and 30 min periods (each seed its own phase, so
 edges do not all fall on the controllers' tick grid), and an overload above what all GPUs can serve, 8 seeds each
 (with 3, one unlucky cold start or scrape decided a comparison). All traces carry Poisson-like noise.
+Recorded traces (--traces a.csv,b.csv: per-second arrivals, `t_s,requests`; ../shared/traces/ has two): each is
+scaled so its busiest minute fills 80% of the pools' combined capacity at the SLO (--trace-peak-share; or
+--trace-scale, a plain multiplier), replayed whole with --trace-seeds (start-up jitter and failed scrapes differ) and
+reported whole (`trace:<name>`) and in two parts: the first 70% (`@tuning`) and the last 30% (`@held_out`, kept out
+of any tuning), each controller's violations and cost over those seconds of the same run (`segment`). Their target
+is issue 60's: a violation ratio <= 0.9 at matched cost and a cost ratio <= 1.0 at matched violations.
 Variants: nominal (CPU start-up 40 s), delay10 (10 s between decision and effect), cpu90 (CPU start-up 90 s);
 start-ups have +0-30% jitter in all.
 Attribution: each violation-second of each run is given one cause (`attribute`: cold start, spike onset before any
 new pod can be ready, the CPU bridge's time, late in a spike, a stale scrape, a recent scale-down, ramps and noise);
 `summary[...]["attribution"]` has them for the policy, the best cost-matched baseline and the bounds.
-`targets` has issue 12's targets and, where they cannot all hold, what bounds them: `oracle_ratio` (the reactive
-oracle at the policy's cost), `beyond_onset` (the ratio outside the spikes' onset windows, and the policy's onset
-seconds alone as a share of the baseline's total) and, for the delay, `delay_per_episode` (violation-seconds the
-delay adds per spike with any violation, for the policy and the oracle, and what they imply).
+`targets` has issue 12's targets (issue 60's on recorded traces) with `cost_ratio` (cost at matched violations)
+beside the violation ratio and, where they cannot all hold, what bounds them: `oracle_ratio` and `foresight_ratio`
+(the reactive oracle's and the foresight bound's violations at the policy's cost), `beyond_onset` (the ratio
+outside the spikes' onset windows, and the policy's onset seconds alone as a share of the baseline's total) and, for
+the delay, `delay_per_episode` (violation-seconds the delay adds per spike with any violation, for the policy and the
+oracle, and what they imply).
 Each target also has `seed_bootstrap`: the cost-matched ratio over 1000 paired resamples of its seeds (5th, 50th,
 95th percentile and the share of draws that meet the goal), so a pooled ratio that holds only for the seeds drawn
 shows as such.
@@ -53,6 +65,9 @@ The policy runs with the CRD's defaults (spec.autoscaling empty); --ablations ad
 off, and with the earlier defaults (ABLATIONS).
 
 Run: python -m benchmarks.autoscale_sim --ablations --bounds   (full: 12 seeds, all shapes and variants; JSON)
+     python -m benchmarks.autoscale_sim --shapes "" --traces ../shared/traces/azure_llm_2023_code.csv \
+         --variants nominal --baseline-period-s 5 --baseline-lag-s 0 --rate-window-s 15 --bounds
+                                                                 (recorded traffic, baselines at the policy's cadence)
      python -m benchmarks.autoscale_sim --quick                 (2 seeds of 6 h, nominal variant only)
      python -m benchmarks.autoscale_sim --from-rows OUT.json --format markdown   (the tables again, from a run's JSON)
 The JSON has `rows` (one per shape, seed, variant and controller) and `summary` (pooled per shape, per diurnal

@@ -23,6 +23,7 @@ The route is unchanged: the spill still goes to the CPU pool's ready replicas at
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from rerank_operator.core.autoscale.history import History
 from rerank_operator.core.autoscale.surge import NET_OF_RISE_S, SURGE_NOISE
@@ -30,6 +31,9 @@ from rerank_operator.core.autoscale.surge import NET_OF_RISE_S, SURGE_NOISE
 #: A new CPU replica's start-up (a TEI CPU pod loading its INT8 ONNX model; the simulator's CPU pools take 40-52 s):
 #: an excursion shorter than this is over before a replica asked for at its onset serves any of it.
 BRIDGE_WORTH_S = 40.0
+EXCURSION_MEMORY_S = 6 * 3600.0   # excursions older than this no longer judge the bridge (as surges' memory)
+MAX_EXCURSIONS = 64      # at most this many remembered (the latest)
+WORTH_QUANTILE = 0.75    # the bridge grows if this quantile of the remembered excursions lasted BRIDGE_WORTH_S
 MIN_TICKS = 6            # tick-to-tick changes needed before the noise is measured (else 0: every rise counts)
 MAD_TO_STD = 1.4826      # a normal distribution's standard deviation per median absolute deviation
 
@@ -59,22 +63,28 @@ def bridge_rate(history: History, now: float, interval_seconds: float) -> float 
     return min(current, previous)
 
 
-def bridge_worth(history: History, now: float, served: float, interval_seconds: float) -> bool:
-    """Whether growing the CPU bridge can serve any of this traffic's excursions above `served` (requests/s the
-    ready GPU replicas serve): the current excursion has lasted BRIDGE_WORTH_S, or an earlier one in the window
-    did, or there was none to learn from (module docstring)."""
-    if served <= 0:
+def observe(history: History, total_rate: float, served: float | None, now: float) -> History:
+    """Remember this tick's excursion state: an excursion of the arrival rate above `served` (requests/s the ready
+    GPU replicas serve; None when unknown, which ends none and starts none) begins, goes on or ends (its length
+    is then remembered for EXCURSION_MEMORY_S, at most MAX_EXCURSIONS)."""
+    excursions = tuple((t, d) for t, d in history.excursions if now - t <= EXCURSION_MEMORY_S)
+    since = history.excursion_since
+    if served is not None:
+        if total_rate > served and since is None:
+            since = now
+        elif total_rate <= served and since is not None:
+            excursions, since = (*excursions, (now, now - since))[-MAX_EXCURSIONS:], None
+    return replace(history, excursions=excursions, excursion_since=since)
+
+
+def bridge_worth(history: History, now: float, interval_seconds: float) -> bool:
+    """Whether growing the CPU bridge can serve any of this traffic's excursions above the ready GPU replicas: the
+    one under way has lasted BRIDGE_WORTH_S (counting this tick), or at least a quarter of the remembered ones did
+    (WORTH_QUANTILE), or none is remembered (no evidence: grow, as before). Call after `observe`."""
+    since = history.excursion_since
+    if since is not None and now - since + interval_seconds >= BRIDGE_WORTH_S:
         return True
-    runs: list[float] = []
-    start: float | None = None
-    for t, rate in history.arrivals:
-        if now - t > NET_OF_RISE_S:
-            continue
-        if rate > served and start is None:
-            start = t
-        elif rate <= served and start is not None:
-            runs.append(t - start)
-            start = None
-    if start is not None and now - start + interval_seconds >= BRIDGE_WORTH_S:
+    lengths = sorted(d for _, d in history.excursions)
+    if not lengths:
         return True
-    return not runs or max(runs) >= BRIDGE_WORTH_S
+    return lengths[min(len(lengths) - 1, int(WORTH_QUANTILE * len(lengths)))] >= BRIDGE_WORTH_S

@@ -133,7 +133,11 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     # Standing headroom for the next surge, learned from the surges seen (`surge`): the GPU pool is sized for it
     # whenever it is sized for all demand.
     history = surges.observe(history, signals.total_request_rate, now, spec.interval_seconds)
+    served = signals.gpu.ready_replicas * history.gpu.capacity if history.gpu.capacity else None
+    history = bursts.observe(history, signals.total_request_rate, served, now)
     reserve = (surges.reserve(history, now) if tuning.reserve and policy in ("gpu-first", "gpu-only") else 0.0)
+    if tuning.noise_reserve and policy in ("gpu-first", "gpu-only"):
+        reserve = max(reserve, tuning.noise_reserve * bursts.tick_noise(history, now))
     gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
                                   backoff=tuning.backoff, reserve=reserve)
 
@@ -152,9 +156,8 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
         cpu_demand = 0.0
     # Shifting back: the CPU pool does not grow for a share it is losing (unless it is over target).
     shrinking = policy == "gpu-first" and split.cpu_percent < current.cpu_percent and not cpu_load.overloaded
-    brief = (tuning.brief_bursts and policy == "gpu-first" and not cpu_load.overloaded and bool(history.gpu.capacity)
-             and not bursts.bridge_worth(history, now, signals.gpu.ready_replicas * (history.gpu.capacity or 0.0),
-                                         spec.interval_seconds))
+    brief = (tuning.brief_bursts and policy == "gpu-first" and not cpu_load.overloaded
+             and not bursts.bridge_worth(history, now, spec.interval_seconds))
     if brief and split.cpu_percent > 0:
         notes.append("cpu: not grown: this traffic's bursts end before a new replica would start")
     surge = spec.spillover.surge_max_step if split.surge else None

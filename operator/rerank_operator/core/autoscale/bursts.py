@@ -1,23 +1,26 @@
-"""What the model's own traffic says about its bursts, for the CPU bridge: how much its arrival rate moves from one
-tick to the next (`tick_noise`), which rise the bridge should be sized for at once (`bridge_rate`), and whether its
-excursions beyond the ready GPU replicas last long enough for a new CPU replica to serve any of them
-(`bridge_worth`).
+"""What the model's own traffic says about its bursts: how much its arrival rate moves from one tick to the next
+(`tick_noise`), how much GPU headroom that calls for (`noise_reserve`), which rise the CPU bridge should be sized for
+at once (`bridge_rate`), and whether its excursions beyond the ready GPU replicas last long enough for a new CPU
+replica to serve any of them (`observe`, `bridge_worth`).
 
-Why: the CPU bridge (`policy` step 5) was sized for every tick's rate as measured, as if each rise were the onset
-of a surge that lasts. On recorded traffic most rises are not: request streams are far burstier than Poisson (a
-recorded LLM hour has 73% of its seconds empty and clumps of 67 requests in one), so a tick's rate jumps and falls
-back within seconds. A CPU replica asked for such a jump is ready 40 s later, when it is long over, and is then
-paid for through the scale-down window. In the simulator (docs/scaling.md, "Recorded traffic") that bridge was
-most of what the policy paid beyond a plain HPA on a bursty LLM hour, for a few violation-seconds.
-Two rules, both learned from the arrival rates the policy already keeps (`History.arrivals`, the last
-`surge.NET_OF_RISE_S`), nothing configured:
-- a rise counts at once only beyond the traffic's own tick-to-tick noise (SURGE_NOISE of its robust standard
-  deviation); within it the bridge is sized for the previous tick's rate, and for the new one if it holds;
-- the bridge grows only if, in that window, some excursion of the rate above what the ready GPU replicas serve has
-  lasted BRIDGE_WORTH_S, or the current one has; with only shorter ones (bursts a replica started now would miss)
-  the CPU pool serves the spill with the replicas it has. A model with no excursion in the window (a first surge,
-  or a restarted operator) grows as before: no evidence is not evidence of brief bursts.
-The route is unchanged: the spill still goes to the CPU pool's ready replicas at once.
+Why: the policy was tuned on synthetic traffic, Poisson noise on a daily cycle with spikes of minutes, where every
+rise worth noticing is the onset of a surge that lasts. Recorded request streams are far burstier (a recorded LLM
+hour has 73% of its seconds empty and clumps of 67 requests in one): a tick's rate jumps and falls back within
+seconds. Replayed through the simulator (docs/scaling.md, "Recorded traffic"), the policy asked the CPU bridge for
+replicas at every jump; they were ready 40 s later, when it was over, and were then paid for through the scale-down
+window: on a bursty LLM hour that was most of what it paid beyond a plain HPA, for a few violation-seconds. What
+serves bursts shorter than any start-up is capacity that stands when they come, and GPU capacity is the cheaper
+kind (one GPU replica serves ~26 CPU replicas' rate for the price of 5).
+Three rules, learned from the arrival rates the policy already reads each tick, nothing configured:
+- the GPU pool keeps standing headroom of NOISE_RESERVE of the traffic's tick-to-tick standard deviations when that
+  exceeds the surge reserve (`surge`); on Poisson-like traffic it is a few requests/s and the surge reserve or
+  UTILIZATION's headroom is larger;
+- a rise counts at once for the CPU bridge only beyond SURGE_NOISE of those deviations; within them the bridge is
+  sized for the previous tick's rate, and for the new one if it holds;
+- the bridge grows only while the traffic's excursions above what the ready GPU replicas serve last: the one under
+  way has lasted BRIDGE_WORTH_S, or at least a quarter of those of the last EXCURSION_MEMORY_S did. With none
+  remembered (a new model, a restarted operator: excursions are not saved) it grows as before.
+The route is unchanged: a spill still goes to the CPU pool's ready replicas at once.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ BRIDGE_WORTH_S = 40.0
 EXCURSION_MEMORY_S = 6 * 3600.0   # excursions older than this no longer judge the bridge (as surges' memory)
 MAX_EXCURSIONS = 64      # at most this many remembered (the latest)
 WORTH_QUANTILE = 0.75    # the bridge grows if this quantile of the remembered excursions lasted BRIDGE_WORTH_S
+NOISE_RESERVE = 2.0      # GPU headroom: this many standard deviations of the tick-to-tick change of the rate
 MIN_TICKS = 6            # tick-to-tick changes needed before the noise is measured (else 0: every rise counts)
 MAD_TO_STD = 1.4826      # a normal distribution's standard deviation per median absolute deviation
 
@@ -47,6 +51,12 @@ def tick_noise(history: History, now: float) -> float:
         return 0.0
     changes = sorted(abs(b - a) for a, b in itertools.pairwise(rates))
     return MAD_TO_STD * changes[len(changes) // 2]
+
+
+def noise_reserve(history: History, now: float) -> float:
+    """Requests/s of standing GPU headroom for the traffic's own noise: NOISE_RESERVE x `tick_noise` (module
+    docstring). The policy keeps the larger of it and the surge reserve."""
+    return NOISE_RESERVE * tick_noise(history, now)
 
 
 def bridge_rate(history: History, now: float, interval_seconds: float) -> float | None:

@@ -8,8 +8,9 @@ Order of a tick, each step explained where it lives:
 2. judge each pool's load and refine its learned capacity (`load`);
 3. size the GPU pool for *all* demand under gpu-first (spillover is a bridge, not a destination), with standing
    headroom for the next surge learned from the last ones (`surge`: a surge's onset is served only by what stands
-   when it comes), then apply HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being
-   undone within the window gets a longer one);
+   when it comes), or for the traffic's own tick-to-tick noise where that is larger (`bursts`), then apply
+   HPA-like windows/steps/cooldowns (`scaling`; a pool whose scale-downs keep being undone within the window gets a
+   longer one);
 4. move the split (`routing`), knowing whether the GPU is still waiting for replicas;
 5. size the CPU pool for the share it will carry (under GPU pressure: the GPU's excess and queue), so it starts scaling
    with the spill. That bridge may grow past scaleUp.maxStep, up to spillover.surgeMaxStep, when the excess is
@@ -137,7 +138,7 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     history = bursts.observe(history, signals.total_request_rate, served, now)
     reserve = (surges.reserve(history, now) if tuning.reserve and policy in ("gpu-first", "gpu-only") else 0.0)
     if tuning.noise_reserve and policy in ("gpu-first", "gpu-only"):
-        reserve = max(reserve, tuning.noise_reserve * bursts.tick_noise(history, now))
+        reserve = max(reserve, bursts.noise_reserve(history, now))
     gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
                                   backoff=tuning.backoff, reserve=reserve)
 

@@ -62,7 +62,7 @@ class Tuning:
     reserve: bool = True       # keep standing GPU headroom for the next surge, learned from the last ones (surge)
     noise_bridge: bool = True  # size the CPU bridge for a rise at once only beyond the traffic's noise (bursts)
     brief_bursts: bool = True  # no bridge growth for traffic whose excursions end before a CPU replica starts (bursts)
-    noise_reserve: float = 2.0
+    noise_reserve: bool = True  # keep GPU headroom for the traffic's own tick-to-tick noise (bursts.noise_reserve)
 
 
 PRODUCTION = Tuning()  # every part on: what the operator runs

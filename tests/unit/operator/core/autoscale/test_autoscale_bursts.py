@@ -9,10 +9,11 @@ the scale-down window.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from rerank_operator.core.autoscale import bursts
-from rerank_operator.core.autoscale.history import History
+from rerank_operator.core.autoscale import bursts, surge
+from rerank_operator.core.autoscale.history import History, PoolHistory
 from rerank_operator.core.autoscale.policy import Current, decide
 from rerank_operator.core.autoscale.signals import Signals
 from rerank_operator.core.autoscale.split import PRODUCTION, Tuning
@@ -49,36 +50,69 @@ def test_a_rise_within_the_traffics_noise_is_counted_only_once_it_holds():
     assert bursts.bridge_rate(History(arrivals=((NOW - 60, 100.0), (NOW, 300.0))), NOW, 5.0) is None
 
 
+def test_excursions_above_what_the_gpu_serves_are_remembered_with_their_length():
+    history = History()
+    for n, rate in enumerate([300, 650, 650, 300, 650, 300, 300]):
+        history = bursts.observe(history, rate, 400.0, NOW + 5 * n)
+    assert history.excursions == ((NOW + 15, 10.0), (NOW + 25, 5.0)) and history.excursion_since is None
+    history = bursts.observe(history, 700, 400.0, NOW + 35)
+    assert history.excursion_since == NOW + 35
+    assert bursts.observe(history, 100, None, NOW + 40).excursion_since == NOW + 35   # unknown capacity: no verdict
+    later = bursts.observe(history, 700, 400.0, NOW + 35 + bursts.EXCURSION_MEMORY_S)
+    assert later.excursions == ()                                                       # forgotten after 6 h
+    many = History(excursions=tuple((NOW - n, 5.0) for n in range(100, 0, -1)))
+    assert len(bursts.observe(many, 700, 400.0, NOW).excursions) == 100              # nothing ended: kept as is
+    assert len(bursts.observe(replace(many, excursion_since=NOW - 5), 100, 400.0, NOW).excursions) \
+        == bursts.MAX_EXCURSIONS
+
+
 def test_a_bridge_is_worth_growing_only_for_excursions_that_outlast_a_replicas_start():
-    served = 400.0
-    brief = kept([300, 650, 300, 300, 650, 650, 300, 300, 650, 300, 300, 650])   # runs of 5-10 s, one under way
-    assert not bursts.bridge_worth(brief, NOW, served, 5.0)
-    lasting_once = kept([300, *[650] * 9, 300, 300, 650])                        # one 45 s run earlier
-    assert bursts.bridge_worth(lasting_once, NOW, served, 5.0)
-    under_way = kept([300, 650, 300, 300, *[650] * 8])                           # the current one: 40 s with this tick
-    assert bursts.bridge_worth(under_way, NOW, served, 5.0)
-    assert bursts.bridge_worth(kept([300, 300, 650]), NOW, served, 5.0)         # no earlier excursion: no evidence
-    assert bursts.bridge_worth(brief, NOW, 0.0, 5.0)                             # no GPU capacity: nothing to judge
+    brief = History(excursions=((NOW - 600, 5.0), (NOW - 400, 10.0), (NOW - 200, 45.0), (NOW - 100, 5.0),
+                                (NOW - 60, 5.0)))
+    assert not bursts.bridge_worth(brief, NOW, 5.0)                              # one in five lasted 40 s
+    assert bursts.bridge_worth(replace(brief, excursions=(*brief.excursions, (NOW - 50, 60.0))), NOW, 5.0)  # 2 in 6
+    assert bursts.bridge_worth(replace(brief, excursion_since=NOW - 35), NOW, 5.0)    # under way 40 s with this tick
+    assert not bursts.bridge_worth(replace(brief, excursion_since=NOW - 30), NOW, 5.0)
+    assert bursts.bridge_worth(History(), NOW, 5.0)                                  # no evidence: grow, as before
 
 
 def _hot(history: History, tuning: Tuning = PRODUCTION) -> tuple[int, int]:
     """HOT_AT_MAX (650 rps on 4 GPU replicas serving 400) spilling onto 10 ready CPU replicas, ticks every 15 s."""
     decision = decide(spec(gpu=(1, 4), cpu=(1, 40)), Signals(HOT_AT_MAX, pool(10, rate=0, p95=None)),
-                      Current(4, 10, 0), replace(LEARNED, arrivals=history.arrivals), NOW, tuning)
+                      Current(4, 10, 0), replace(LEARNED, arrivals=history.arrivals, excursions=history.excursions),
+                      NOW, tuning)
     return decision.cpu_percent, decision.cpu_replicas
 
 
 def test_the_policy_does_not_grow_the_bridge_for_bursts_that_end_before_it_could_serve_them():
-    # Earlier excursions above the 400 rps the GPU serves lasted one 15 s tick each: a CPU replica asked for now
+    # Every excursion above the 400 rps the GPU serves so far lasted one 15 s tick: a CPU replica asked for now
     # (ready in 40 s) would miss this one too. The spill still goes to the 10 ready CPU replicas at once (15%, their
     # room); the pool stays at 10 instead of surging to 30 (test_spill_stops_at_what_the_ready_cpu_replicas_serve...).
-    brief = kept([300, 650, 300, 300, 650, 300, 300, 650, 300, 300], interval=15.0, end=NOW - 15)
+    rates = kept([300, 650, 300, 300, 650, 300, 300, 650, 300, 300], interval=15.0, end=NOW - 15)
+    brief = replace(rates, excursions=tuple((NOW - 900 + 60 * n, 15.0) for n in range(8)))
     assert _hot(brief) == (15, 10)
     assert _hot(brief, Tuning(brief_bursts=False, noise_bridge=False)) == (15, 30)
     # Without the brief-burst rule, the noise rule alone still sizes for the last tick's 300 rps: 650 is within the
     # noise of a stream that jumps by 350 every other tick, so the bridge waits for it to hold (share 39% of 300 rps
     # = 117 rps / 8.5 per replica -> 14 replicas).
     assert _hot(brief, Tuning(brief_bursts=False)) == (15, 14)
-    # An excursion that has lasted a minute is worth a bridge: the pool surges to the excess, as before.
-    lasting = kept([300, 300, 650, 650, 650, 650], interval=15.0, end=NOW - 15)
+    # Excursions that lasted minutes (and a rate that has held) are worth a bridge: the pool surges to the excess.
+    lasting = replace(kept([300, 300, 650, 650, 650, 650], interval=15.0, end=NOW - 15),
+                      excursions=((NOW - 900, 180.0), (NOW - 300, 120.0)))
     assert _hot(lasting) == (15, 30)
+
+
+def test_the_gpu_pool_keeps_headroom_for_the_traffics_own_noise():
+    # A stream that jumps by ~100 rps from one 5 s tick to the next, 80 rps now, no surge remembered: the GPU pool is
+    # sized for demand plus two of its tick-to-tick standard deviations (~2 x 133) at full capacity (100 rps): 4.
+    history = replace(kept([100, 200, 110, 90, 220, 95, 105, 190, 100, 90], end=NOW - 5),
+                      gpu=PoolHistory(capacity=100.0, capacity_from_saturation=True),
+                      cpu=PoolHistory(capacity=10.0, capacity_from_saturation=True))
+    noise = bursts.tick_noise(surge.observe(history, 80.0, NOW, 5.0), NOW)
+    signals = Signals(pool(1, rate=80.0, p95=49), pool(1, rate=0.0, p95=None))
+    calm = spec(crd_defaults=True, gpu=(1, 20))
+    assert decide(calm, signals, Current(1, 1, 0), history, NOW).gpu_replicas == math.ceil((80 + 2 * noise) / 100)
+    assert decide(calm, signals, Current(1, 1, 0), history, NOW, Tuning(noise_reserve=0.0)).gpu_replicas == 1
+    # A steady stream keeps next to nothing: 2 x ~3 rps on 80 still fits one replica.
+    steady = replace(history, arrivals=kept([80, 82, 79, 81, 80, 83, 78, 81, 80, 79], end=NOW - 5).arrivals)
+    assert decide(calm, signals, Current(1, 1, 0), steady, NOW).gpu_replicas == 1

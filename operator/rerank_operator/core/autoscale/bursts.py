@@ -18,8 +18,8 @@ Three rules, learned from the arrival rates the policy already reads each tick, 
 - a rise counts at once for the CPU bridge only beyond SURGE_NOISE of those deviations; within them the bridge is
   sized for the previous tick's rate, and for the new one if it holds;
 - the bridge grows only while the traffic's excursions above what the ready GPU replicas serve last: the one under
-  way has lasted BRIDGE_WORTH_S, or at least a quarter of those of the last EXCURSION_MEMORY_S did. With none
-  remembered (a new model, a restarted operator: excursions are not saved) it grows as before.
+  way has lasted BRIDGE_WORTH_S, or at least a quarter of the requests beyond the GPU in those of the last
+  EXCURSION_MEMORY_S came in ones that lasted that long. With none remembered (a new model, a restarted operator: excursions are not saved) it grows as before.
 The route is unchanged: a spill still goes to the CPU pool's ready replicas at once.
 """
 
@@ -36,7 +36,7 @@ from rerank_operator.core.autoscale.surge import NET_OF_RISE_S, SURGE_NOISE
 BRIDGE_WORTH_S = 40.0
 EXCURSION_MEMORY_S = 6 * 3600.0   # excursions older than this no longer judge the bridge (as surges' memory)
 MAX_EXCURSIONS = 64      # at most this many remembered (the latest)
-WORTH_QUANTILE = 0.75    # the bridge grows if this quantile of the remembered excursions lasted BRIDGE_WORTH_S
+WORTH_SHARE = 0.25       # the bridge grows if this share of the excursions' requests came in ones that lasted
 NOISE_RESERVE = 2.0      # GPU headroom: this many standard deviations of the tick-to-tick change of the rate
 MIN_TICKS = 6            # tick-to-tick changes needed before the noise is measured (else 0: every rise counts)
 MAD_TO_STD = 1.4826      # a normal distribution's standard deviation per median absolute deviation
@@ -73,28 +73,35 @@ def bridge_rate(history: History, now: float, interval_seconds: float) -> float 
     return min(current, previous)
 
 
-def observe(history: History, total_rate: float, served: float | None, now: float) -> History:
+def observe(history: History, total_rate: float, served: float | None, now: float,
+            interval_seconds: float) -> History:
     """Remember this tick's excursion state: an excursion of the arrival rate above `served` (requests/s the ready
-    GPU replicas serve; None when unknown, which ends none and starts none) begins, goes on or ends (its length
-    is then remembered for EXCURSION_MEMORY_S, at most MAX_EXCURSIONS)."""
-    excursions = tuple((t, d) for t, d in history.excursions if now - t <= EXCURSION_MEMORY_S)
-    since = history.excursion_since
+    GPU replicas serve; None when unknown, which ends none and starts none) begins, goes on (adding this interval's
+    requests beyond `served`) or ends (its length and requests are remembered for EXCURSION_MEMORY_S, at most
+    MAX_EXCURSIONS)."""
+    excursions = tuple(e for e in history.excursions if now - e[0] <= EXCURSION_MEMORY_S)
+    since, extra = history.excursion_since, history.excursion_requests
     if served is not None:
-        if total_rate > served and since is None:
-            since = now
-        elif total_rate <= served and since is not None:
-            excursions, since = (*excursions, (now, now - since))[-MAX_EXCURSIONS:], None
-    return replace(history, excursions=excursions, excursion_since=since)
+        if total_rate > served:
+            since = now if since is None else since
+            extra += (total_rate - served) * interval_seconds
+        elif since is not None:
+            excursions, since, extra = (*excursions, (now, now - since, extra))[-MAX_EXCURSIONS:], None, 0.0
+    return replace(history, excursions=excursions, excursion_since=since, excursion_requests=extra)
 
 
 def bridge_worth(history: History, now: float, interval_seconds: float) -> bool:
     """Whether growing the CPU bridge can serve any of this traffic's excursions above the ready GPU replicas: the
-    one under way has lasted BRIDGE_WORTH_S (counting this tick), or at least a quarter of the remembered ones did
-    (WORTH_QUANTILE), or none is remembered (no evidence: grow, as before). Call after `observe`."""
+    one under way has lasted BRIDGE_WORTH_S (counting this tick), or at least WORTH_SHARE of the requests beyond the
+    GPU in the remembered ones came in excursions that lasted that long, or none is remembered (no evidence: grow,
+    as before). Requests, not excursions, are counted: a rate that wobbles across the GPU's capacity makes many
+    brief excursions of a few requests each, and says nothing of the surges that bring most of them. Call after
+    `observe`."""
     since = history.excursion_since
     if since is not None and now - since + interval_seconds >= BRIDGE_WORTH_S:
         return True
-    lengths = sorted(d for _, d in history.excursions)
-    if not lengths:
+    total = sum(extra for _, _, extra in history.excursions)
+    if total <= 0:
         return True
-    return lengths[min(len(lengths) - 1, int(WORTH_QUANTILE * len(lengths)))] >= BRIDGE_WORTH_S
+    lasting = sum(extra for _, length, extra in history.excursions if length >= BRIDGE_WORTH_S)
+    return lasting >= WORTH_SHARE * total

@@ -123,11 +123,13 @@ class History:
     # GPU pool's standing headroom from. Saved, so a restart keeps the headroom the traffic has taught.
     surges: tuple[tuple[float, float], ...] = ()
     zero: ZeroState = field(default_factory=ZeroState)  # scale to zero (`zero.step`); awake for other models
-    # The arrival rate's recent excursions above what the ready GPU replicas serve, (end time, seconds), oldest
-    # first, and when the one under way began: whether a CPU bridge can serve this traffic's bursts
-    # (`bursts.bridge_worth`). Not saved (a restarted operator has no evidence, and grows the bridge as before).
-    excursions: tuple[tuple[float, float], ...] = ()
+    # The arrival rate's recent excursions above what the ready GPU replicas serve, (end time, seconds, requests
+    # beyond what they serve), oldest first, and the one under way (its start and requests so far): whether a CPU
+    # bridge can serve this traffic's bursts (`bursts.bridge_worth`). Not saved (a restarted operator has no
+    # evidence, and grows the bridge as before).
+    excursions: tuple[tuple[float, float, float], ...] = ()
     excursion_since: float | None = None
+    excursion_requests: float = 0.0
 
     def pool(self, name: str) -> PoolHistory:
         return self.gpu if name == "gpu" else self.cpu

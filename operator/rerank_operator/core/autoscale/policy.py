@@ -135,7 +135,7 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     # whenever it is sized for all demand.
     history = surges.observe(history, signals.total_request_rate, now, spec.interval_seconds)
     served = signals.gpu.ready_replicas * history.gpu.capacity if history.gpu.capacity else None
-    history = bursts.observe(history, signals.total_request_rate, served, now)
+    history = bursts.observe(history, signals.total_request_rate, served, now, spec.interval_seconds)
     reserve = (surges.reserve(history, now) if tuning.reserve and policy in ("gpu-first", "gpu-only") else 0.0)
     if tuning.noise_reserve and policy in ("gpu-first", "gpu-only"):
         reserve = max(reserve, bursts.noise_reserve(history, now))

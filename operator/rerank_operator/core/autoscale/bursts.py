@@ -19,7 +19,9 @@ Three rules, learned from the arrival rates the policy already reads each tick, 
   sized for the previous tick's rate, and for the new one if it holds;
 - the bridge grows only while the traffic's excursions above what the ready GPU replicas serve last: the one under
   way has lasted BRIDGE_WORTH_S, or at least a quarter of the requests beyond the GPU in those of the last
-  EXCURSION_MEMORY_S came in ones that lasted that long. With none remembered (a new model, a restarted operator: excursions are not saved) it grows as before.
+  EXCURSION_MEMORY_S came in ones that lasted that long (requests, not excursions: a rate that wobbles across the
+  GPU's capacity makes many brief excursions of a few requests each). With none remembered (a new model, a
+  restarted operator: excursions are not saved) it grows as before.
 The route is unchanged: a spill still goes to the CPU pool's ready replicas at once.
 """
 

@@ -50,30 +50,33 @@ def test_a_rise_within_the_traffics_noise_is_counted_only_once_it_holds():
     assert bursts.bridge_rate(History(arrivals=((NOW - 60, 100.0), (NOW, 300.0))), NOW, 5.0) is None
 
 
-def test_excursions_above_what_the_gpu_serves_are_remembered_with_their_length():
+def test_excursions_above_what_the_gpu_serves_are_remembered_with_their_length_and_requests():
     history = History()
-    for n, rate in enumerate([300, 650, 650, 300, 650, 300, 300]):
-        history = bursts.observe(history, rate, 400.0, NOW + 5 * n)
-    assert history.excursions == ((NOW + 15, 10.0), (NOW + 25, 5.0)) and history.excursion_since is None
-    history = bursts.observe(history, 700, 400.0, NOW + 35)
-    assert history.excursion_since == NOW + 35
-    assert bursts.observe(history, 100, None, NOW + 40).excursion_since == NOW + 35   # unknown capacity: no verdict
-    later = bursts.observe(history, 700, 400.0, NOW + 35 + bursts.EXCURSION_MEMORY_S)
-    assert later.excursions == ()                                                       # forgotten after 6 h
-    many = History(excursions=tuple((NOW - n, 5.0) for n in range(100, 0, -1)))
-    assert len(bursts.observe(many, 700, 400.0, NOW).excursions) == 100              # nothing ended: kept as is
-    assert len(bursts.observe(replace(many, excursion_since=NOW - 5), 100, 400.0, NOW).excursions) \
-        == bursts.MAX_EXCURSIONS
+    for n, rate in enumerate([300, 650, 650, 300, 500, 300, 300]):
+        history = bursts.observe(history, rate, 400.0, NOW + 5 * n, 5.0)
+    # 650 for two 5 s ticks: 2 x 250 x 5 requests beyond the GPU; 500 for one: 100 x 5.
+    assert history.excursions == ((NOW + 15, 10.0, 2500.0), (NOW + 25, 5.0, 500.0))
+    assert history.excursion_since is None and history.excursion_requests == 0.0
+    history = bursts.observe(history, 700, 400.0, NOW + 35, 5.0)
+    assert (history.excursion_since, history.excursion_requests) == (NOW + 35, 1500.0)
+    assert bursts.observe(history, 100, None, NOW + 40, 5.0).excursion_since == NOW + 35   # unknown: no verdict
+    later = bursts.observe(history, 700, 400.0, NOW + 35 + bursts.EXCURSION_MEMORY_S, 5.0)
+    assert later.excursions == ()                                                         # forgotten after 6 h
+    many = History(excursions=tuple((NOW - n, 5.0, 10.0) for n in range(100, 0, -1)), excursion_since=NOW - 5)
+    assert len(bursts.observe(many, 100, 400.0, NOW, 5.0).excursions) == bursts.MAX_EXCURSIONS
 
 
-def test_a_bridge_is_worth_growing_only_for_excursions_that_outlast_a_replicas_start():
-    brief = History(excursions=((NOW - 600, 5.0), (NOW - 400, 10.0), (NOW - 200, 45.0), (NOW - 100, 5.0),
-                                (NOW - 60, 5.0)))
-    assert not bursts.bridge_worth(brief, NOW, 5.0)                              # one in five lasted 40 s
-    assert bursts.bridge_worth(replace(brief, excursions=(*brief.excursions, (NOW - 50, 60.0))), NOW, 5.0)  # 2 in 6
-    assert bursts.bridge_worth(replace(brief, excursion_since=NOW - 35), NOW, 5.0)    # under way 40 s with this tick
-    assert not bursts.bridge_worth(replace(brief, excursion_since=NOW - 30), NOW, 5.0)
-    assert bursts.bridge_worth(History(), NOW, 5.0)                                  # no evidence: grow, as before
+def test_a_bridge_is_worth_growing_only_where_lasting_excursions_bring_the_requests():
+    # Many brief excursions and one that lasted 45 s: worth it when that one brought a quarter of the requests beyond
+    # the GPU (a rate wobbling across the GPU's capacity makes many small brief ones), not when it brought less.
+    brief = [(NOW - 600 + 10 * n, 5.0, 100.0) for n in range(30)]          # 3000 requests in brief excursions
+    assert bursts.bridge_worth(History(excursions=(*brief, (NOW - 100, 45.0, 1000.0))), NOW, 5.0)       # 1000 / 4000
+    assert not bursts.bridge_worth(History(excursions=(*brief, (NOW - 100, 45.0, 900.0))), NOW, 5.0)    # 900 / 3900
+    only_brief = History(excursions=tuple(brief))
+    assert not bursts.bridge_worth(only_brief, NOW, 5.0)
+    assert bursts.bridge_worth(replace(only_brief, excursion_since=NOW - 35), NOW, 5.0)   # 40 s with this tick
+    assert not bursts.bridge_worth(replace(only_brief, excursion_since=NOW - 30), NOW, 5.0)
+    assert bursts.bridge_worth(History(), NOW, 5.0)                                      # no evidence: grow, as before
 
 
 def _hot(history: History, tuning: Tuning = PRODUCTION) -> tuple[int, int]:
@@ -89,7 +92,7 @@ def test_the_policy_does_not_grow_the_bridge_for_bursts_that_end_before_it_could
     # (ready in 40 s) would miss this one too. The spill still goes to the 10 ready CPU replicas at once (15%, their
     # room); the pool stays at 10 instead of surging to 30 (test_spill_stops_at_what_the_ready_cpu_replicas_serve...).
     rates = kept([300, 650, 300, 300, 650, 300, 300, 650, 300, 300], interval=15.0, end=NOW - 15)
-    brief = replace(rates, excursions=tuple((NOW - 900 + 60 * n, 15.0) for n in range(8)))
+    brief = replace(rates, excursions=tuple((NOW - 900 + 60 * n, 15.0, 3750.0) for n in range(8)))
     assert _hot(brief) == (15, 10)
     assert _hot(brief, Tuning(brief_bursts=False, noise_bridge=False)) == (15, 30)
     # Without the brief-burst rule, the noise rule alone still sizes for the last tick's 300 rps: 650 is within the
@@ -98,7 +101,7 @@ def test_the_policy_does_not_grow_the_bridge_for_bursts_that_end_before_it_could
     assert _hot(brief, Tuning(brief_bursts=False)) == (15, 14)
     # Excursions that lasted minutes (and a rate that has held) are worth a bridge: the pool surges to the excess.
     lasting = replace(kept([300, 300, 650, 650, 650, 650], interval=15.0, end=NOW - 15),
-                      excursions=((NOW - 900, 180.0), (NOW - 300, 120.0)))
+                      excursions=((NOW - 900, 180.0, 30000.0), (NOW - 300, 120.0, 20000.0)))
     assert _hot(lasting) == (15, 30)
 
 

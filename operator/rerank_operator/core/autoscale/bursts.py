@@ -79,17 +79,23 @@ def observe(history: History, total_rate: float, served: float | None, now: floa
             interval_seconds: float) -> History:
     """Remember this tick's excursion state: an excursion of the arrival rate above `served` (requests/s the ready
     GPU replicas serve; None when unknown, which ends none and starts none) begins, goes on (adding this interval's
-    requests beyond `served`) or ends (its length and requests are remembered for EXCURSION_MEMORY_S, at most
-    MAX_EXCURSIONS)."""
+    requests beyond that) or ends (its length and requests are remembered for EXCURSION_MEMORY_S, at most
+    MAX_EXCURSIONS). Once begun, it is measured against what the GPU served at its start: on a ramp, GPU replicas
+    becoming ready do not cut the rise into brief excursions."""
     excursions = tuple(e for e in history.excursions if now - e[0] <= EXCURSION_MEMORY_S)
-    since, extra = history.excursion_since, history.excursion_requests
-    if served is not None:
-        if total_rate > served:
-            since = now if since is None else since
-            extra += (total_rate - served) * interval_seconds
-        elif since is not None:
-            excursions, since, extra = (*excursions, (now, now - since, extra))[-MAX_EXCURSIONS:], None, 0.0
-    return replace(history, excursions=excursions, excursion_since=since, excursion_requests=extra)
+    since, extra, start = history.excursion_since, history.excursion_requests, history.excursion_served
+    if served is None:
+        return replace(history, excursions=excursions)
+    # An excursion lasts while the rate stays above what the GPU served when it began (or serves now, if less): new
+    # GPU replicas catching up with a rising rate end no excursion, the rate falling back does.
+    level = served if since is None else min(start, served)
+    if total_rate > level:
+        since, start = (now, served) if since is None else (since, start)
+        extra += (total_rate - level) * interval_seconds
+    elif since is not None:
+        excursions, since, extra = (*excursions, (now, now - since, extra))[-MAX_EXCURSIONS:], None, 0.0
+    return replace(history, excursions=excursions, excursion_since=since, excursion_requests=extra,
+                   excursion_served=start)
 
 
 def bridge_worth(history: History, now: float, interval_seconds: float) -> bool:

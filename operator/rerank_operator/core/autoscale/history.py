@@ -124,12 +124,14 @@ class History:
     surges: tuple[tuple[float, float], ...] = ()
     zero: ZeroState = field(default_factory=ZeroState)  # scale to zero (`zero.step`); awake for other models
     # The arrival rate's recent excursions above what the ready GPU replicas serve, (end time, seconds, requests
-    # beyond what they serve), oldest first, and the one under way (its start and requests so far): whether a CPU
+    # beyond what they serve), oldest first, and the one under way (its start, requests so far, and what the GPU
+    # served when it began): whether a CPU
     # bridge can serve this traffic's bursts (`bursts.bridge_worth`). Not saved (a restarted operator has no
     # evidence, and grows the bridge as before).
     excursions: tuple[tuple[float, float, float], ...] = ()
     excursion_since: float | None = None
     excursion_requests: float = 0.0
+    excursion_served: float = 0.0      # what the ready GPU replicas served when the one under way began
 
     def pool(self, name: str) -> PoolHistory:
         return self.gpu if name == "gpu" else self.cpu

@@ -62,8 +62,19 @@ def test_excursions_above_what_the_gpu_serves_are_remembered_with_their_length_a
     assert bursts.observe(history, 100, None, NOW + 40, 5.0).excursion_since == NOW + 35   # unknown: no verdict
     later = bursts.observe(history, 700, 400.0, NOW + 35 + bursts.EXCURSION_MEMORY_S, 5.0)
     assert later.excursions == ()                                                         # forgotten after 6 h
-    many = History(excursions=tuple((NOW - n, 5.0, 10.0) for n in range(100, 0, -1)), excursion_since=NOW - 5)
+    many = History(excursions=tuple((NOW - n, 5.0, 10.0) for n in range(100, 0, -1)), excursion_since=NOW - 5,
+                   excursion_served=400.0)
     assert len(bursts.observe(many, 100, 400.0, NOW, 5.0).excursions) == bursts.MAX_EXCURSIONS
+
+
+def test_gpu_replicas_catching_up_with_a_rising_rate_end_no_excursion():
+    # A ramp outrunning the GPU pool: each new replica lifts what it serves above the rate for a moment, but the rate
+    # stays above the 400 rps served when the excursion began, so it is one excursion of 30 s, not three of 5 s.
+    history = History()
+    for n, (rate, served) in enumerate([(380, 400), (420, 400), (440, 500), (520, 500), (540, 600), (620, 600),
+                                        (650, 700), (390, 700)]):
+        history = bursts.observe(history, rate, served, NOW + 5 * n, 5.0)
+    assert [length for _, length, _ in history.excursions] == [30.0]
 
 
 def test_a_bridge_is_worth_growing_only_where_lasting_excursions_bring_the_requests():

@@ -14,6 +14,22 @@ from .attribution import CAUSES
 from .controllers import BASELINES, BOUNDS
 
 
+def _sweep(pooled: dict[str, dict[str, float]], name: str) -> list[tuple[float, float, float]]:
+    """A controller's swept settings as (tuning factor, cost, violations), from its pooled `name@f` rows."""
+    return [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
+            if label.startswith(f"{name}@")]
+
+
+def _frontier(points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """The Pareto frontier of (tuning factor, cost, violations) points as (cost, violations, factor), cheapest
+    first: a setting that costs more and violates no less than a cheaper one is dominated and dropped."""
+    frontier: list[tuple[float, float, float]] = []
+    for c, v, f in sorted((c, v, f) for f, c, v in points):
+        if not frontier or v < frontier[-1][1]:
+            frontier.append((c, v, f))
+    return frontier
+
+
 def cost_matched(points: list[tuple[float, float, float]], cost: float) -> dict[str, Any]:
     """Violations a baseline would have at `cost`: linear interpolation along its sweep's Pareto frontier.
 
@@ -21,10 +37,7 @@ def cost_matched(points: list[tuple[float, float, float]], cost: float) -> dict[
     dominated and dropped (a team would never pick them); outside the swept costs the nearest end is reported,
     flagged `extrapolated`.
     """
-    frontier: list[tuple[float, float, float]] = []
-    for c, v, f in sorted((c, v, f) for f, c, v in points):
-        if not frontier or v < frontier[-1][1]:
-            frontier.append((c, v, f))
+    frontier = _frontier(points)
     if cost <= frontier[0][0] or len(frontier) == 1:
         c, v, f = frontier[0] if cost <= frontier[0][0] else frontier[-1]
         return {"violation_s": v, "cost_usd": c, "f": f, "extrapolated": abs(cost - c) > 1e-9}
@@ -48,10 +61,7 @@ def violation_matched(points: list[tuple[float, float, float]], violations: floa
     violations the nearest end is reported, flagged `extrapolated`: fewer violations than any setting reached (the
     dearest end: the baseline cannot match them at any swept cost, `beyond` is True) or more than its cheapest had.
     """
-    frontier: list[tuple[float, float, float]] = []
-    for c, v, f in sorted((c, v, f) for f, c, v in points):
-        if not frontier or v < frontier[-1][1]:
-            frontier.append((c, v, f))
+    frontier = _frontier(points)
     cheapest, dearest = frontier[0], frontier[-1]
     if violations >= cheapest[1]:
         c, v, f = cheapest
@@ -72,8 +82,7 @@ def cheapest_matched(pooled: dict[str, dict[str, float]], violations: float) -> 
     reach them at any swept setting is left out (it has no cost at those violations); None when none can."""
     best = None
     for name in BASELINES:
-        points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
-                  if label.startswith(f"{name}@")]
+        points = _sweep(pooled, name)
         if len(points) < 2:
             continue
         matched = violation_matched(points, violations)
@@ -110,8 +119,7 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
     policy = pooled["policy"]
     baselines = {}
     for name, tuning in BASELINES.items():
-        points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
-                  if label.startswith(f"{name}@")]
+        points = _sweep(pooled, name)
         if not points:
             continue
         default = pooled[f"{name}@{tuning['f']}"]
@@ -137,8 +145,7 @@ def summarize(rows: list[dict[str, Any]], variant: str) -> dict[str, Any]:
             ablations[label.split(":", 1)[1]] = {**entry, "vs_best_cost_matched": best}
     bounds = {}
     for name in BOUNDS:
-        points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
-                  if label.startswith(f"{name}@")]
+        points = _sweep(pooled, name)
         if len(points) > 1:
             bounds[name] = {**cost_matched(points, policy["cost_usd"]),
                             "at_policy_violations": violation_matched(points, policy["violation_s"])}
@@ -174,8 +181,7 @@ def best_matched(pooled: dict[str, dict[str, float]], cost: float) -> dict[str, 
     with more money than the candidate had): it is left out here and stays visible in the per-baseline table."""
     best = None
     for name in BASELINES:
-        points = [(float(label.split("@")[1]), e["cost_usd"], e["violation_s"]) for label, e in pooled.items()
-                  if label.startswith(f"{name}@")]
+        points = _sweep(pooled, name)
         if len(points) < 2 or min(c for _, c, _ in points) > cost * 1.05:
             continue
         matched = cost_matched(points, cost)

@@ -197,13 +197,10 @@ def simulate(rates: np.ndarray, runs: Sequence[RunSpec], gpu: PoolModel, cpu: Po
 
     results = []
     for i, run_spec in enumerate(runs):
-        cost = (replica_seconds[i, 0] * gpu.price_per_hour + replica_seconds[i, 1] * cpu.price_per_hour) / 3600
         results.append({
             "controller": run_spec.label,
             "violation_s": int(violations[i]),
-            "cost_usd": round(float(cost), 3),
-            "gpu_replica_h": round(float(replica_seconds[i, 0]) / 3600, 2),
-            "cpu_replica_h": round(float(replica_seconds[i, 1]) / 3600, 2),
+            **_billed(replica_seconds[i], gpu, cpu),
             "rejected_fraction": round(float(rejected_total[i] / max(float(rates.sum()), 1.0)), 5),
             "late_fraction": round(float(late_total[i] / max(float(rates.sum()), 1.0)), 5),
             **_split_stats(shares_seen[i]),
@@ -234,9 +231,12 @@ def segment(results: Sequence[dict[str, Any]], record: Sequence[np.ndarray], rep
     whole trace, so none starts the part cold."""
     violated = np.array(record[start:end], dtype=float).sum(axis=0)
     billed = np.array(replicas[start:end]).sum(axis=0)          # run x pool replica-seconds
-    return [{"controller": result["controller"], "violation_s": int(violated[i]),
-             "cost_usd": round(float(billed[i, 0] * gpu.price_per_hour + billed[i, 1] * cpu.price_per_hour) / 3600,
-                               3),
-             "gpu_replica_h": round(float(billed[i, 0]) / 3600, 2),
-             "cpu_replica_h": round(float(billed[i, 1]) / 3600, 2)}
+    return [{"controller": result["controller"], "violation_s": int(violated[i]), **_billed(billed[i], gpu, cpu)}
             for i, result in enumerate(results)]
+
+
+def _billed(replica_seconds: np.ndarray, gpu: PoolModel, cpu: PoolModel) -> dict[str, float]:
+    """A run's cost and replica-hours from its (GPU, CPU) replica-seconds (ready and starting pods alike)."""
+    gpu_s, cpu_s = float(replica_seconds[0]), float(replica_seconds[1])
+    return {"cost_usd": round((gpu_s * gpu.price_per_hour + cpu_s * cpu.price_per_hour) / 3600, 3),
+            "gpu_replica_h": round(gpu_s / 3600, 2), "cpu_replica_h": round(cpu_s / 3600, 2)}

@@ -125,9 +125,8 @@ class History:
     zero: ZeroState = field(default_factory=ZeroState)  # scale to zero (`zero.step`); awake for other models
     # The arrival rate's recent excursions above what the ready GPU replicas serve, (end time, seconds, requests
     # beyond what they serve), oldest first, and the one under way (its start, requests so far, and what the GPU
-    # served when it began): whether a CPU
-    # bridge can serve this traffic's bursts (`bursts.bridge_worth`). Not saved (a restarted operator has no
-    # evidence, and grows the bridge as before).
+    # served when it began): whether a CPU bridge can serve this traffic's bursts (`bursts.bridge_worth`). Not saved
+    # (a restarted operator has no evidence, and grows the bridge as before).
     excursions: tuple[tuple[float, float, float], ...] = ()
     excursion_since: float | None = None
     excursion_requests: float = 0.0

@@ -70,6 +70,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_reserve": {"tuning": {"reserve": False}},
     "no_noise_bridge": {"tuning": {"noise_bridge": False}},
     "no_brief_bursts": {"tuning": {"brief_bursts": False}},
+    "no_noise_reserve": {"tuning": {"noise_reserve": False}},
     "interval_15s": {"intervalSeconds": 15},
     "old_defaults": {"intervalSeconds": 15, "scaleUp": {"maxStep": 2, "cooldownSeconds": 15}},
 }

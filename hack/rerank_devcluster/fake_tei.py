@@ -137,7 +137,9 @@ class SteadyTei:
 class TrafficLoop:
     """Requests at ``rate`` split between the pools by ``cpu_share``, evenly over each pool's Ready pods, fed to the
     fake pods every 0.2 s; what the pods and the split are is looked at again once a second (``refresh``, the
-    subclass's: the cluster tests read pods and the HTTPRoute). The loop runs from ``start`` until ``stop``."""
+    subclass's: the cluster tests read pods and the HTTPRoute). The loop runs from ``start`` until ``stop``. A test
+    that must see a change at once calls ``look_again``: never two refreshes at the same time (a refresh rewrites
+    files another one reads)."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
@@ -145,11 +147,17 @@ class TrafficLoop:
         self.ready: dict[str, str] = {}  # Ready pod name -> pool
         self.cpu_share = 0.0
         self._stop = threading.Event()
+        self._refreshing = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
-        self.refresh()
+        self.look_again()
         self._thread.start()
+
+    def look_again(self) -> None:
+        """``refresh``, one at a time: the loop's thread and the test's may both ask."""
+        with self._refreshing:
+            self.refresh()
 
     def refresh(self) -> None:
         raise NotImplementedError
@@ -163,7 +171,7 @@ class TrafficLoop:
             now = time.monotonic()
             if now - refreshed >= 1.0:
                 with contextlib.suppress(Exception):  # a failed read: keep the last view
-                    self.refresh()
+                    self.look_again()
                 refreshed = now
             with self.lock:
                 dt, last = now - last, now

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from rerank_operator import main as operator_main
 from rerank_operator.adapters import tei_scrape as direct
@@ -46,6 +47,14 @@ def redirected(path: str) -> Callable[[direct.Addressable], str]:
         return str(addresses.get(target.name) or addresses.get(ANY_POD) or default(target))
 
     return address
+
+
+def publish(path: Path, table: Mapping[str, str]) -> None:
+    """Write FILE whole (a temporary file renamed over it): the operator re-reads it while a test rewrites it, and a
+    half-written table would send a scrape to a pod's own, unreachable address."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(table), sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def main(argv: list[str]) -> int:

@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rerank_devcluster import scrape_redirect
 from rerank_devcluster.cluster import free_port
 from rerank_devcluster.fake_tei import MetricsServer, TeiCounters
 from rerank_devcluster.operator_process import REPO, kubectl_apply
@@ -105,7 +106,7 @@ class CpuPool:
                 for name in ready:
                     self.pods[name][0].step(self.rate / len(ready), now - last)
                 last = now
-            self.override.write_text(json.dumps({n: s.address for n, (_, s) in self.pods.items()}))
+            scrape_redirect.publish(self.override, {n: s.address for n, (_, s) in self.pods.items()})
             if ready:
                 if self.ready_since is None:
                     self.ready_since = time.monotonic()

@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rerank_devcluster import scrape_redirect
 from rerank_devcluster.fake_tei import MetricsServer, TeiCounters, TrafficLoop
 from rerank_devcluster.waiting import eventually
 from tests.cluster.rrm_harness import Env, Kube, OperatorProcess, audit_now, cleanup, static_pv
@@ -98,7 +99,7 @@ class Fleet(TrafficLoop):
             if not pod.metadata.deletion_timestamp and any(
                     c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
                 ready[name] = pool
-        self.override_file.write_text(json.dumps({n: p.address for n, p in self.pods.items()}))
+        scrape_redirect.publish(self.override_file, {n: p.address for n, p in self.pods.items()})
         try:
             route = self.custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", self.namespace,
                                                              "httproutes", NAME)

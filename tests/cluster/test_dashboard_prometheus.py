@@ -40,7 +40,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rerank_devcluster import binaries
+from rerank_devcluster import binaries, scrape_redirect
 from rerank_devcluster.fake_tei import Histogram, MetricsServer, TeiCounters, TrafficLoop
 from rerank_devcluster.prometheus_server import PrometheusError, PrometheusServer, Sample, write_file_sd
 from rerank_devcluster.waiting import eventually
@@ -156,7 +156,7 @@ class Fleet(TrafficLoop):
             if labels.get("app.kubernetes.io/instance") == NAME and any(
                     c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
                 ready[name] = labels["rerank.io/pool"]
-        self.redirect.write_text(json.dumps({n: server.address for n, (_, server) in self.pods.items()}))
+        scrape_redirect.publish(self.redirect, {n: server.address for n, (_, server) in self.pods.items()})
         write_file_sd(self.file_sd, groups)
         try:
             route = self.custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", self.namespace,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import random
 import threading
 import time
@@ -39,6 +38,7 @@ from quality_guard import detector, intake, server
 from quality_guard.checks import Guard
 from quantizer_job.steps.evaluation import evaldata
 from rerank_contracts.guard import LOCAL_REFERENCE, Floor, GuardConfig, LiveSampleSettings
+from rerank_devcluster import scrape_redirect
 from rerank_devcluster.waiting import eventually
 from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV
 from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
@@ -211,25 +211,22 @@ class GuardedFleet(Fleet):
     def __init__(self, kube: client.ApiClient, namespace: str, override_file: Path, rate: float) -> None:
         self.published = override_file
         self.guard_address: str | None = None
-        self._written = ""
+        self._written: dict[str, str] | None = None
         super().__init__(kube, namespace, override_file.with_name("pool-addresses.json"), rate)
 
     def refresh(self) -> None:
         super().refresh()
-        table = json.loads(self.override_file.read_text())
+        table = {name: pod.address for name, pod in self.pods.items()}
         if self.guard_address is not None:
             for pod in self.core.list_namespaced_pod(self.namespace, label_selector=GUARD_SELECTOR).items:
                 table[pod.metadata.name] = self.guard_address
-        text = json.dumps(table, sort_keys=True)
-        if text != self._written:
-            tmp = self.published.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.published)
-            self._written = text
+        if table != self._written:
+            scrape_redirect.publish(self.published, table)
+            self._written = table
 
     def point_at(self, guard: GuardProcess) -> None:
         self.guard_address = guard.address
-        self.refresh()
+        self.look_again()
 
 
 # --- the cluster side ---------------------------------------------------------------------------------------------

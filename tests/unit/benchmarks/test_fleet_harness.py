@@ -1,10 +1,12 @@
 """The pieces benchmarks/fleet and the cluster tests share, without a cluster: the scrape redirect's address table,
-the fake TEI endpoint, the quantizer's "published" status patch, and the benchmark's audit and target arithmetic."""
+the fake TEI endpoint and its traffic loop, the quantizer's "published" status patch, and the benchmark's audit and
+target arithmetic."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,8 +19,8 @@ from benchmarks.fleet.report import quantiles, targets
 from benchmarks.fleet.scale_to_zero import route_backends, route_headers
 from benchmarks.fleet.watches import zero_phase
 from rerank_devcluster import operator_process as op
-from rerank_devcluster.fake_tei import MetricsServer, SteadyTei, TeiCounters
-from rerank_devcluster.scrape_redirect import ANY_POD, redirected
+from rerank_devcluster.fake_tei import MetricsServer, SteadyTei, TeiCounters, TrafficLoop
+from rerank_devcluster.scrape_redirect import ANY_POD, publish, redirected
 from rerank_operator.adapters import tei_scrape
 
 
@@ -39,6 +41,56 @@ def test_redirect_names_then_any_then_the_pods_own_address(tmp_path: Path) -> No
     table.write_text("{not json")
     assert address(target("a")) == "10.244.0.7:8080"  # half-written: this scrape uses the pod's own address
 
+
+
+def test_published_table_is_read_whole_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    table = tmp_path / "addresses.json"
+    address = redirected(str(table))
+    publish(table, {"a": "127.0.0.1:1"})
+    assert address(target("a")) == "127.0.0.1:1"
+    publish(table, {"a": "127.0.0.1:2", ANY_POD: "127.0.0.1:9"})
+    os.utime(table, ns=(1, 10**18))
+    assert (address(target("a")), address(target("b"))) == ("127.0.0.1:2", "127.0.0.1:9")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["addresses.json"]
+
+
+class BlockingLoop(TrafficLoop):
+    """A loop whose refresh waits until the test lets it go, counting how many run at once."""
+
+    def __init__(self) -> None:
+        super().__init__(rate=0.0)
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.running = self.most = self.calls = 0
+        self.count = threading.Lock()
+
+    def refresh(self) -> None:
+        with self.count:
+            self.running, self.calls = self.running + 1, self.calls + 1
+            self.most = max(self.most, self.running)
+        self.entered.release()
+        self.release.wait(10)
+        with self.count:
+            self.running -= 1
+
+    def step_pod(self, name: str, rate: float, dt: float) -> None:
+        pass
+
+
+def test_a_tests_refresh_waits_for_the_loops_own() -> None:
+    """The cluster tests' fleets rewrite the address tables in refresh; the loop's thread refreshes every second and a
+    test asks for one at once (look_again): the two must never run together."""
+    loop = BlockingLoop()
+    first = threading.Thread(target=loop.look_again)  # stands for the loop's own refresh, held inside
+    first.start()
+    assert loop.entered.acquire(timeout=5)
+    second = threading.Thread(target=loop.look_again)
+    second.start()
+    assert not loop.entered.acquire(timeout=0.3)  # the second waits outside
+    loop.release.set()
+    assert loop.entered.acquire(timeout=5)
+    first.join(5), second.join(5)
+    assert (loop.calls, loop.most) == (2, 1)
 
 def test_fake_tei_serves_steady_counters_and_503_when_down() -> None:
     clock = [100.0]

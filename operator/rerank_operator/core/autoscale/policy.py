@@ -127,8 +127,8 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     notes: list[str] = []
 
     # gpu-only: the spec's (the CPU pool gets nothing anyway) or the quality guard's (the GPU takes it all).
-    gpu_demand = (signals.total_request_rate if policy in ("gpu-first", "gpu-only")
-                  else (signals.gpu.request_rate or 0.0))
+    for_all_demand = policy in ("gpu-first", "gpu-only")  # the GPU pool is sized for all the traffic
+    gpu_demand = signals.total_request_rate if for_all_demand else (signals.gpu.request_rate or 0.0)
     if policy == "cpu-only" or (gpu_waits and not cpu_load.overloaded):
         gpu_demand = 0.0
     # Standing headroom for the next surge, learned from the surges seen (`surge`): the GPU pool is sized for it
@@ -136,8 +136,8 @@ def _decide_awake(spec: AutoscalingSpec, signals: Signals, current: Current, his
     history = surges.observe(history, signals.total_request_rate, now, spec.interval_seconds)
     served = signals.gpu.ready_replicas * history.gpu.capacity if history.gpu.capacity else None
     history = bursts.observe(history, signals.total_request_rate, served, now, spec.interval_seconds)
-    reserve = (surges.reserve(history, now) if tuning.reserve and policy in ("gpu-first", "gpu-only") else 0.0)
-    if tuning.noise_reserve and policy in ("gpu-first", "gpu-only"):
+    reserve = surges.reserve(history, now) if tuning.reserve and for_all_demand else 0.0
+    if tuning.noise_reserve and for_all_demand:
         reserve = max(reserve, bursts.noise_reserve(history, now))
     gpu_replicas, history = _size(spec, signals, "gpu", gpu_load, gpu_demand, current, history, now, external, notes,
                                   backoff=tuning.backoff, reserve=reserve)

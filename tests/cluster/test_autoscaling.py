@@ -99,7 +99,7 @@ class Fleet(TrafficLoop):
             if not pod.metadata.deletion_timestamp and any(
                     c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
                 ready[name] = pool
-        scrape_redirect.publish(self.override_file, {n: p.address for n, p in self.pods.items()})
+        scrape_redirect.publish(self.override_file, self.addresses())
         try:
             route = self.custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", self.namespace,
                                                              "httproutes", NAME)
@@ -115,6 +115,10 @@ class Fleet(TrafficLoop):
             else:
                 pools = list(ready.values())
                 self.cpu_share = pools.count("cpu") / len(pools) if pools else 0.0
+
+    def addresses(self) -> dict[str, str]:
+        """The table the operator's scrapes are redirected by (``scrape_redirect``): each fake pod's local address."""
+        return {name: pod.address for name, pod in self.pods.items()}
 
     def stop(self) -> None:
         super().stop()

@@ -38,7 +38,6 @@ from quality_guard import detector, intake, server
 from quality_guard.checks import Guard
 from quantizer_job.steps.evaluation import evaldata
 from rerank_contracts.guard import LOCAL_REFERENCE, Floor, GuardConfig, LiveSampleSettings
-from rerank_devcluster import scrape_redirect
 from rerank_devcluster.waiting import eventually
 from rerank_operator.core.builders.guard import MIRROR_TOKEN_ENV
 from tests.cluster.rrm_harness import GROUP, VERSION, Env, Kube, OperatorProcess, cleanup, static_pv
@@ -205,24 +204,19 @@ def mirrored_requests(n: int, seed: int) -> list[dict[str, Any]]:
 
 class GuardedFleet(Fleet):
     """test_autoscaling's fleet (the pools' pods and their load), with every guard pod of the model mapped to the
-    test's guard process in the address file. Fleet rewrites its file with only its pods, so it writes a file of its
-    own here and this one publishes the union, atomically (the operator never reads a table without the guard)."""
+    test's guard process in the same address table: the pools' pods and the guard are published together, so the
+    operator never reads a table without the guard."""
 
     def __init__(self, kube: client.ApiClient, namespace: str, override_file: Path, rate: float) -> None:
-        self.published = override_file
-        self.guard_address: str | None = None
-        self._written: dict[str, str] | None = None
-        super().__init__(kube, namespace, override_file.with_name("pool-addresses.json"), rate)
+        self.guard_address: str | None = None  # before Fleet's first refresh, which publishes the table
+        super().__init__(kube, namespace, override_file, rate)
 
-    def refresh(self) -> None:
-        super().refresh()
-        table = {name: pod.address for name, pod in self.pods.items()}
+    def addresses(self) -> dict[str, str]:
+        table = super().addresses()
         if self.guard_address is not None:
             for pod in self.core.list_namespaced_pod(self.namespace, label_selector=GUARD_SELECTOR).items:
                 table[pod.metadata.name] = self.guard_address
-        if table != self._written:
-            scrape_redirect.publish(self.published, table)
-            self._written = table
+        return table
 
     def point_at(self, guard: GuardProcess) -> None:
         self.guard_address = guard.address

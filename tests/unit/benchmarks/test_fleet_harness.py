@@ -42,7 +42,6 @@ def test_redirect_names_then_any_then_the_pods_own_address(tmp_path: Path) -> No
     assert address(target("a")) == "10.244.0.7:8080"  # half-written: this scrape uses the pod's own address
 
 
-
 def test_published_table_is_read_whole_and_leaves_no_partial_file(tmp_path: Path) -> None:
     table = tmp_path / "addresses.json"
     address = redirected(str(table))
@@ -89,8 +88,10 @@ def test_a_tests_refresh_waits_for_the_loops_own() -> None:
     assert not loop.entered.acquire(timeout=0.3)  # the second waits outside
     loop.release.set()
     assert loop.entered.acquire(timeout=5)
-    first.join(5), second.join(5)
+    first.join(5)
+    second.join(5)
     assert (loop.calls, loop.most) == (2, 1)
+
 
 def test_fake_tei_serves_steady_counters_and_503_when_down() -> None:
     clock = [100.0]
